@@ -1,0 +1,99 @@
+"""The small protocol every backend implements (DESIGN.md, "Backend interface").
+
+A backend never prints, reads config or times itself. Heavy libraries are
+imported inside ``availability``/``prepare``, never at module import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from harness.spec import Problem
+
+
+class Backend:
+    """Base class: one implementation of SPEC.md, with optional variants."""
+
+    name: str = ""
+    #: the variants this backend understands; the first is the default
+    variants: tuple[str, ...] = ("default",)
+    #: devices it can run on at all (availability per device is checked at run time)
+    devices: tuple[str, ...] = ("cpu",)
+    #: name of the isolated environment its workers run in (None: the main environment)
+    environment: str | None = None
+    #: True when each new graph costs seconds to compile: ``harness check`` runs a
+    #: representative subset in CI (``--quick``) and the whole matrix on request
+    compile_heavy: bool = False
+
+    def __init__(self, variant: str | None = None):
+        self.variant = variant or self.variants[0]
+        self.problem: Problem | None = None
+
+    @property
+    def full_name(self) -> str:
+        return self.name if self.variant == self.variants[0] else f"{self.name}:{self.variant}"
+
+    # -- cheap questions -------------------------------------------------------------
+    def availability(self) -> tuple[bool, str]:
+        """Whether this backend can run here at all, and why not (no heavy import needed)."""
+        return True, ""
+
+    def device_availability(self, device: str) -> tuple[bool, str]:
+        """Whether ``device`` can be used here; backends with a GPU path override this."""
+        if device not in self.devices:
+            return False, f"unsupported: {self.full_name} has no {device} implementation"
+        return True, ""
+
+    def supports(self, problem: Problem) -> tuple[bool, str]:
+        """``(True, "")`` or ``(False, "unsupported: <why>")`` for this problem."""
+        return True, ""
+
+    def tolerance(self, problem: Problem) -> tuple[float, float, str] | None:
+        """Looser conformance bounds ``(rtol, atol_of_max, why)``, or None for SPEC.md's."""
+        return None
+
+    @classmethod
+    def environment_variables(cls, variant: str, threads: int, device: str, dtype: str) -> dict[str, str]:
+        """Variables the worker must set before importing this backend's library."""
+        return {}
+
+    def versions(self) -> dict[str, str]:
+        """Versions of the libraries this backend runs on (recorded in run.json)."""
+        return {"numpy": np.__version__}
+
+    # -- the work -------------------------------------------------------------------
+    def prepare(self, problem: Problem, params: dict[str, np.ndarray], device: str = "cpu", threads: int = 1) -> None:
+        """Take the shared initial parameters and build whatever the step needs. Untimed."""
+        raise NotImplementedError
+
+    def warm_up(self, batch: tuple[Any, Any]) -> None:
+        """Compile / JIT for inputs shaped like ``batch = (x, y)``; timed as ``compile_s``."""
+
+    def forward(self, x) -> np.ndarray:
+        """Inference outputs (T, B, O): softmax probabilities, or the mse head's output."""
+        raise NotImplementedError
+
+    def loss_and_grads(self, x, y) -> tuple[float, dict[str, np.ndarray]]:
+        """Reported loss and gradients of the objective, keyed like the parameters."""
+        raise NotImplementedError
+
+    def sgd_step(self, x, y, lr: float) -> float:
+        """Forward + BPTT + SGD update in place; returns the loss before the update."""
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        """Wait for queued device work (block_until_ready, cuda synchronize)."""
+
+    def get_params(self) -> dict[str, np.ndarray]:
+        """Current parameters as NumPy arrays."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release resources (threads, device memory)."""
+
+
+def unsupported(why: str) -> tuple[bool, str]:
+    """The one way to say no: ``(False, "unsupported: <why>")``."""
+    return False, f"unsupported: {why}"

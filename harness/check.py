@@ -1,0 +1,265 @@
+"""Conformance: every backend against the reference, before anything is timed.
+
+Worker-safe (numpy + the backend only), because backends that live in an
+isolated environment run this module there: ``python -m harness.check --backend
+theano --json`` prints one JSON object per case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import traceback
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from harness import reference as ref
+from harness.spec import ModelSpec, Problem
+
+# SPEC.md "Conformance tolerances": |got - ref| <= rtol * |ref| + atol * max|ref|
+TOLERANCES = {"float64": (1e-9, 1e-12), "float32": (1e-3, 1e-5)}
+LR = 0.1
+N_STEPS = 3
+
+CELLS = {
+    "elman-tanh": {"kind": "elman", "activation": "tanh"},
+    "elman-relu": {"kind": "elman", "activation": "relu"},
+    "elman-sigmoid": {"kind": "elman", "activation": "sigmoid"},
+    "lstm": {"kind": "lstm"},
+    "lstm-peephole": {"kind": "lstm", "peephole": True},
+}
+HEADS = {
+    "softmax": {"head": "softmax_xent"},
+    "mse": {"head": "mse", "output_act": "linear"},
+    "mse-tanh": {"head": "mse", "output_act": "tanh"},
+}
+BPTTS = {"full": "full", "truncated:3": {"truncated": 3}, "tail:3": {"tail": 3}}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One conformance problem: a model, its data shape and dtype."""
+
+    label: str
+    model: ModelSpec
+    tokens: bool
+    input_size: int
+    output_size: int
+    seq_len: int
+    batch: int
+    dtype: str
+    seed: int = 0
+
+    def problem(self, workload: str = "train_step", device: str = "cpu") -> Problem:
+        return Problem(self.model, self.input_size, self.output_size, self.tokens, self.dtype,
+                       self.batch, self.seq_len, device, workload)
+
+
+@dataclass
+class CaseResult:
+    backend: str
+    case: str
+    dtype: str
+    status: str  # pass | fail | unsupported | error
+    reason: str = ""
+    worst: str = ""  # the tensor closest to (or furthest past) its bound
+    worst_ratio: float = 0.0  # max |got-ref| / bound over all tensors; <= 1 passes
+    bound: str = ""
+    details: dict = field(default_factory=dict)
+
+
+def _small(cell, head, bptt, tokens, dtype, batch, i) -> Case:
+    model = {**CELLS[cell], **HEADS[head], "hidden": 4, "bptt": BPTTS[bptt],
+             "bias": i % 3 != 2, "layers": 2 if i % 4 == 3 else 1, "clip": 0.5 if i % 5 == 4 else None}
+    spec = ModelSpec.from_mapping(model)
+    label = f"{cell} {head} {bptt} {'tokens' if tokens else 'dense'} B={batch}"
+    label += "" if spec.bias else " nobias"
+    label += f" L={spec.layers}" if spec.layers > 1 else ""
+    label += f" clip={spec.clip:g}" if spec.clip else ""
+    return Case(label, spec, tokens, 5, 6, 7, batch, dtype, seed=i)
+
+
+def _realistic(dtype: str) -> list[Case]:
+    wildml = ModelSpec.from_mapping({"kind": "elman", "hidden": 100, "bias": False, "bptt": {"truncated": 4}})
+    wildml_full = ModelSpec.from_mapping({"kind": "elman", "hidden": 100, "bias": False})
+    lstm = ModelSpec.from_mapping({"kind": "lstm", "hidden": 64, "head": "softmax_xent"})
+    return [
+        Case("realistic wildml 8000x100 T=20 truncated:4", wildml, True, 8000, 8000, 20, 1, dtype, seed=101),
+        Case("realistic wildml 8000x100 T=20 full", wildml_full, True, 8000, 8000, 20, 1, dtype, seed=102),
+        Case("realistic lstm D=32 H=64 T=25 B=16", lstm, False, 32, 50, 25, 16, dtype, seed=103),
+    ]
+
+
+def all_cases(quick: bool = False) -> list[Case]:
+    """The conformance matrix; ``quick`` picks a pairwise-covering subset of it."""
+    cases: list[Case] = []
+    for i, (cell, head, bptt, tokens, dtype) in enumerate(
+        itertools.product(CELLS, HEADS, BPTTS, (True, False), ("float64", "float32"))
+    ):
+        cases.append(_small(cell, head, bptt, tokens, dtype, 3, i))
+    for j, (cell, head, bptt, dtype) in enumerate(itertools.product(CELLS, HEADS, BPTTS, ("float64", "float32"))):
+        cases.append(_small(cell, head, bptt, True, dtype, 1, 1000 + j))
+    if quick:
+        cases = _pairwise_subset(cases)
+    for dtype in ("float64", "float32"):
+        cases += _realistic(dtype)
+    return cases
+
+
+def _factors(case: Case) -> tuple:
+    words = case.label.split()
+    return (words[0], words[1], words[2], words[3], case.dtype, case.batch, case.model.layers, case.model.bias)
+
+
+def _pairwise_subset(cases: list[Case]) -> list[Case]:
+    """Greedy choice of cases until every pair of factor values that occurs is covered."""
+    wanted = set()
+    for c in cases:
+        f = _factors(c)
+        wanted |= {(a, f[a], b, f[b]) for a, b in itertools.combinations(range(len(f)), 2)}
+    chosen: list[Case] = []
+    while wanted:
+        best = max(cases, key=lambda c: len(_pairs(c) & wanted))
+        chosen.append(best)
+        wanted -= _pairs(best)
+    return sorted(chosen, key=cases.index)
+
+
+def _pairs(case: Case) -> set:
+    f = _factors(case)
+    return {(a, f[a], b, f[b]) for a, b in itertools.combinations(range(len(f)), 2)}
+
+
+def make_data(case: Case, step: int = 0):
+    """Deterministic inputs and targets for a case (one batch per step)."""
+    rng = np.random.default_rng([case.seed, step])
+    T, B, D, O = case.seq_len, case.batch, case.input_size, case.output_size
+    x = rng.integers(0, D, size=(T, B)) if case.tokens else rng.normal(size=(T, B, D)).astype(case.dtype)
+    if case.model.head == "softmax_xent":
+        y = rng.integers(0, O, size=(T, B))
+    else:
+        y = (0.5 * rng.normal(size=(T, B, O))).astype(case.dtype)
+    return x, y
+
+
+def initial_params(case: Case) -> dict[str, np.ndarray]:
+    """Shared initial parameters, with small non-zero biases and peepholes so they are exercised."""
+    params = ref.init_params(case.model, case.input_size, case.output_size, case.seed)
+    rng = np.random.default_rng([case.seed, 99])
+    for k, v in params.items():
+        if v.ndim == 1:
+            params[k] = rng.uniform(-0.1, 0.1, size=v.shape)
+    return ref.params_like(params, case.dtype)
+
+
+def _compare(name, got, want, rtol, atol_scale):
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape:
+        return float("inf"), f"{name}: shape {got.shape} != {want.shape}"
+    if not np.all(np.isfinite(got)):
+        return float("inf"), f"{name}: non-finite values"
+    m = float(np.abs(want).max()) if want.size else 0.0
+    bound = rtol * np.abs(want) + atol_scale * m + 1e-300
+    ratio = float((np.abs(got - want) / bound).max()) if want.size else 0.0
+    return ratio, name
+
+
+def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
+    """Conformance of one backend instance on one case: forward, loss + grads, 3 SGD steps."""
+    full = backend.full_name
+    res = CaseResult(full, case.label, case.dtype, "pass")
+    train = case.problem("train_step", device)
+    ok, why = backend.supports(train)
+    if not ok:
+        res.status, res.reason = "unsupported", why
+        return res
+    rtol, atol = TOLERANCES[case.dtype]
+    custom = backend.tolerance(train)
+    if custom is not None:
+        rtol, atol, res.reason = custom
+    res.bound = f"{rtol:g}*|ref| + {atol:g}*max|ref|"
+    ratios: dict[str, float] = {}
+
+    def record(name, got, want):
+        ratio, label = _compare(name, got, want, rtol, atol)
+        ratios[label] = ratio
+
+    params = initial_params(case)
+    ref_params = ref.params_like(params, np.float64)  # the float32-rounded values, in float64
+    x, y = make_data(case)
+    try:
+        fwd = case.problem("forward", device)
+        if backend.supports(fwd)[0]:
+            backend.prepare(fwd, ref.params_like(params, case.dtype), device=device, threads=1)
+            backend.warm_up((x, y))
+            record("outputs", backend.forward(x), ref.outputs(case.model, ref_params, x))
+        backend.prepare(train, ref.params_like(params, case.dtype), device=device, threads=1)
+        backend.warm_up((x, y))
+        loss, grads = backend.loss_and_grads(x, y)
+        want_loss, want_grads = ref.loss_and_grads(case.model, ref_params, x, y)
+        record("loss", loss, want_loss)
+        for k, g in want_grads.items():
+            record(f"d{k}", grads.get(k, np.full_like(g, np.nan)), g)
+        losses, want_losses = [], []
+        for step in range(N_STEPS):
+            xs, ys = make_data(case, step)
+            losses.append(backend.sgd_step(xs, ys, LR))
+            lval, ref_params = ref.sgd_step(case.model, ref_params, xs, ys, LR)
+            want_losses.append(lval)
+        backend.sync()
+        record("step losses", losses, want_losses)
+        got_params = backend.get_params()
+        for k, v in ref_params.items():
+            record(f"{k} after {N_STEPS} steps", got_params[k], v)
+    except Exception as exc:  # a crash is a result of the check, shown with its reason
+        res.status = "error"
+        res.reason = f"{type(exc).__name__}: {exc}"
+        res.details = {"traceback": traceback.format_exc(limit=6)}
+        return res
+    finally:
+        backend.close()
+    worst = max(ratios, key=ratios.get)
+    res.worst, res.worst_ratio = worst, ratios[worst]
+    res.details = {"ratios": {k: float(v) for k, v in ratios.items()}}
+    if res.worst_ratio > 1.0:
+        res.status = "fail"
+        res.reason = f"{worst} off by {res.worst_ratio:.3g}x the bound"
+    return res
+
+
+def check_backend(full_name: str, quick: bool = False, device: str = "cpu", cases=None):
+    """Yield one :class:`CaseResult` per case for ``name[:variant]`` (in this process)."""
+    import backends
+
+    backend = backends.create(full_name)
+    ok, why = backend.availability()
+    if not ok:
+        yield CaseResult(backend.full_name, "*", "*", "unavailable", why)
+        return
+    if device != "cpu":
+        ok, why = backend.device_availability(device)
+        if not ok:
+            yield CaseResult(backend.full_name, "*", "*", "unavailable", why)
+            return
+    for case in cases if cases is not None else all_cases(quick):
+        yield run_case(backend, case, device)
+
+
+def main(argv=None) -> int:
+    """Entry point for running a backend's check inside its own environment."""
+    ap = argparse.ArgumentParser(prog="python -m harness.check")
+    ap.add_argument("--backend", required=True)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args(argv)
+    for res in check_backend(args.backend, quick=args.quick, device=args.device):
+        print(json.dumps(asdict(res)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
