@@ -101,6 +101,44 @@ def _print_check(results, verbose: bool):
             console.print(f"  note        {name}  used looser bound {b}", highlight=False)
 
 
+@env_app.command("create")
+def env_create(name: Annotated[str, typer.Argument(help="Environment name, e.g. theano.")],
+               force: Annotated[bool, typer.Option("--force", help="Rebuild it even if it exists.")] = False):
+    """Build (or rebuild) an isolated backend environment."""
+    from harness import envs
+
+    try:
+        python = envs.create_env(name, force=force, progress=err_console)
+    except HarnessError as exc:
+        _fail(exc, 1)
+    console.print(f"environment {name} ready: {python}", highlight=False)
+
+
+@env_app.command("list")
+def env_list():
+    """Known environments, whether they exist, and where."""
+    from harness import envs
+
+    table = Table(title="isolated environments")
+    for col in ("name", "exists", "path", "packages"):
+        table.add_column(col)
+    for row in envs.list_envs():
+        table.add_row(row["name"], "yes" if row["exists"] else "no", row["path"], row.get("packages", ""))
+    console.print(table)
+
+
+@env_app.command("remove")
+def env_remove(name: Annotated[str, typer.Argument(help="Environment name.")]):
+    """Delete an isolated environment."""
+    from harness import envs
+
+    try:
+        envs.remove_env(name)
+    except HarnessError as exc:
+        _fail(exc, 1)
+    console.print(f"removed environment {name}")
+
+
 def main():
     """Console-script entry point."""
     try:
