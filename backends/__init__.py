@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 
 from harness.errors import HarnessError
@@ -21,6 +22,23 @@ REGISTRY: dict[str, tuple[str, str]] = {
 }
 
 
+def _plugins() -> dict[str, tuple[str, str]]:
+    """Extra backends from ``HARNESS_BACKENDS="name=module:Class,..."`` (third-party or test backends)."""
+    out = {}
+    for item in filter(None, (s.strip() for s in os.environ.get("HARNESS_BACKENDS", "").split(","))):
+        name, _, target = item.partition("=")
+        module, _, cls = target.partition(":")
+        if not (name and module and cls):
+            raise HarnessError(f"HARNESS_BACKENDS: expected name=module:Class, got {item!r}")
+        out[name] = (module, cls)
+    return out
+
+
+def registry() -> dict[str, tuple[str, str]]:
+    """The built-in backends plus any registered through ``HARNESS_BACKENDS``."""
+    return {**REGISTRY, **_plugins()}
+
+
 def split_name(full: str) -> tuple[str, str | None]:
     """``"numpy:wildml"`` -> ``("numpy", "wildml")``; ``"jax"`` -> ``("jax", None)``."""
     name, _, variant = str(full).partition(":")
@@ -29,9 +47,10 @@ def split_name(full: str) -> tuple[str, str | None]:
 
 def backend_class(name: str):
     """The backend class for ``name``; raises HarnessError for unknown names or broken modules."""
-    if name not in REGISTRY:
-        raise HarnessError(f"unknown backend {name!r}; known backends are {', '.join(REGISTRY)}")
-    module, cls = REGISTRY[name]
+    known = registry()
+    if name not in known:
+        raise HarnessError(f"unknown backend {name!r}; known backends are {', '.join(known)}")
+    module, cls = known[name]
     try:
         return getattr(importlib.import_module(module), cls)
     except Exception as exc:  # a broken or missing module is reported, never fatal
@@ -73,7 +92,7 @@ class Listing:
 def list_backends() -> list[Listing]:
     """Every registered backend and variant with its availability here."""
     rows: list[Listing] = []
-    for name in REGISTRY:
+    for name in registry():
         try:
             cls = backend_class(name)
         except HarnessError as exc:

@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.errors import HarnessError
@@ -18,8 +19,14 @@ from harness.errors import HarnessError
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark one RNN spec across backends.")
 env_app = typer.Typer(no_args_is_help=True, help="Isolated environments for backends that need one (Theano).")
 app.add_typer(env_app, name="env")
-console = Console()
-err_console = Console(stderr=True)
+def _console(stderr: bool = False) -> Console:
+    probe = Console(stderr=stderr)
+    # piped output (CI logs, files) gets a readable width instead of 80 columns
+    return probe if probe.is_terminal else Console(stderr=stderr, width=140)
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 
 def _split_csv(value: str | None) -> list[str] | None:
@@ -29,6 +36,121 @@ def _split_csv(value: str | None) -> list[str] | None:
 def _fail(exc: HarnessError, code: int = 2):
     err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+@app.command("run")
+def run_cmd(
+    configs: Annotated[list[Path], typer.Argument(help="One or more YAML configs.")],
+    out: Annotated[Optional[Path], typer.Option("--out", help="Results folder (default results/<name>-<time>); with several configs, a parent folder.")] = None,
+    backends_opt: Annotated[Optional[str], typer.Option("--backends", help="Comma-separated backends overriding the config's list.")] = None,
+    resume: Annotated[Optional[Path], typer.Option("--resume", help="Finish an interrupted run in this folder.")] = None,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip drawing plots.")] = False,
+):
+    """Run configs: every cell in fresh workers, results and plots in a folder per config."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from harness.config import load_config
+    from harness.results import RunStore
+    from harness.runner import Runner, finish_meta, new_run_meta
+
+    try:
+        if resume is not None:
+            if len(configs) > 1:
+                raise HarnessError("--resume takes one config (the one the run was started with)")
+            store = RunStore.open(resume)
+            loaded = [load_config(configs[0], _split_csv(backends_opt))]
+            stores = [store]
+        else:
+            loaded = [load_config(c, _split_csv(backends_opt)) for c in configs]
+            stores = []
+            for cfg in loaded:
+                meta = new_run_meta(cfg)
+                if out is None:
+                    path = Path("results") / meta["run_id"]
+                else:
+                    path = out / meta["run_id"] if len(loaded) > 1 else out
+                stores.append(RunStore.create(path, meta))
+    except HarnessError as exc:
+        _fail(exc, 2)
+
+    for cfg, store in zip(loaded, stores):
+        console.print(f"[bold]{cfg.name}[/]: {len(cfg.cells())} cells -> {store.path}", highlight=False)
+        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("eta"), TimeRemainingColumn()]
+        try:
+            with Progress(*columns, console=err_console, transient=False) as progress:
+                Runner(cfg, store, console=err_console).run(progress)
+        except KeyboardInterrupt:
+            finish_meta(store, interrupted=True)
+            err_console.print(f"interrupted: finished cells are saved; continue with "
+                              f"`harness run {cfg.path} --resume {store.path}`", highlight=False)
+            raise typer.Exit(130)
+        except HarnessError as exc:
+            finish_meta(store, interrupted=True)
+            _fail(exc, 1)
+        finish_meta(store)
+        _print_summary(store)
+        if not no_plots:
+            _draw(store.path)
+
+
+def _draw(path: Path):
+    from harness.plots import make_plots
+
+    try:
+        made = make_plots(path)
+    except HarnessError:
+        raise
+    except Exception as exc:  # plots are a view of saved results: never lose a run over one
+        err_console.print(f"warning: plotting failed: {type(exc).__name__}: {exc}")
+        return
+    for p in made:
+        console.print(f"  plot: {p}", highlight=False)
+
+
+def _print_summary(store):
+    from harness.plots import backend_label, group_label
+    from harness.runner import spread_warnings
+    import pandas as pd
+
+    df = pd.DataFrame(store.timings)
+    if df.empty:
+        return
+    df["label"] = backend_label(df)
+    table = Table(title=f"{store.meta.get('name')}: median per call, speedup over {store.meta.get('baseline')}")
+    for col in ("backend", "status", "median", "speedup [95% CI]", "compile s", "note"):
+        table.add_column(col, justify="right" if col in ("median", "compile s") else "left")
+    last_group = None
+    for _, r in df.iterrows():
+        if r["group"] != last_group:
+            if last_group is not None:
+                table.add_section()
+            table.add_row(f"[bold]{escape(r['workload'] + ' ' + group_label(r))}[/]", "", "", "", "", "")
+            last_group = r["group"]
+        med = f"{r['median_s'] * 1e3:.3g} ms" if pd.notna(r.get("median_s")) else "-"
+        sp = "-"
+        if pd.notna(r.get("speedup")):
+            sp = f"{r['speedup']:.3g}x [{r['speedup_lo']:.3g}, {r['speedup_hi']:.3g}]" if pd.notna(r.get("speedup_lo")) else f"{r['speedup']:.3g}x"
+        note = ""
+        if r["status"] != "ok":
+            note = str(r.get("error") or "").splitlines()[0][:70] if r.get("error") else ""
+        elif r["workload"] == "train":
+            ttt = r.get("time_to_target_s")
+            note = f"final loss {r['final_loss']:.3f}" + (f", target at {ttt:.2f} s" if pd.notna(ttt) else "")
+        comp = f"{r['compile_s']:.2f}" if pd.notna(r.get("compile_s")) else "-"
+        table.add_row("  " + escape(r["label"]), r["status"], med, sp, comp, escape(note))
+    console.print(table)
+    for w in spread_warnings(store.timings):
+        err_console.print(f"[yellow]noisy:[/] {escape(w)}", highlight=False)
+
+
+@app.command("plot")
+def plot_cmd(run_dir: Annotated[Path, typer.Argument(help="A results folder.")]):
+    """(Re)draw the plots of a run."""
+    try:
+        _draw(run_dir)
+    except HarnessError as exc:
+        _fail(exc, 1)
 
 
 @app.command("list")

@@ -2,19 +2,66 @@
 
 Environments live under ``.harness/envs/<name>`` in the project folder (override with
 ``HARNESS_HOME``). A backend whose class names ``environment = "<name>"`` runs its
-workers and its conformance check with that environment's Python.
+workers and its conformance check with that environment's Python. The project itself
+is not installed there: workers import it from the source tree through ``PYTHONPATH``
+(see :func:`worker_environ`), so an environment only holds its recipe's packages.
+
+Creation uses ``uv`` when it is on ``PATH`` (much faster), otherwise ``python -m venv``
+and pip. It is serialised by a file lock, and an environment counts as existing only
+once its marker file is written, so an interrupted creation is simply redone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import json
 import os
+import shutil
+import statistics
+import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import HarnessError
 
-# name -> what to install there besides this project (installed without its dependencies)
-RECIPES: dict[str, list[str]] = {}
+MARKER = "harness-env.json"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What an isolated environment holds and how it is finished after installing."""
+
+    packages: tuple[str, ...]
+    #: newest Python the pinned packages support (numpy 1.23.5 has no wheels past 3.11)
+    max_python: tuple[int, int] = (3, 13)
+    min_python: tuple[int, int] = (3, 9)
+    #: a statement that must run in the new environment (catches broken installs early)
+    check: str | None = None
+    #: a backend to time with and without the OpenBLAS shim; the faster choice is kept
+    blas_probe: str | None = None
+    #: the environment needs a C++ compiler at run time (Theano compiles its graphs)
+    needs_cxx: bool = False
+
+
+RECIPES: dict[str, Recipe] = {
+    "theano": Recipe(
+        packages=(
+            "numpy==1.23.5",  # Theano-PyMC 1.1.2 uses np.bool, removed in numpy 1.24
+            "scipy==1.10.1",
+            "theano-pymc==1.1.2",
+            "filelock",
+            "PyYAML",
+            "scipy-openblas32==0.3.30.0.8",  # a linkable OpenBLAS for Theano's C code
+        ),
+        max_python=(3, 11),
+        check="import numpy, scipy, theano.tensor",
+        blas_probe="theano",
+        needs_cxx=True,
+    ),
+}
 
 
 def home() -> Path:
@@ -24,23 +71,256 @@ def home() -> Path:
 
 
 def env_dir(name: str) -> Path:
+    """Where environment ``name`` lives (whether or not it exists)."""
     return home() / "envs" / name
 
 
+def _marker(name: str) -> dict | None:
+    try:
+        return json.loads((env_dir(name) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def env_python(name: str) -> Path | None:
-    """The environment's interpreter, or None when it has not been created."""
+    """The environment's interpreter, or None when it has not been (completely) created."""
     py = env_dir(name) / "bin" / "python"
-    return py if py.exists() else None
+    return py if py.exists() and _marker(name) is not None else None
 
 
-def ensure_env(name: str) -> Path:
+def current_env() -> str | None:
+    """The name of the isolated environment this process runs in, or None for the main one."""
+    prefix = Path(sys.prefix).resolve()
+    for name in RECIPES:
+        if env_dir(name).resolve() == prefix:
+            return name
+    return None
+
+
+def _recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        known = ", ".join(RECIPES) or "none"
+        raise HarnessError(f"no recipe for an isolated environment named {name!r}; known environments: {known}")
+    return RECIPES[name]
+
+
+# -- creation ------------------------------------------------------------------------
+
+
+class _Reporter:
+    """One progress line per stage: on the rich console given, else on stderr (or nowhere)."""
+
+    def __init__(self, progress, name: str, fallback_stderr: bool):
+        self.progress, self.name, self.fallback = progress, name, fallback_stderr
+
+    def __call__(self, message: str) -> None:
+        line = f"env {self.name}: {message}"
+        if self.progress is not None:
+            self.progress.print(line, highlight=False)
+        elif self.fallback:
+            print(line, file=sys.stderr, flush=True)
+
+
+def _base_python(recipe: Recipe) -> str | None:
+    """An interpreter within the recipe's Python range, or None."""
+    if recipe.min_python <= sys.version_info[:2] <= recipe.max_python:
+        return sys.executable
+    for minor in range(recipe.max_python[1], recipe.min_python[1] - 1, -1):
+        found = shutil.which(f"python{recipe.max_python[0]}.{minor}")
+        if found:
+            return found
+    return None
+
+
+def _has_pip() -> bool:
+    return importlib.util.find_spec("pip") is not None
+
+
+def can_create(name: str) -> tuple[bool, str]:
+    """Cheaply: whether this machine has what creating ``name`` needs (network aside)."""
+    recipe = _recipe(name)
+    uv = shutil.which("uv")
+    if uv is None and _base_python(recipe) is None:
+        lo, hi = ".".join(map(str, recipe.min_python)), ".".join(map(str, recipe.max_python))
+        return False, f"environment {name!r} needs Python {lo} to {hi} (or uv, which can fetch one)"
+    if recipe.needs_cxx and shutil.which("g++") is None:
+        return False, f"environment {name!r} needs a C++ compiler (g++) on PATH"
+    return True, ""
+
+
+class _StageError(Exception):
+    pass
+
+
+def _run(cmd: list[str], stage: str, env: dict | None = None) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        lines = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        raise _StageError(f"{stage} failed (exit {proc.returncode}): " + " | ".join(lines[-6:]))
+    return proc.stdout
+
+
+def _make_and_install(name: str, recipe: Recipe, target: Path, say) -> Path:
+    py = target / "bin" / "python"
+    uv = shutil.which("uv")
+    base = _base_python(recipe)
+    if uv is not None:
+        want = base or ".".join(map(str, recipe.max_python))
+        say(f"creating a virtual environment with uv (Python {want}) in {target}")
+        _run([uv, "venv", "--quiet", "--python", want, str(target)], "uv venv")
+        say(f"installing {', '.join(recipe.packages)} with uv")
+        _run([uv, "pip", "install", "--quiet", "--python", str(py), *recipe.packages], "uv pip install")
+        return py
+    if base is None:
+        raise _StageError(can_create(name)[1])
+    version = _run([base, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], "finding Python").strip()
+    if _has_pip():
+        say(f"creating a virtual environment (Python {version}) in {target}")
+        _run([base, "-m", "venv", "--without-pip", str(target)], "python -m venv")
+        installer = [sys.executable, "-m", "pip", "--python", str(py)]
+    else:  # no pip next to the harness: give the environment its own
+        say(f"creating a virtual environment with pip (Python {version}) in {target}")
+        _run([base, "-m", "venv", str(target)], "python -m venv")
+        installer = [str(py), "-m", "pip"]
+    say(f"installing {', '.join(recipe.packages)} with pip")
+    _run([*installer, "install", "--disable-pip-version-check", "--no-input", "--quiet", *recipe.packages],
+         "pip install")
+    return py
+
+
+def _installed_versions(py: Path, recipe: Recipe) -> dict[str, str]:
+    code = ("import importlib.metadata as m, json; "
+            "print(json.dumps({d.metadata['Name'].lower(): d.version for d in m.distributions()}))")
+    found = json.loads(_run([str(py), "-c", code], "listing packages"))
+    wanted = {p.split("==")[0].split(">")[0].split("<")[0].strip().lower() for p in recipe.packages}
+    return {k: v for k, v in sorted(found.items()) if k.replace("_", "-") in wanted or k in wanted}
+
+
+def _site_dirs(target: Path) -> list[Path]:
+    return sorted(target.glob("lib/python*/site-packages"))
+
+
+def _probe_blas(name: str, recipe: Recipe, target: Path, py: Path, say, rounds: int = 3) -> dict:
+    """Build the OpenBLAS shim, time the probe backend with and without it, keep the faster."""
+    from backends import blas
+
+    info = blas.build_shim(target / "blas", _site_dirs(target))
+    choice = {"choice": "numpy", "ldflags": "", "library": info["library"], "reason": info["reason"]}
+    if not info["ldflags"]:
+        say(f"no OpenBLAS to link ({info['reason']}); using numpy's BLAS through its C-API")
+        return choice
+    say(f"timing {recipe.blas_probe} with numpy's BLAS and with {Path(info['library']).name} "
+        f"({rounds} alternating rounds; the first compiles)")
+    samples: dict[str, list[float]] = {"numpy": [], "openblas": []}
+    flags = {"numpy": "", "openblas": info["ldflags"]}
+    for r in range(rounds):
+        order = ("numpy", "openblas") if r % 2 == 0 else ("openblas", "numpy")
+        for key in order:
+            env = worker_environ(name)
+            env["THEANO_FLAGS"] = f"blas__ldflags={flags[key]}"  # appended last, so it wins
+            out = _run([str(py), "-m", "backends.blas.probe", "--backend", recipe.blas_probe], f"BLAS probe ({key})",
+                       env=env)
+            samples[key].append(json.loads(out.strip().splitlines()[-1])["median_ms"])
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    best = "openblas" if med["openblas"] < med["numpy"] else "numpy"
+    choice.update(choice=best, ldflags=flags[best], reason="faster in the probe",
+                  probe={"shape": "elman H=100 vocab=8000 T=20 B=1 float32, sgd_step",
+                         "median_ms": med, "samples_ms": samples})
+    say(f"BLAS: {best} ({med['numpy']:.2f} ms with numpy's BLAS, {med['openblas']:.2f} ms with OpenBLAS per step)")
+    return choice
+
+
+@contextlib.contextmanager
+def _lock(name: str):
+    import fcntl
+
+    folder = home() / "envs"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f".{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def create_env(name: str, force: bool = False, progress=None, _stderr: bool = False) -> Path:
+    """Build environment ``name`` from its recipe (rebuild with ``force``); returns its Python."""
+    recipe = _recipe(name)
+    say = _Reporter(progress, name, _stderr)
+    with _lock(name):
+        existing = env_python(name)
+        if existing is not None and not force:
+            say(f"already exists at {env_dir(name)}")
+            return existing
+        target = env_dir(name)
+        if target.exists():
+            say(f"removing the old environment at {target}")
+            shutil.rmtree(target)
+        started = time.perf_counter()
+        try:
+            py = _make_and_install(name, recipe, target, say)
+            if recipe.check:
+                say(f"checking the installation ({recipe.check})")
+                _run([str(py), "-c", recipe.check], "import check", env=worker_environ(name))
+            versions = _installed_versions(py, recipe)
+            blas_choice = None
+            if recipe.blas_probe:
+                from backends import blas
+
+                blas_choice = _probe_blas(name, recipe, target, py, say)
+                (target / blas.CHOICE_FILE).write_text(json.dumps(blas_choice, indent=2))
+        except (_StageError, OSError) as exc:
+            shutil.rmtree(target, ignore_errors=True)
+            raise HarnessError(f"could not create environment {name!r}: {exc}") from None
+        marker = {"name": name, "packages": versions, "recipe": list(recipe.packages),
+                  "python": str(py), "blas": (blas_choice or {}).get("choice"),
+                  "created_s": round(time.perf_counter() - started, 1)}
+        (target / MARKER).write_text(json.dumps(marker, indent=2))
+        say(f"ready in {marker['created_s']:.0f} s")
+        return py
+
+
+def ensure_env(name: str, progress=None) -> Path:
     """The environment's interpreter, creating the environment first if needed."""
     py = env_python(name)
     if py is not None:
         return py
-    if name not in RECIPES:
-        raise HarnessError(f"unavailable: no recipe for an isolated environment named {name!r}")
-    raise HarnessError(f"unavailable: environment {name!r} does not exist; create it with `harness env create {name}`")
+    _recipe(name)
+    ok, why = can_create(name)
+    if not ok:
+        raise HarnessError(f"cannot create environment {name!r}: {why}")
+    return create_env(name, progress=progress, _stderr=True)
+
+
+def list_envs() -> list[dict]:
+    """Every known or present environment: name, exists, path and packages (a string)."""
+    root = home() / "envs"
+    names = list(RECIPES)
+    if root.is_dir():
+        names += sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in RECIPES)
+    rows = []
+    for name in names:
+        marker = _marker(name)
+        if marker is not None:
+            packages = ", ".join(f"{k} {v}" for k, v in marker.get("packages", {}).items())
+            if marker.get("blas"):
+                packages += f"; BLAS: {marker['blas']}"
+        elif name in RECIPES:
+            packages = ", ".join(RECIPES[name].packages)
+        else:
+            packages = ""
+        rows.append({"name": name, "exists": marker is not None, "path": str(env_dir(name)), "packages": packages})
+    return rows
+
+
+def remove_env(name: str) -> None:
+    """Delete environment ``name`` (its compile cache goes with it)."""
+    target = env_dir(name)
+    if not target.exists():
+        raise HarnessError(f"environment {name!r} does not exist (looked in {target})")
+    with _lock(name):
+        shutil.rmtree(target)
 
 
 def worker_environ(name: str | None) -> dict[str, str]:
@@ -48,8 +328,11 @@ def worker_environ(name: str | None) -> dict[str, str]:
     env = dict(os.environ)
     src = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # children must find the same environments and caches as this process
+    env["HARNESS_HOME"] = str(home())
     return env
 
 
 def main_python() -> str:
+    """The interpreter of the main environment."""
     return sys.executable

@@ -1,0 +1,290 @@
+"""YAML config -> validated :class:`RunConfig` -> the list of cells to run.
+
+Everything is validated before anything runs; every problem becomes one
+HarnessError line ``<file>: <key.path>: <what was expected>``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from harness.errors import HarnessError
+from harness.spec import DTYPES, ModelSpec, Problem, TaskSpec
+
+DEFAULT_ENV = {
+    # glibc returning freed buffers to the OS on every step costs page faults that
+    # dominate small steps (DESIGN.md); the same setting for every backend of a run
+    "MALLOC_MMAP_THRESHOLD_": "1000000000",
+    "MALLOC_TRIM_THRESHOLD_": "1000000000",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class TimingConfig(_Strict):
+    warmup: int = Field(2, ge=0, description="untimed calls after compiling")
+    min_rounds: int = Field(10, ge=3)
+    min_time_s: float = Field(1.0, ge=0)
+    max_time_s: float = Field(10.0, gt=0)
+    timeout_s: float = Field(600.0, gt=0, description="per worker request (init, warm-up, a round, training)")
+    round_s: Optional[float] = Field(None, gt=0, description="target length of one round; default min_time_s / min_rounds")
+
+
+class TrainConfig(_Strict):
+    epochs: int = Field(1, ge=1)
+    lr: float = Field(0.005, gt=0)
+    eval_every: int = Field(500, ge=1, description="examples between evaluations")
+    target_loss: Optional[float] = None
+    patience: int = Field(2, ge=1)
+    time_budget_s: Optional[float] = Field(None, gt=0)
+    halve_lr_on_rise: bool = False
+
+
+IntOrList = Union[int, list[int]]
+StrOrList = Union[str, list[str]]
+
+
+class RawConfig(_Strict):
+    name: str = Field(..., min_length=1)
+    description: str = ""
+    seed: int = 0
+    dtype: StrOrList = "float32"
+    model: dict[str, Any] = Field(default_factory=dict)
+    task: dict[str, Any] = Field(default_factory=lambda: {"kind": "random", "input_size": 32})
+    workloads: list[Literal["forward", "train_step", "train"]] = Field(default_factory=lambda: ["train_step"], min_length=1)
+    batch: IntOrList = 1
+    threads: IntOrList = 1
+    backends: list[str] = Field(..., min_length=1)
+    baseline: Optional[str] = None
+    sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    device: StrOrList = "cpu"
+    timing: TimingConfig = Field(default_factory=TimingConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    env: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_ENV))
+
+    @field_validator("batch", "threads")
+    @classmethod
+    def _positive(cls, v):
+        values = v if isinstance(v, list) else [v]
+        if not values or any(isinstance(x, bool) or x < 1 for x in values):
+            raise ValueError(f"expected a positive integer or a list of them, got {v!r}")
+        return values
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v):
+        values = v if isinstance(v, list) else [v]
+        bad = [x for x in values if x not in DTYPES]
+        if bad or not values:
+            raise ValueError(f"expected one of {', '.join(DTYPES)} (or a list), got {v!r}")
+        return values
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v):
+        values = v if isinstance(v, list) else [v]
+        bad = [x for x in values if x not in ("cpu", "gpu")]
+        if bad or not values:
+            raise ValueError(f"expected cpu or gpu (or a list), got {v!r}")
+        return values
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, v):
+        if isinstance(v, dict):
+            return {**DEFAULT_ENV, **{str(k): str(val) for k, val in v.items()}}
+        return v
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measurement: a backend on one problem, with its threads and data."""
+
+    backend: str
+    problem: Problem
+    task: TaskSpec
+    threads: int
+    point: dict  # the sweep values of this cell ({} without a sweep)
+    train: dict  # resolved train settings (a sweep may change them)
+    timing: dict  # resolved timing settings
+
+    @property
+    def group_key(self) -> str:
+        """Cells that differ only by backend share a key and are timed side by side."""
+        p = self.problem
+        sweep = ",".join(f"{k}={v}" for k, v in self.point.items())
+        return (f"{p.workload}|{p.device}|{p.dtype}|{p.model.describe()}|{self.task.kind}|T={p.seq_len}"
+                f"|D={p.input_size}|O={p.output_size}|B={p.batch}|threads={self.threads}|{sweep}")
+
+    @property
+    def cell_id(self) -> str:
+        return f"{self.group_key}|{self.backend}"
+
+
+@dataclass
+class RunConfig:
+    """A validated config and where it came from."""
+
+    raw: RawConfig
+    path: str
+    points: list[dict]  # one resolved mapping per sweep point
+    source: dict
+
+    @property
+    def name(self) -> str:
+        return self.raw.name
+
+    @property
+    def baseline(self) -> str:
+        return self.raw.baseline or self.raw.backends[0]
+
+    def cells(self) -> list[Cell]:
+        """Every cell, grouped: cells of one comparison group are adjacent, baseline first."""
+        r = self.raw
+        order = [self.baseline] + [b for b in r.backends if b != self.baseline]
+        cells = []
+        for point, device, dtype, workload, batch, threads in itertools.product(
+            self.points, r.device, r.dtype, r.workloads, r.batch, r.threads
+        ):
+            model, task = point["model"], point["task"]
+            d_in, d_out = task.sizes()
+            if task.kind == "random" and model.head == "softmax_xent" and task.output_size is None and not task.tokens:
+                d_out = task.input_size
+            prob = Problem(model, d_in, d_out, task.tokens, dtype, batch, task.seq_len, device, workload)
+            for b in order:
+                cells.append(Cell(b, prob, task, threads, point["values"],
+                                  point["train"].model_dump(), point["timing"].model_dump()))
+        return cells
+
+
+def _loc(loc) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _format_pydantic(exc: ValidationError, path: str) -> HarnessError:
+    err = exc.errors()[0]
+    where = _loc(err["loc"])
+    if err["type"] == "extra_forbidden":
+        parent = err["loc"][:-1]
+        model = RawConfig
+        for part in parent:
+            ann = model.model_fields[part].annotation
+            model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else model
+        valid = ", ".join(model.model_fields)
+        return HarnessError(f"{path}: {where}: unknown key; valid keys are {valid}")
+    if err["type"] == "missing":
+        return HarnessError(f"{path}: {where}: required key is missing")
+    msg = err["msg"].removeprefix("Value error, ")
+    if "expected" not in msg:
+        msg = f"{msg}, got {err.get('input')!r}"
+    return HarnessError(f"{path}: {where}: {msg}")
+
+
+SWEEPABLE = {
+    "model": {f.name for f in dataclasses.fields(ModelSpec)},
+    "task": {f.name for f in dataclasses.fields(TaskSpec)},
+    "train": set(TrainConfig.model_fields),
+    "timing": set(TimingConfig.model_fields),
+}
+
+
+def _set_path(mapping: dict, dotted: str, value) -> None:
+    parts = dotted.split(".")
+    node = mapping
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def load_config(path: str | Path, backends_override: list[str] | None = None) -> RunConfig:
+    """Read and fully validate one YAML config (and check every backend name exists)."""
+    import backends as registry
+
+    path = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise HarnessError(f"{path}: cannot read config: {exc.strerror}") from None
+    try:
+        source = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise HarnessError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(source, dict):
+        raise HarnessError(f"{path}: expected a mapping of config keys at the top level")
+    if backends_override:
+        source = {**source, "backends": backends_override}
+        if source.get("baseline") not in backends_override:
+            source["baseline"] = backends_override[0]
+    try:
+        raw = RawConfig.model_validate(source)
+    except ValidationError as exc:
+        raise _format_pydantic(exc, path) from None
+
+    for i, name in enumerate(raw.backends):
+        try:
+            raw.backends[i] = registry.validate_name(name)
+        except HarnessError as exc:
+            raise HarnessError(f"{path}: backends[{i}]: {exc}") from None
+    if len(set(raw.backends)) != len(raw.backends):
+        raise HarnessError(f"{path}: backends: each backend may appear once")
+    if raw.baseline is not None:
+        try:
+            raw.baseline = registry.validate_name(raw.baseline)
+        except HarnessError as exc:
+            raise HarnessError(f"{path}: baseline: {exc}") from None
+        if raw.baseline not in raw.backends:
+            raise HarnessError(f"{path}: baseline: expected one of the configured backends ({', '.join(raw.backends)}), got {raw.baseline!r}")
+    if raw.timing.max_time_s < raw.timing.min_time_s:
+        raise HarnessError(f"{path}: timing.max_time_s: expected at least timing.min_time_s ({raw.timing.min_time_s}), got {raw.timing.max_time_s}")
+
+    for key, values in raw.sweep.items():
+        section, _, leaf = key.partition(".")
+        if section not in SWEEPABLE or leaf not in SWEEPABLE[section]:
+            sections = ", ".join(f"{s}.<key>" for s in SWEEPABLE)
+            raise HarnessError(f"{path}: sweep.{key}: no such scalar key to sweep (expected {sections} with a valid key)")
+        if not values:
+            raise HarnessError(f"{path}: sweep.{key}: expected a non-empty list of values")
+
+    points = []
+    keys = list(raw.sweep)
+    for combo in itertools.product(*(raw.sweep[k] for k in keys)):
+        values = dict(zip(keys, combo))
+        doc = {"model": copy.deepcopy(raw.model), "task": copy.deepcopy(raw.task),
+               "train": raw.train.model_dump(), "timing": raw.timing.model_dump()}
+        for k, v in values.items():
+            _set_path(doc, k, v)
+        where = f"sweep {', '.join(f'{k}={v!r}' for k, v in values.items())}: " if values else ""
+        try:
+            model = ModelSpec.from_mapping(doc["model"])
+            task = TaskSpec.from_mapping(doc["task"])
+            train = TrainConfig.model_validate(doc["train"])
+            timing = TimingConfig.model_validate(doc["timing"])
+        except HarnessError as exc:
+            raise HarnessError(f"{path}: {where}{exc}") from None
+        except ValidationError as exc:
+            raise HarnessError(f"{path}: {where}{_format_pydantic(exc, path).args[0].split(': ', 1)[1]}") from None
+        if task.kind in ("lm_markov", "lm_text") and model.head != "softmax_xent":
+            raise HarnessError(f"{path}: {where}model.head: task {task.kind} needs softmax_xent, got {model.head!r}")
+        if task.kind in ("sobel", "frame_diff") and model.head != "mse":
+            raise HarnessError(f"{path}: {where}model.head: task {task.kind} needs mse, got {model.head!r}")
+        if task.kind == "lm_text" and task.path != "sample" and not Path(task.path).exists():
+            raise HarnessError(f"{path}: {where}task.path: no such file {task.path!r}")
+        if "train" in raw.workloads:
+            small = [b for b in raw.batch if b > task.n_eval or b > task.n_sequences]
+            if small:
+                raise HarnessError(f"{path}: {where}batch: {small[0]} exceeds task.n_eval ({task.n_eval}) or task.n_sequences ({task.n_sequences}) needed by workload train")
+        points.append({"model": model, "task": task, "train": train, "timing": timing, "values": values})
+    return RunConfig(raw, path, points, source)

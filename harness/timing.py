@@ -1,0 +1,61 @@
+"""Statistics of timing samples and of paired speedups. The one timing loop lives in
+:mod:`harness.worker` (it runs next to the backend); this module only summarises."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass
+class Stats:
+    """Summary of per-call times in seconds."""
+
+    median_s: float
+    iqr_s: float
+    min_s: float
+    mean_s: float
+    stdev_s: float
+    n_samples: int
+
+    @classmethod
+    def of(cls, samples) -> "Stats":
+        a = np.asarray(samples, dtype=np.float64)
+        if a.size == 0:
+            nan = float("nan")
+            return cls(nan, nan, nan, nan, nan, 0)
+        q1, med, q3 = np.percentile(a, [25, 50, 75])
+        return cls(float(med), float(q3 - q1), float(a.min()), float(a.mean()),
+                   float(a.std(ddof=1)) if a.size > 1 else 0.0, int(a.size))
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def spread(self) -> float:
+        """IQR relative to the median: above ~0.1 the median deserves less trust."""
+        return self.iqr_s / self.median_s if self.median_s else float("nan")
+
+
+def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Speedup ``median(baseline) / median(other)`` over rounds taken in turn, with a 95% interval.
+
+    Rounds are paired (round ``i`` of both ran back to back), so the bootstrap resamples
+    round indices jointly: drifts of the machine that hit both sides cancel out.
+    """
+    b = np.asarray(baseline, dtype=np.float64)
+    o = np.asarray(other, dtype=np.float64)
+    n = min(b.size, o.size)
+    if n == 0:
+        nan = float("nan")
+        return nan, nan, nan
+    b, o = b[:n], o[:n]
+    point = float(np.median(b) / np.median(o))
+    if n < 3:
+        return point, float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_boot, n))
+    ratios = np.median(b[idx], axis=1) / np.median(o[idx], axis=1)
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return point, float(lo), float(hi)

@@ -1,0 +1,74 @@
+"""Backends for testing the runner: the reference itself, and ones that misbehave on purpose.
+
+Registered through HARNESS_BACKENDS (see backends/__init__.py), so workers load them
+exactly as they load real backends.
+"""
+
+import os
+import signal
+import time
+
+import numpy as np
+
+from backends.base import Backend
+from harness import reference as ref
+
+
+class RefBackend(Backend):
+    """The oracle as a backend: correct and slow; ``slow`` sleeps to make a clear speed gap."""
+
+    name = "ref"
+    variants = ("plain", "slow")
+
+    def prepare(self, problem, params, device="cpu", threads=1):
+        self.problem = problem
+        self.params = {k: v.copy() for k, v in params.items()}
+
+    def _pause(self):
+        if self.variant == "slow":
+            time.sleep(0.002)
+
+    def forward(self, x):
+        self._pause()
+        return ref.outputs(self.problem.model, self.params, x)
+
+    def loss_and_grads(self, x, y):
+        return ref.loss_and_grads(self.problem.model, self.params, x, y)
+
+    def sgd_step(self, x, y, lr):
+        self._pause()
+        loss, self.params = ref.sgd_step(self.problem.model, self.params, x, y, lr)
+        return loss
+
+    def get_params(self):
+        return {k: v.copy() for k, v in self.params.items()}
+
+
+class BadBackend(RefBackend):
+    """Fails on purpose during the timed rounds, in the way its variant names."""
+
+    name = "bad"
+    variants = ("crash", "hang", "diverge", "oom", "raise", "unsupported")
+
+    def supports(self, problem):
+        if self.variant == "unsupported":
+            return False, "unsupported: this test backend supports nothing"
+        return True, ""
+
+    def warm_up(self, batch):
+        self.calls = 0
+
+    def sgd_step(self, x, y, lr):
+        self.calls += 1
+        if self.calls > 3:  # survive warm-up and calibration, fail inside the rounds
+            if self.variant == "crash":
+                os._exit(3)
+            if self.variant == "hang":
+                time.sleep(3600)
+            if self.variant == "diverge":
+                return float("nan")
+            if self.variant == "oom":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.variant == "raise":
+                raise RuntimeError("kernel exploded")
+        return super().sgd_step(x, y, lr)
