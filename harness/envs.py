@@ -42,6 +42,8 @@ class Recipe:
     check: str | None = None
     #: a backend to time with and without the OpenBLAS shim; the faster choice is kept
     blas_probe: str | None = None
+    #: the variable through which the probe backend takes ``blas__ldflags``
+    blas_flags_var: str = "THEANO_FLAGS"
     #: the environment needs a C++ compiler at run time (Theano compiles its graphs)
     needs_cxx: bool = False
 
@@ -53,11 +55,12 @@ RECIPES: dict[str, Recipe] = {
             "scipy==1.10.1",
             "theano-pymc==1.1.2",
             "filelock",
+            "setuptools<81",  # theano.gpuarray imports pkg_resources, gone from setuptools 81
             "PyYAML",
-            "scipy-openblas32==0.3.30.0.8",  # a linkable OpenBLAS for Theano's C code
+            "scipy-openblas32==0.3.34.0.0",  # a linkable OpenBLAS for Theano's C code
         ),
         max_python=(3, 11),
-        check="import numpy, scipy, theano.tensor",
+        check="import numpy, scipy, theano.tensor, theano.gradient",
         blas_probe="theano",
         needs_cxx=True,
     ),
@@ -217,7 +220,7 @@ def _probe_blas(name: str, recipe: Recipe, target: Path, py: Path, say, rounds: 
         order = ("numpy", "openblas") if r % 2 == 0 else ("openblas", "numpy")
         for key in order:
             env = worker_environ(name)
-            env["THEANO_FLAGS"] = f"blas__ldflags={flags[key]}"  # appended last, so it wins
+            env[recipe.blas_flags_var] = f"blas__ldflags={flags[key]}"  # merged last by the backend, so it wins
             out = _run([str(py), "-m", "backends.blas.probe", "--backend", recipe.blas_probe], f"BLAS probe ({key})",
                        env=env)
             samples[key].append(json.loads(out.strip().splitlines()[-1])["median_ms"])

@@ -258,7 +258,9 @@ class Runner:
                                    "threads": cell.threads, "lr": cell.train["lr"]}, timeout)
             outcome.versions, outcome.data_meta = init.get("versions"), init.get("data_meta")
             describe(f"{cell.backend}: compiling / warming up")
-            warm = worker.request({"cmd": "warmup", "n": cell.timing["warmup"]}, timeout)
+            # training must start from the shared initial parameters: compile only, no warm steps
+            n_warm = 0 if p.workload == "train" else cell.timing["warmup"]
+            warm = worker.request({"cmd": "warmup", "n": n_warm}, timeout)
             outcome.compile_s, outcome.peak_rss_mb = warm["compile_s"], warm["peak_rss_mb"]
         except WorkerFailure as exc:
             outcome.status, outcome.error = exc.status, str(exc)

@@ -53,7 +53,7 @@ class Cell:
         params = reference.init_params(p.model, p.input_size, p.output_size, int(req["seed"]), p.dtype)
         self.x, self.y = self.data.batch(np.arange(p.batch) % self.data.n_sequences)
         self.backend.prepare(p, params, device=p.device, threads=self.threads)
-        self.last_loss = float("nan")
+        self.last_loss = None
 
     def call(self) -> None:
         """One unit of the workload: an SGD step, or a forward pass."""
@@ -63,7 +63,7 @@ class Cell:
             self.last_loss = self.backend.sgd_step(self.x, self.y, self.lr)
 
     def check_finite(self) -> None:
-        if self.problem.workload != "forward":
+        if self.problem.workload != "forward" and self.last_loss is not None:
             loss = float(self.last_loss)
             if not math.isfinite(loss):
                 raise DivergedError(f"loss became {loss}")
@@ -221,7 +221,8 @@ def serve(inp, out) -> None:
                 target = float(req["target_s"])
                 reply = {"inner": max(1, min(10_000, int(round(target / max(one, 1e-9))))), "one_s": one}
             elif cmd == "rounds":
-                reply = {"samples": cell.rounds(int(req["n"]), int(req["inner"])), "loss": float(cell.last_loss)}
+                samples = cell.rounds(int(req["n"]), int(req["inner"]))
+                reply = {"samples": samples, "loss": None if cell.last_loss is None else float(cell.last_loss)}
             elif cmd == "train":
                 reply = cell.train(req["train"])
             elif cmd == "gemm_peak":

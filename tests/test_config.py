@@ -1,0 +1,76 @@
+"""Config validation: every mistake is one line naming the file, the key path and what was expected."""
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.config import load_config
+from harness.errors import HarnessError
+
+BASE = """
+name: t
+model: {kind: elman, hidden: 8}
+task: {kind: random, vocab: 20, seq_len: 5}
+backends: [ref]
+"""
+
+
+@pytest.mark.parametrize(
+    "patch, expected",
+    [
+        ("model: {kind: elman, hidden: 0}", "model.hidden: expected a positive integer, got 0"),
+        ("model: {kind: elman, hidden: -3}", "model.hidden: expected a positive integer, got -3"),
+        ("model: {kind: elman, hidden: 8, colour: red}", "model.colour: unknown key; valid keys are"),
+        ("model: {kind: gru, hidden: 8}", "model.kind: expected one of elman, lstm, got 'gru'"),
+        ("model: {kind: elman, bptt: {truncated: 0}}", "model.bptt.truncated: expected a positive integer, got 0"),
+        ("batch: -1", "batch: expected a positive integer or a list of them, got -1"),
+        ("batch: [1, 0]", "batch: expected a positive integer or a list of them"),
+        ("backends: [nosuch]", "backends[0]: unknown backend 'nosuch'"),
+        ("backends: ['ref:fast']", "backends[0]: backend 'ref:fast': unknown variant 'fast'"),
+        ("sweep: {model.width: [1, 2]}", "sweep.model.width: no such scalar key to sweep"),
+        ("sweep: {optimizer.lr: [1, 2]}", "sweep.optimizer.lr: no such scalar key to sweep"),
+        ("sweep: {model.hidden: [4, -1]}", "sweep model.hidden=-1: model.hidden: expected a positive integer, got -1"),
+        ("timing: {min_rounds: 1}", "timing.min_rounds:"),
+        ("timing: {warmups: 1}", "timing.warmups: unknown key; valid keys are warmup, min_rounds"),
+        ("dtype: float16", "dtype: expected one of float32, float64"),
+        ("device: tpu", "device: expected cpu or gpu"),
+        ("workloads: [backprop]", "workloads[0]:"),
+        ("colour: red", "colour: unknown key; valid keys are name, description"),
+        ("baseline: jax", "baseline: expected one of the configured backends (ref), got 'jax'"),
+        ("task: {kind: lm_markov, seq_len: 5}", "task.vocab: expected a positive integer for task lm_markov"),
+        ("task: {kind: sobel, seq_len: 5}", "model.head: task sobel needs mse"),
+    ],
+)
+def test_bad_values_name_file_and_key(fake_backends, write_config, patch, expected):
+    path = write_config(BASE + patch + "\n")
+    with pytest.raises(HarnessError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: "), msg
+    assert expected in msg, msg
+    assert "\n" not in msg
+
+
+def test_cli_reports_bad_config_with_exit_2_and_no_traceback(fake_backends, write_config):
+    path = write_config(BASE + "model: {kind: elman, hidden: -3}\n")
+    result = CliRunner().invoke(app, ["run", str(path)])
+    assert result.exit_code == 2
+    out = result.output
+    assert f"{path}: model.hidden: expected a positive integer, got -3" in " ".join(out.split())
+    assert "Traceback" not in out
+
+
+def test_missing_file_and_bad_yaml(write_config, tmp_path):
+    with pytest.raises(HarnessError, match="cannot read config"):
+        load_config(tmp_path / "absent.yaml")
+    with pytest.raises(HarnessError, match="not valid YAML"):
+        load_config(write_config("name: [unclosed\n"))
+
+
+def test_sweep_expands_into_groups_with_baseline_first(fake_backends, write_config):
+    cfg = load_config(write_config(BASE.replace("[ref]", "['ref:slow', ref]") + "baseline: ref\nbatch: [1, 2]\nsweep: {model.hidden: [4, 8, 16]}\n"))
+    cells = cfg.cells()
+    assert len(cells) == 3 * 2 * 2
+    assert [c.problem.model.hidden for c in cells[::4]] == [4, 8, 16]
+    assert cells[0].backend == "ref" and cells[1].backend == "ref:slow"
+    assert cells[0].group_key == cells[1].group_key != cells[2].group_key

@@ -1,0 +1,136 @@
+"""The runner end to end with test backends: statuses, paired timing, training curves, resume."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import harness
+from harness.config import load_config
+from harness.results import RunStore
+from harness.runner import Runner, finish_meta, new_run_meta
+from harness.timing import Stats, paired_speedup
+
+FAST_TIMING = "timing: {warmup: 1, min_rounds: 4, min_time_s: 0.05, max_time_s: 1, timeout_s: 4}\n"
+STEP = """
+name: misbehaving
+seed: 1
+model: {kind: elman, hidden: 8}
+task: {kind: random, vocab: 20, seq_len: 6, n_sequences: 16, n_eval: 8}
+workloads: [train_step]
+batch: [2]
+"""
+
+
+def _run(path, out):
+    cfg = load_config(path)
+    store = RunStore.create(out, new_run_meta(cfg))
+    Runner(cfg, store).run()
+    finish_meta(store)
+    return harness.load_run(out)
+
+
+def test_failures_become_statuses_and_the_run_goes_on(fake_backends, write_config, tmp_path):
+    backends = "backends: [ref, 'bad:crash', 'bad:hang', 'bad:diverge', 'bad:oom', 'bad:raise', 'bad:unsupported', 'ref:slow']\n"
+    run = _run(write_config(STEP + backends + FAST_TIMING), tmp_path / "run")
+    t = run.timings.set_index(run.timings["backend"] + ":" + run.timings["variant"])
+    assert t.loc["bad:crash", "status"] == "error" and "exited with code 3" in t.loc["bad:crash", "error"]
+    assert t.loc["bad:hang", "status"] == "timeout" and "within 4 s" in t.loc["bad:hang", "error"]
+    assert t.loc["bad:diverge", "status"] == "diverged" and "nan" in t.loc["bad:diverge", "error"]
+    assert t.loc["bad:oom", "status"] == "oom"
+    assert t.loc["bad:raise", "status"] == "error" and "kernel exploded" in t.loc["bad:raise", "error"]
+    assert t.loc["bad:unsupported", "status"] == "unsupported"
+    assert t.loc["bad:unsupported", "error"].startswith("unsupported:")
+    # the healthy backends after the broken ones were still measured, side by side
+    for name in ("ref:plain", "ref:slow"):
+        assert t.loc[name, "status"] == "ok" and t.loc[name, "n_samples"] >= 4
+        assert t.loc[name, "median_s"] > 0 and t.loc[name, "compile_s"] is not None
+    assert t.loc["ref:plain", "speedup"] == pytest.approx(1.0)
+    assert t.loc["ref:slow", "speedup"] < 1 and t.loc["ref:slow", "speedup_hi"] < 1.0
+    assert run.meta["cells"] and run.meta["finished"] and run.meta["machine"]["cores"] >= 1
+    assert set(run.meta["summary"]) >= {"ok", "error", "timeout", "diverged", "oom", "unsupported"}
+    assert (run.path / "timings.parquet").exists() and (run.path / "run.json").exists()
+
+
+def test_training_curves_start_from_shared_params_and_reach_target(fake_backends, write_config, tmp_path):
+    text = """
+name: curve
+seed: 3
+model: {kind: elman, hidden: 16, bias: false}
+task: {kind: lm_markov, vocab: 30, seq_len: 8, n_sequences: 120, n_eval: 24}
+workloads: [train]
+batch: [4]
+backends: [ref, 'ref:slow']
+train: {epochs: 4, lr: 0.1, eval_every: 60, target_loss: 3.3, patience: 2, time_budget_s: 30}
+timing: {timeout_s: 60}
+"""
+    run = _run(write_config(text), tmp_path / "run")
+    c = run.curves
+    ev = c[c["split"] == "eval"]
+    start = ev[ev["examples"] == 0]
+    assert len(start) == 2 and np.allclose(start["loss"], np.log(30), atol=0.05)
+    assert start["loss"].nunique() == 1  # both backends start from the same parameters
+    for _, d in ev.groupby("cell_id"):
+        assert d["wall_s"].is_monotonic_increasing and d["loss"].iloc[-1] < d["loss"].iloc[0] - 0.3
+    t = run.timings
+    assert (t["status"] == "ok").all()
+    assert t["time_to_target_s"].notna().all() and (t["train_s"] > 0).all()
+    # the same maths on both: identical losses, so only the clock differs
+    a, b = (ev[ev["variant"] == v]["loss"].to_numpy() for v in ("plain", "slow"))
+    assert np.allclose(a, b) and t["loss_floor"].iloc[0] < t["final_loss"].min()
+    assert (run.path / "curves.parquet").exists()
+
+
+def test_resume_after_a_killed_run_redoes_nothing_finished(fake_backends, write_config, tmp_path):
+    text = STEP.replace("batch: [2]", "batch: [1, 2, 3, 4]") + "backends: [ref, 'ref:slow']\n" + FAST_TIMING.replace("min_time_s: 0.05", "min_time_s: 0.4")
+    path = write_config(text)
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(out), "--no-plots"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline:  # wait until the first group is on disk, then kill hard
+            if (out / "timings.parquet").exists() and len(pd.read_parquet(out / "timings.parquet")) >= 2:
+                break
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    before = pd.read_parquet(out / "timings.parquet")
+    assert 2 <= len(before) < 8, "the kill should land mid-run"
+    cfg = load_config(path)
+    store = RunStore.open(out)
+    Runner(cfg, store).run()
+    finish_meta(store)
+    after = harness.load_run(out).timings
+    assert len(after) == 8 and (after["status"] == "ok").all()
+    kept = after.set_index("cell_id").loc[before["cell_id"]]
+    for cid, row in before.set_index("cell_id").iterrows():  # finished cells were not measured again
+        assert list(kept.loc[cid, "samples_s"]) == list(row["samples_s"])
+
+
+def test_load_runs_tags_each_run(fake_backends, write_config, tmp_path):
+    path = write_config(STEP + "backends: [ref]\n" + FAST_TIMING)
+    _run(path, tmp_path / "a")
+    _run(path, tmp_path / "b")
+    both = harness.load_runs([tmp_path / "a", tmp_path / "b"])
+    assert sorted(both.timings["run_id"].unique()) == sorted([harness.load_run(tmp_path / p).run_id for p in "ab"])
+    assert len(both.timings) == 2
+
+
+def test_stats_and_paired_speedup():
+    s = Stats.of([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert s.median_s == 3.0 and s.min_s == 1.0 and s.n_samples == 5 and s.iqr_s == 2.0
+    rng = np.random.default_rng(0)
+    drift = np.linspace(1, 3, 40)  # the machine slows down threefold during the run
+    base = 2.0 * drift * (1 + 0.02 * rng.standard_normal(40))
+    other = 1.0 * drift * (1 + 0.02 * rng.standard_normal(40))
+    point, lo, hi = paired_speedup(base, other)
+    assert 1.9 < lo <= point <= hi < 2.1
+    assert np.isnan(paired_speedup([], [1.0])[0])
