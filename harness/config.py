@@ -117,6 +117,8 @@ class Cell:
     point: dict  # the sweep values of this cell ({} without a sweep)
     train: dict  # resolved train settings (a sweep may change them)
     timing: dict  # resolved timing settings
+    baseline: str  # the backend its speedup is measured against
+    env: dict  # extra environment variables of its worker
 
     @property
     def group_key(self) -> str:
@@ -133,12 +135,20 @@ class Cell:
 
 @dataclass
 class RunConfig:
-    """A validated config and where it came from."""
+    """A validated config and where it came from.
 
-    raw: RawConfig
+    A YAML file may hold several documents (``---``): each later one is merged over
+    the first and adds its own cells to the same run, so one file can pair, say,
+    ``train_step`` cells at two batch sizes with one short ``train`` curve.
+    """
+
+    parts: list[tuple[RawConfig, list[dict]]]  # per document: its config and sweep points
     path: str
-    points: list[dict]  # one resolved mapping per sweep point
-    source: dict
+    source: list[dict]
+
+    @property
+    def raw(self) -> RawConfig:
+        return self.parts[0][0]
 
     @property
     def name(self) -> str:
@@ -148,22 +158,25 @@ class RunConfig:
     def baseline(self) -> str:
         return self.raw.baseline or self.raw.backends[0]
 
+    @property
+    def backends(self) -> list[str]:
+        return list(dict.fromkeys(b for raw, _ in self.parts for b in raw.backends))
+
     def cells(self) -> list[Cell]:
         """Every cell, grouped: cells of one comparison group are adjacent, baseline first."""
-        r = self.raw
-        order = [self.baseline] + [b for b in r.backends if b != self.baseline]
         cells = []
-        for point, device, dtype, workload, batch, threads in itertools.product(
-            self.points, r.device, r.dtype, r.workloads, r.batch, r.threads
-        ):
-            model, task = point["model"], point["task"]
-            d_in, d_out = task.sizes()
-            if task.kind == "random" and model.head == "softmax_xent" and task.output_size is None and not task.tokens:
-                d_out = task.input_size
-            prob = Problem(model, d_in, d_out, task.tokens, dtype, batch, task.seq_len, device, workload)
-            for b in order:
-                cells.append(Cell(b, prob, task, threads, point["values"],
-                                  point["train"].model_dump(), point["timing"].model_dump()))
+        for r, points in self.parts:
+            baseline = r.baseline or r.backends[0]
+            order = [baseline] + [b for b in r.backends if b != baseline]
+            for point, device, dtype, workload, batch, threads in itertools.product(
+                points, r.device, r.dtype, r.workloads, r.batch, r.threads
+            ):
+                task = point["task"]
+                d_in, d_out = task.sizes()
+                prob = Problem(point["model"], d_in, d_out, task.tokens, dtype, batch, task.seq_len, device, workload)
+                for b in order:
+                    cells.append(Cell(b, prob, task, threads, point["values"], point["train"].model_dump(),
+                                      point["timing"].model_dump(), baseline, dict(r.env)))
         return cells
 
 
@@ -209,21 +222,41 @@ def _set_path(mapping: dict, dotted: str, value) -> None:
     node[parts[-1]] = value
 
 
-def load_config(path: str | Path, backends_override: list[str] | None = None) -> RunConfig:
-    """Read and fully validate one YAML config (and check every backend name exists)."""
-    import backends as registry
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
+
+def load_config(path: str | Path, backends_override: list[str] | None = None) -> RunConfig:
+    """Read and fully validate a YAML config (and check every backend name exists)."""
     path = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise HarnessError(f"{path}: cannot read config: {exc.strerror}") from None
     try:
-        source = yaml.safe_load(text)
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         raise HarnessError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(source, dict):
-        raise HarnessError(f"{path}: expected a mapping of config keys at the top level")
+    if not docs:
+        raise HarnessError(f"{path}: the file holds no config")
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, dict):
+            where = f" (document {i + 1})" if len(docs) > 1 else ""
+            raise HarnessError(f"{path}: expected a mapping of config keys at the top level{where}")
+    sources = [docs[0]] + [_merge(docs[0], d) for d in docs[1:]]
+    parts = []
+    for i, source in enumerate(sources):
+        label = f"{path}: document {i + 1}" if len(sources) > 1 and i > 0 else path
+        parts.append(_load_part(source, label, backends_override))
+    return RunConfig(parts, path, docs)
+
+
+def _load_part(source: dict, path: str, backends_override: list[str] | None):
+    import backends as registry
+
     if backends_override:
         source = {**source, "backends": backends_override}
         if source.get("baseline") not in backends_override:
@@ -287,4 +320,4 @@ def load_config(path: str | Path, backends_override: list[str] | None = None) ->
             if small:
                 raise HarnessError(f"{path}: {where}batch: {small[0]} exceeds task.n_eval ({task.n_eval}) or task.n_sequences ({task.n_sequences}) needed by workload train")
         points.append({"model": model, "task": task, "train": train, "timing": timing, "values": values})
-    return RunConfig(raw, path, points, source)
+    return raw, points

@@ -56,8 +56,6 @@ def make_dataset(task: TaskSpec, model: ModelSpec, seed: int, dtype: str = "floa
         raise HarnessError(f"task.kind: {task.kind} regresses pixels and needs model.head mse")
     n = task.n_sequences
     d_in, d_out = task.sizes()
-    if task.kind == "random" and model.head == "softmax_xent" and task.output_size is None and not task.tokens:
-        d_out = task.input_size
     ds = Dataset(x[:, :n], y[:, :n], x[:, n:], y[:, n:], d_in, d_out, task.tokens, meta)
     if task.kind == "lm_markov":
         ds.meta["loss_floor"] = float(meta["row_entropy"][ds.x_eval].mean())

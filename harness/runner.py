@@ -204,13 +204,10 @@ class Runner:
 
     def _measure_gemm_peaks(self) -> None:
         """The machine's GEMM peak per dtype and thread count, for roofline and %-of-peak figures."""
-        r = self.config.raw
-        for dtype in r.dtype:
-            for threads in r.threads:
-                key = f"{dtype}|threads={threads}"
-                if key in self.gemm_peaks:
-                    continue
-                _, env = worker_environment("numpy", "cpu", dtype, threads, r.env)
+        for dtype, threads in dict.fromkeys((c.problem.dtype, c.threads) for c in self.config.cells()):
+            key = f"{dtype}|threads={threads}"
+            if key not in self.gemm_peaks:
+                _, env = worker_environment("numpy", "cpu", dtype, threads, self.config.raw.env)
                 w = Worker(None, env, "gemm-peak")
                 try:
                     self.gemm_peaks[key] = w.request({"cmd": "gemm_peak", "dtype": dtype, "n": 1024}, 120)["gflops"]
@@ -242,7 +239,7 @@ class Runner:
         outcome = Outcome(cell)
         p = cell.problem
         try:
-            environment, env = worker_environment(cell.backend, p.device, p.dtype, cell.threads, self.config.raw.env)
+            environment, env = worker_environment(cell.backend, p.device, p.dtype, cell.threads, cell.env)
             if environment and envs.env_python(environment) is None:
                 describe(f"creating isolated environment {environment!r} (first use)")
             worker = Worker(environment, env, cell.backend)
@@ -357,7 +354,7 @@ class Runner:
     def _rows(self, outcomes: list[Outcome]) -> tuple[list[dict], list[dict]]:
         import backends
 
-        base_name = self.config.baseline
+        base_name = outcomes[0].cell.baseline
         base = next((o for o in outcomes if o.cell.backend == base_name), None)
         rows, curves = [], []
         versions = self.store.meta.setdefault("versions", {})
@@ -401,7 +398,8 @@ def new_run_meta(config: RunConfig) -> dict:
     now = datetime.now(timezone.utc)
     run_id = f"{config.name}-{now.strftime('%Y%m%d-%H%M%S')}"
     return {
-        "run_id": run_id, "name": config.name, "config_path": config.path, "config": config.raw.model_dump(),
+        "run_id": run_id, "name": config.name, "config_path": config.path,
+        "config": [raw.model_dump() for raw, _ in config.parts],
         "config_source": config.source, "baseline": config.baseline, "machine": machine.machine_info(),
         "git_commit": machine.git_commit(), "started": now.isoformat(), "finished": None,
         "env": dict(config.raw.env), "cpu_times_start": machine.cpu_times(), "harness_python": sys.version.split()[0],

@@ -74,3 +74,17 @@ def test_sweep_expands_into_groups_with_baseline_first(fake_backends, write_conf
     assert [c.problem.model.hidden for c in cells[::4]] == [4, 8, 16]
     assert cells[0].backend == "ref" and cells[1].backend == "ref:slow"
     assert cells[0].group_key == cells[1].group_key != cells[2].group_key
+
+
+def test_later_documents_merge_over_the_first(fake_backends, write_config):
+    text = BASE + "batch: [1, 2]\n---\nworkloads: [train]\nbatch: [4]\nmodel: {hidden: 16}\ntask: {n_eval: 8}\n"
+    cfg = load_config(write_config(text))
+    cells = cfg.cells()
+    assert [(c.problem.workload, c.problem.batch, c.problem.model.hidden) for c in cells] == [
+        ("train_step", 1, 8), ("train_step", 2, 8), ("train", 4, 16)]
+    assert cells[2].task.n_eval == 8 and cells[2].task.vocab == 20  # merged, not replaced
+
+
+def test_error_in_a_later_document_names_it(fake_backends, write_config):
+    with pytest.raises(HarnessError, match=r"document 2: model.hidden: expected a positive integer, got 0"):
+        load_config(write_config(BASE + "---\nmodel: {hidden: 0}\n"))
