@@ -153,6 +153,40 @@ def plot_cmd(run_dir: Annotated[Path, typer.Argument(help="A results folder.")])
         _fail(exc, 1)
 
 
+@app.command("report")
+def report_cmd(run_dir: Annotated[Path, typer.Argument(help="A results folder.")]):
+    """Write report.md and a self-contained report.html for a run."""
+    from harness.report import write_report
+
+    try:
+        made = write_report(run_dir)
+    except HarnessError as exc:
+        _fail(exc, 1)
+    for p in made:
+        console.print(f"  wrote {p}", highlight=False)
+
+
+@app.command("compare")
+def compare_cmd(
+    run_a: Annotated[Path, typer.Argument(help="The reference run (before).")],
+    run_b: Annotated[Path, typer.Argument(help="The run to judge (after).")],
+    threshold: Annotated[float, typer.Option(help="A significant slowdown beyond this ratio (B/A) is a regression.")] = 1.05,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+):
+    """Per-cell time ratios of two runs with significance; exit 1 on a regression."""
+    from harness.compare import compare_runs, print_comparison
+
+    try:
+        result = compare_runs(run_a, run_b, threshold=threshold)
+    except HarnessError as exc:
+        _fail(exc, 2)
+    if json_out:
+        typer.echo(result.to_json())
+    else:
+        print_comparison(result, console)
+    raise typer.Exit(1 if result.regressions else 0)
+
+
 @app.command("list")
 def list_cmd(json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False):
     """Backends, variants, availability and devices."""
