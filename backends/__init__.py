@@ -65,7 +65,14 @@ def known_variants(name: str) -> tuple[str, ...]:
 def validate_name(full: str) -> str:
     """Check ``name[:variant]`` against the registry; returns the canonical full name."""
     name, variant = split_name(full)
-    cls = backend_class(name)
+    if name not in registry():
+        backend_class(name)  # raises the "unknown backend" error with the known names
+    try:
+        cls = backend_class(name)
+    except HarnessError:
+        # known but broken here (missing library, failed build): the run records the
+        # cells as unavailable with this reason instead of refusing the whole config
+        return full
     if variant is not None and variant not in cls.variants:
         raise HarnessError(f"backend {full!r}: unknown variant {variant!r}; valid variants are {', '.join(cls.variants)}")
     return name if variant in (None, cls.variants[0]) else f"{name}:{variant}"

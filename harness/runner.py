@@ -160,9 +160,13 @@ def _base_row(cell: Cell) -> dict:
 
     p, m = cell.problem, cell.problem.model
     name, variant = backends.split_name(cell.backend)
-    cls = backends.backend_class(name)
+    if variant is None:
+        try:
+            variant = backends.backend_class(name).variants[0]
+        except HarnessError:  # a backend that cannot even be imported here
+            variant = "default"
     return {
-        "cell_id": cell.cell_id, "group": cell.group_key, "backend": name, "variant": variant or cls.variants[0],
+        "cell_id": cell.cell_id, "group": cell.group_key, "backend": name, "variant": variant,
         "device": p.device, "model": m.kind, "task": cell.task.kind, "workload": p.workload, "dtype": p.dtype,
         "batch": p.batch, "seq_len": p.seq_len, "input_size": p.input_size, "hidden_size": m.hidden,
         "output_size": p.output_size, "threads": cell.threads, "bptt": str(m.bptt), "layers": m.layers,
@@ -431,10 +435,12 @@ def summarise(timings) -> list[dict]:
 
 def spread_warnings(timings) -> list[str]:
     """Cells whose interquartile range exceeds 10% of the median: their figures deserve less trust."""
+    from harness.plots import group_label
+
     warn = []
     for r in timings:
         if r.get("status") == "ok" and r.get("median_s") and r.get("iqr_s") is not None and r.get("workload") != "train":
             rel = r["iqr_s"] / r["median_s"]
             if np.isfinite(rel) and rel > 0.10:
-                warn.append(f"{r['backend']}:{r['variant']} ({r['group']}): IQR is {rel:.0%} of the median")
+                warn.append(f"{r['backend']}:{r['variant']} ({r['workload']} {group_label(r)}): IQR is {rel:.0%} of the median")
     return warn
