@@ -44,6 +44,7 @@ def run_cmd(
     out: Annotated[Optional[Path], typer.Option("--out", help="Results folder (default results/<name>-<time>); with several configs, a parent folder.")] = None,
     backends_opt: Annotated[Optional[str], typer.Option("--backends", help="Comma-separated backends overriding the config's list.")] = None,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="Finish an interrupted run in this folder.")] = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Apply a named profile from the config's `profiles:` (e.g. full).")] = None,
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip drawing plots.")] = False,
 ):
     """Run configs: every cell in fresh workers, results and plots in a folder per config."""
@@ -58,10 +59,10 @@ def run_cmd(
             if len(configs) > 1:
                 raise HarnessError("--resume takes one config (the one the run was started with)")
             store = RunStore.open(resume)
-            loaded = [load_config(configs[0], _split_csv(backends_opt))]
+            loaded = [load_config(configs[0], _split_csv(backends_opt), profile)]
             stores = [store]
         else:
-            loaded = [load_config(c, _split_csv(backends_opt)) for c in configs]
+            loaded = [load_config(c, _split_csv(backends_opt), profile) for c in configs]
             stores = []
             for cfg in loaded:
                 meta = new_run_meta(cfg)

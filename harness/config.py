@@ -222,15 +222,23 @@ def _set_path(mapping: dict, dotted: str, value) -> None:
     node[parts[-1]] = value
 
 
-def _merge(base: dict, over: dict) -> dict:
+REPLACED_KEYS = {"sweep"}  # a later document's sweep replaces the first one's instead of merging
+
+
+def _merge(base: dict, over: dict, top: bool = True) -> dict:
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        deep = isinstance(v, dict) and isinstance(out.get(k), dict) and not (top and k in REPLACED_KEYS)
+        out[k] = _merge(out[k], v, top=False) if deep else v
     return out
 
 
-def load_config(path: str | Path, backends_override: list[str] | None = None) -> RunConfig:
-    """Read and fully validate a YAML config (and check every backend name exists)."""
+def load_config(path: str | Path, backends_override: list[str] | None = None, profile: str | None = None) -> RunConfig:
+    """Read and fully validate a YAML config (and check every backend name exists).
+
+    ``profile`` names an entry of the first document's ``profiles:`` mapping, merged
+    over every document (e.g. the full DeepBench list behind ``--profile full``).
+    """
     path = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -246,7 +254,19 @@ def load_config(path: str | Path, backends_override: list[str] | None = None) ->
         if not isinstance(doc, dict):
             where = f" (document {i + 1})" if len(docs) > 1 else ""
             raise HarnessError(f"{path}: expected a mapping of config keys at the top level{where}")
+    profiles = docs[0].get("profiles") or {}
+    if not isinstance(profiles, dict):
+        raise HarnessError(f"{path}: profiles: expected a mapping of profile name -> config keys")
+    docs = [{k: v for k, v in d.items() if k != "profiles"} for d in docs]
     sources = [docs[0]] + [_merge(docs[0], d) for d in docs[1:]]
+    if profile is not None:
+        if profile not in profiles:
+            known = ", ".join(profiles) or "none defined"
+            raise HarnessError(f"{path}: profiles: no profile {profile!r} (known: {known})")
+        override = profiles[profile]
+        if not isinstance(override, dict):
+            raise HarnessError(f"{path}: profiles.{profile}: expected a mapping of config keys")
+        sources = [_merge(src, override) for src in sources]
     parts = []
     for i, source in enumerate(sources):
         label = f"{path}: document {i + 1}" if len(sources) > 1 and i > 0 else path
@@ -284,17 +304,24 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None):
         raise HarnessError(f"{path}: timing.max_time_s: expected at least timing.min_time_s ({raw.timing.min_time_s}), got {raw.timing.max_time_s}")
 
     for key, values in raw.sweep.items():
-        section, _, leaf = key.partition(".")
-        if section not in SWEEPABLE or leaf not in SWEEPABLE[section]:
-            sections = ", ".join(f"{s}.<key>" for s in SWEEPABLE)
-            raise HarnessError(f"{path}: sweep.{key}: no such scalar key to sweep (expected {sections} with a valid key)")
+        paths = key.split(",")
+        for one in paths:
+            section, _, leaf = one.strip().partition(".")
+            if section not in SWEEPABLE or leaf not in SWEEPABLE[section]:
+                sections = ", ".join(f"{s}.<key>" for s in SWEEPABLE)
+                raise HarnessError(f"{path}: sweep.{key}: no such scalar key to sweep (expected {sections} with a valid key)")
         if not values:
             raise HarnessError(f"{path}: sweep.{key}: expected a non-empty list of values")
+        if len(paths) > 1 and not all(isinstance(v, list) and len(v) == len(paths) for v in values):
+            raise HarnessError(f"{path}: sweep.{key}: a sweep over {len(paths)} keys zips them; expected a list of {len(paths)}-element lists")
 
     points = []
     keys = list(raw.sweep)
     for combo in itertools.product(*(raw.sweep[k] for k in keys)):
-        values = dict(zip(keys, combo))
+        values = {}
+        for key, value in zip(keys, combo):
+            paths = [p.strip() for p in key.split(",")]
+            values.update(zip(paths, value) if len(paths) > 1 else [(key, value)])
         doc = {"model": copy.deepcopy(raw.model), "task": copy.deepcopy(raw.task),
                "train": raw.train.model_dump(), "timing": raw.timing.model_dump()}
         for k, v in values.items():

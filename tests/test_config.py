@@ -88,3 +88,19 @@ def test_later_documents_merge_over_the_first(fake_backends, write_config):
 def test_error_in_a_later_document_names_it(fake_backends, write_config):
     with pytest.raises(HarnessError, match=r"document 2: model.hidden: expected a positive integer, got 0"):
         load_config(write_config(BASE + "---\nmodel: {hidden: 0}\n"))
+
+
+def test_sweep_may_zip_several_keys_and_is_replaced_by_later_documents(fake_backends, write_config):
+    text = BASE + "sweep: {'model.hidden,task.input_size': [[4, 3], [8, 6]]}\ntask: {kind: random, input_size: 2, seq_len: 5}\n---\nsweep: {model.hidden: [16]}\n"
+    cells = load_config(write_config(text)).cells()
+    assert [(c.problem.model.hidden, c.problem.input_size) for c in cells] == [(4, 3), (8, 6), (16, 2)]
+    with pytest.raises(HarnessError, match="zips them"):
+        load_config(write_config(BASE + "sweep: {'model.hidden,task.seq_len': [4, 8]}\n"))
+
+
+def test_profiles_merge_over_every_document(fake_backends, write_config):
+    text = BASE + "profiles: {full: {batch: [1, 2, 3]}}\n---\nworkloads: [forward]\n"
+    assert len(load_config(write_config(text)).cells()) == 2
+    assert len(load_config(write_config(text), profile="full").cells()) == 6
+    with pytest.raises(HarnessError, match="no profile 'huge' \\(known: full\\)"):
+        load_config(write_config(text), profile="huge")
