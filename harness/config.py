@@ -222,7 +222,7 @@ def _set_path(mapping: dict, dotted: str, value) -> None:
     node[parts[-1]] = value
 
 
-REPLACED_KEYS = {"sweep"}  # a later document's sweep replaces the first one's instead of merging
+REPLACED_KEYS = {"sweep", "profiles"}  # a later document's own sweep/profiles replace the first one's
 
 
 def _merge(base: dict, over: dict, top: bool = True) -> dict:
@@ -236,8 +236,9 @@ def _merge(base: dict, over: dict, top: bool = True) -> dict:
 def load_config(path: str | Path, backends_override: list[str] | None = None, profile: str | None = None) -> RunConfig:
     """Read and fully validate a YAML config (and check every backend name exists).
 
-    ``profile`` names an entry of the first document's ``profiles:`` mapping, merged
-    over every document (e.g. the full DeepBench list behind ``--profile full``).
+    ``profile`` names an entry of each document's ``profiles:`` mapping (a later document
+    inherits the first one's unless it has its own), merged over that document: e.g. the
+    full DeepBench list behind ``--profile full``.
     """
     path = str(path)
     try:
@@ -254,19 +255,19 @@ def load_config(path: str | Path, backends_override: list[str] | None = None, pr
         if not isinstance(doc, dict):
             where = f" (document {i + 1})" if len(docs) > 1 else ""
             raise HarnessError(f"{path}: expected a mapping of config keys at the top level{where}")
-    profiles = docs[0].get("profiles") or {}
-    if not isinstance(profiles, dict):
-        raise HarnessError(f"{path}: profiles: expected a mapping of profile name -> config keys")
-    docs = [{k: v for k, v in d.items() if k != "profiles"} for d in docs]
     sources = [docs[0]] + [_merge(docs[0], d) for d in docs[1:]]
-    if profile is not None:
+    for i, src in enumerate(sources):
+        profiles = src.pop("profiles", None) or {}
+        where = f"{path}: document {i + 1}: profiles" if i else f"{path}: profiles"
+        if not isinstance(profiles, dict):
+            raise HarnessError(f"{where}: expected a mapping of profile name -> config keys")
+        if profile is None:
+            continue
         if profile not in profiles:
-            known = ", ".join(profiles) or "none defined"
-            raise HarnessError(f"{path}: profiles: no profile {profile!r} (known: {known})")
-        override = profiles[profile]
-        if not isinstance(override, dict):
-            raise HarnessError(f"{path}: profiles.{profile}: expected a mapping of config keys")
-        sources = [_merge(src, override) for src in sources]
+            raise HarnessError(f"{where}: no profile {profile!r} (known: {', '.join(profiles) or 'none defined'})")
+        if not isinstance(profiles[profile], dict):
+            raise HarnessError(f"{where}.{profile}: expected a mapping of config keys")
+        sources[i] = _merge(src, profiles[profile])
     parts = []
     for i, source in enumerate(sources):
         label = f"{path}: document {i + 1}" if len(sources) > 1 and i > 0 else path
