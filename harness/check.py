@@ -155,7 +155,9 @@ def initial_params(case: Case) -> dict[str, np.ndarray]:
     return ref.params_like(params, case.dtype)
 
 
-def _compare(name, got, want, rtol, atol_scale):
+def compare(name, got, want, rtol, atol_scale, floor=0.0):
+    """``(max |got - want| / bound, name)`` with SPEC.md's bound ``rtol |want| + atol_scale max|want|``
+    (plus ``floor``, an elementwise allowance); a ratio above 1 is a mismatch."""
     got = np.asarray(got, dtype=np.float64)
     want = np.asarray(want, dtype=np.float64)
     if got.shape != want.shape:
@@ -163,7 +165,7 @@ def _compare(name, got, want, rtol, atol_scale):
     if not np.all(np.isfinite(got)):
         return float("inf"), f"{name}: non-finite values"
     m = float(np.abs(want).max()) if want.size else 0.0
-    bound = rtol * np.abs(want) + atol_scale * m + 1e-300
+    bound = rtol * np.abs(want) + atol_scale * m + floor + 1e-300
     ratio = float((np.abs(got - want) / bound).max()) if want.size else 0.0
     return ratio, name
 
@@ -185,7 +187,7 @@ def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
     ratios: dict[str, float] = {}
 
     def record(name, got, want):
-        ratio, label = _compare(name, got, want, rtol, atol)
+        ratio, label = compare(name, got, want, rtol, atol)
         ratios[label] = ratio
 
     params = initial_params(case)

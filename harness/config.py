@@ -38,6 +38,7 @@ class TimingConfig(_Strict):
     max_time_s: float = Field(10.0, gt=0)
     timeout_s: float = Field(600.0, gt=0, description="per worker request (init, warm-up, a round, training)")
     round_s: Optional[float] = Field(None, gt=0, description="target length of one round; default min_time_s / min_rounds")
+    verify: bool = Field(True, description="check each cell's own step against the reference before timing it")
 
 
 class TrainConfig(_Strict):

@@ -39,20 +39,60 @@ def backend_label(df: pd.DataFrame) -> pd.Series:
     return df.apply(label, axis=1) if len(df) else pd.Series(dtype=str)
 
 
-def group_label(row) -> str:
-    """A short, readable name for a comparison group."""
-    bits = [row["model"], f"H={row['hidden_size']}", f"T={row['seq_len']}", f"B={row['batch']}", row["dtype"]]
-    if row.get("tokens"):
-        bits.insert(1, f"V={row['input_size']}")
-    else:
-        bits.insert(1, f"D={row['input_size']}")
-    if row.get("threads", 1) != 1:
+def group_label(row, omit: tuple[str, ...] = ()) -> str:
+    """A short, readable name for a comparison group; ``omit`` drops fields a plot puts on an axis."""
+    bits = [row["model"], f"H={row['hidden_size']}", f"T={row['seq_len']}"]
+    if "batch" not in omit:
+        bits.append(f"B={row['batch']}")
+    bits.append(row["dtype"])
+    bits.insert(1, f"V={row['input_size']}" if row.get("tokens") else f"D={row['input_size']}")
+    if "threads" not in omit and row.get("threads", 1) != 1:
         bits.append(f"{row['threads']} thr")
-    if row.get("device") == "gpu":
+    if "device" not in omit and row.get("device") == "gpu":
         bits.append("GPU")
     if row.get("bptt") and row["bptt"] != "full":
         bits.append(row["bptt"])
     return " ".join(str(b) for b in bits)
+
+
+def fmt_seconds(v) -> str:
+    """A duration with a readable unit: ``1.23 ms``, ``45.6 us``, ``2.5 s``."""
+    if v is None or not np.isfinite(v):
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+        if abs(v) >= scale or unit == "ns":
+            return f"{v / scale:.3g} {unit}"
+    return f"{v:.3g} s"
+
+
+def _log_axis(axis, fmt) -> None:
+    """Readable labels on a log axis (call after plotting): 1-2-5 ticks on short ranges, fewer on long ones."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    lo, hi = sorted(abs(v) for v in axis.get_view_interval())
+    decades = np.log10(hi / lo) if lo > 0 else 10
+    subs = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0, 3.0) if decades <= 4 else (1.0,)
+    axis.set_major_locator(LogLocator(base=10, subs=subs))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v)))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _seconds_axis(axis) -> None:
+    _log_axis(axis, fmt_seconds)
+
+
+def _number_axis(axis, suffix: str = "") -> None:
+    _log_axis(axis, lambda v: f"{v:g}{suffix}")
+
+
+def _measured_ticks(axis, values) -> None:
+    """Log-scaled axis whose ticks are exactly the (integer) values measured."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ticks = sorted({int(v) for v in values})
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_minor_locator(NullLocator())
+    axis.set_major_formatter(lambda v, _: f"{int(round(v))}")
 
 
 def plot_speedup(timings: pd.DataFrame, out: Path):
@@ -67,8 +107,6 @@ def plot_speedup(timings: pd.DataFrame, out: Path):
     ncol = min(3, len(panels))
     nrow = -(-len(panels) // ncol)
     n_backends = df["label"].nunique()
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
     fig, axes = plt.subplots(nrow, ncol, figsize=(5.6 * ncol, (0.5 * n_backends + 1.8) * nrow), squeeze=False)
     palette = dict(zip(sorted(df["label"].unique()), sns.color_palette("tab10", n_backends)))
     for ax, panel in zip(axes.flat, panels):
@@ -80,11 +118,10 @@ def plot_speedup(timings: pd.DataFrame, out: Path):
         ax.set_yticks(y, d["label"])
         ax.axvline(1.0, color="black", lw=1, ls="--")
         ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
-        ax.xaxis.set_minor_formatter(NullFormatter())
         right = d["speedup_hi"].fillna(d["speedup"]).to_numpy()
         top = float(np.nanmax(right))
         ax.set_xlim(min(0.8, float(np.nanmin(d["speedup_lo"].fillna(d["speedup"]))) * 0.7), top * 2.2)
+        _number_axis(ax.xaxis, "x")
         ax.set_title(panel, fontsize=9)
         ax.set_xlabel(f"speedup over {d['baseline'].iloc[0]} (bars: 95% CI)")
         for yi, s, r in zip(y, d["speedup"], right):
@@ -132,28 +169,249 @@ def plot_loss_vs_time(curves: pd.DataFrame, out: Path):
     return out
 
 
+# Columns that, together with the backend, identify what a cell measures.
+PROBLEM_COLUMNS = ("model", "task", "workload", "dtype", "device", "threads", "bptt", "layers", "activation", "head",
+                   "output_act", "peephole", "bias", "tokens") + SIZE_COLUMNS
+_OMIT_KEY = {"batch": "batch", "threads": "threads", "device": "device"}
+
+
+def _family_label(row, axis_col: str) -> str:
+    """The problem a line of a sweep plot follows, without the swept column."""
+    label = group_label(row, omit=tuple(_OMIT_KEY[c] for c in (axis_col,) if c in _OMIT_KEY))
+    if axis_col in ("hidden_size", "seq_len", "input_size"):
+        prefix = {"hidden_size": "H=", "seq_len": "T=", "input_size": ("V=", "D=")}[axis_col]
+        label = " ".join(b for b in label.split() if not b.startswith(prefix))
+    return f"{label} · {row['workload']}"
+
+
+def _lines_along(df: pd.DataFrame, col: str) -> pd.DataFrame:
+    """Rows of every (backend, problem) line that holds all else fixed and has >= 2 values of ``col``."""
+    fixed = [c for c in PROBLEM_COLUMNS if c != col and c in df.columns]
+    keys = ["backend", "variant"] + fixed
+    filled = df[keys].astype(str)
+    line_id = filled.apply("|".join, axis=1)
+    counts = df.groupby(line_id)[col].transform("nunique")
+    return df.assign(line=line_id)[counts >= 2]
+
+
 def plot_scaling(timings: pd.DataFrame, out: Path):
-    """Log-log time per call against every size a sweep varied, a line per backend."""
+    """Log-log time per call against each size a sweep varied with all else fixed: a panel per size and problem."""
     df = timings[(timings["status"] == "ok") & (timings["workload"] != "train")].copy()
     if df.empty:
         return None
-    varying = [c for c in SIZE_COLUMNS if df[c].nunique() > 1]
-    if not varying:
+    df["label"] = backend_label(df)
+    panels = []
+    for col in SIZE_COLUMNS:
+        lines = _lines_along(df, col)
+        if lines.empty:
+            continue
+        lines = lines.assign(family=lines.apply(_family_label, axis=1, axis_col=col))
+        panels += [(col, family, d) for family, d in lines.groupby("family", sort=False)]
+    if not panels:
+        return None
+    plt, sns = _setup()
+    ncol = min(3, len(panels))
+    nrow = -(-len(panels) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(6.2 * ncol, 4.6 * nrow), squeeze=False)
+    labels = sorted(df["label"].unique())
+    palette = dict(zip(labels, sns.color_palette("tab10" if len(labels) <= 10 else "husl", len(labels))))
+    for ax, (col, family, d) in zip(axes.flat, panels):
+        for label, line in d.sort_values(col).groupby("label", sort=False):
+            ax.plot(line[col], line["median_s"], marker="o", color=palette[label], label=label)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        _measured_ticks(ax.xaxis, d[col])
+        _seconds_axis(ax.yaxis)
+        ax.set_xlabel(col)
+        ax.set_ylabel("median time per call")
+        ax.set_title(f"scaling with {col}\n{family}", fontsize=9)
+        ax.legend(fontsize=8)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def arithmetic_intensity(df: pd.DataFrame) -> pd.Series:
+    """Estimated FLOP per byte of one time step's matrix products (input, recurrent, output).
+
+    Each weight matrix is read once per step and the step's activations once each, the
+    best any backend can do; the estimate depends on sizes only (B, D, H, O, dtype).
+    """
+    gates = np.where(df["model"].to_numpy() == "lstm", 4, 1)
+    itemsize = df["dtype"].map(lambda d: np.dtype(d).itemsize).to_numpy(dtype=float)
+    b, d, h, o = (df[c].to_numpy(dtype=float) for c in ("batch", "input_size", "hidden_size", "output_size"))
+    layers = df["layers"].fillna(1).to_numpy(dtype=float) if "layers" in df else np.ones(len(df))
+    tokens = df["tokens"].fillna(False).to_numpy(dtype=bool) if "tokens" in df else np.zeros(len(df), bool)
+    d_in = np.where(tokens, 0.0, d)  # a token input is a row lookup, no product
+    weights = gates * h * (d_in + h) + (layers - 1) * gates * h * (h + h) + h * o
+    flops = 2 * b * weights
+    moved = itemsize * (weights + b * (d_in + layers * (h + gates * h + h) + o))
+    return pd.Series(flops / moved, index=df.index)
+
+
+def plot_roofline(timings: pd.DataFrame, out: Path):
+    """Achieved GFLOP/s per cell against arithmetic intensity, under the GEMM peak measured at run start."""
+    df = timings[(timings["status"] == "ok") & timings["gflops"].notna()].copy()
+    if df.empty:
         return None
     plt, sns = _setup()
     df["label"] = backend_label(df)
-    fig, axes = plt.subplots(1, len(varying), figsize=(6 * len(varying), 4.5), squeeze=False)
-    for ax, col in zip(axes.flat, varying):
-        others = [c for c in varying if c != col]
-        d = df
-        for c in others:  # hold the other varied sizes at their most common value
-            d = d[d[c] == d[c].mode().iloc[0]]
-        d = d.groupby(["label", "workload", col], as_index=False)["median_s"].median()
-        sns.lineplot(data=d, x=col, y="median_s", hue="label", style="workload", marker="o", ax=ax)
+    df["intensity"] = arithmetic_intensity(df)
+    df["panel"] = df.apply(lambda r: f"{r['device'].upper()} · {r['dtype']} · {r['threads']} thread"
+                           + ("s" if r["threads"] != 1 else ""), axis=1)
+    panels = list(dict.fromkeys(df.sort_values(["device", "dtype", "threads"])["panel"]))
+    ncol = min(2, len(panels))
+    nrow = -(-len(panels) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(7.5 * ncol, 5.2 * nrow), squeeze=False)
+    labels = sorted(df["label"].unique())
+    palette = dict(zip(labels, sns.color_palette("tab10" if len(labels) <= 10 else "husl", len(labels))))
+    markers = dict(zip(["forward", "train_step", "train"], ["o", "s", "^"]))
+    for ax, panel in zip(axes.flat, panels):
+        d = df[df["panel"] == panel]
+        for (label, workload), g in d.groupby(["label", "workload"], sort=False):
+            ax.scatter(g["intensity"], g["gflops"], color=palette[label], marker=markers.get(workload, "o"),
+                       s=46, edgecolor="white", linewidth=0.6, zorder=3)
+        peaks = d["gemm_peak_gflops"].dropna()
+        # the peak is a CPU GEMM measured with NumPy; it is no roof for GPU cells
+        peak = float(peaks.iloc[0]) if len(peaks) and d["device"].iloc[0] == "cpu" else None
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_ylabel("median time per call (s)")
-        ax.set_title(f"scaling with {col}")
+        ax.set_ylim(float(d["gflops"].min()) / 3, max(float(d["gflops"].max()), peak or 0) * 2)
+        ax.set_xlim(float(d["intensity"].min()) / 2, float(d["intensity"].max()) * 2)
+        _number_axis(ax.xaxis)
+        _number_axis(ax.yaxis)
+        if peak is not None:
+            ax.axhline(peak, color="black", lw=1.3)
+            ax.text(0.01, peak, f" GEMM peak {peak:.3g} GFLOP/s (NumPy, 1024\u00b3)", transform=ax.get_yaxis_transform(),
+                    va="bottom", ha="left", fontsize=8)
+            share = ax.twinx()
+            share.set_yscale("log")
+            share.set_ylim(*(v / peak * 100 for v in ax.get_ylim()))
+            share.grid(False)
+            _number_axis(share.yaxis, "%")
+            share.set_ylabel("% of GEMM peak")
+        ax.set_xlabel("arithmetic intensity of a step's matrix products (FLOP/byte, estimated)")
+        ax.set_ylabel("achieved GFLOP/s")
+        ax.set_title(panel, fontsize=10)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], ls="", marker="o", color=palette[l], label=l) for l in labels]
+    handles += [Line2D([], [], ls="", marker=markers[w], color="gray", label=w)
+                for w in markers if w in set(df["workload"])]
+    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9, frameon=False)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return out
+
+
+def plot_threads_batch(timings: pd.DataFrame, out: Path):
+    """Heatmap of time per example over threads x batch, a panel per backend and problem."""
+    df = timings[(timings["status"] == "ok") & (timings["workload"] != "train")].copy()
+    if df.empty or df["threads"].nunique() < 2 or df["batch"].nunique() < 2:
+        return None
+    df["label"] = backend_label(df)
+    df["problem"] = df.apply(lambda r: f"{group_label(r, omit=('batch', 'threads'))} · {r['workload']}", axis=1)
+    df["per_example_s"] = df["median_s"] / df["batch"]
+    panels = [(key, g) for key, g in df.groupby(["label", "problem"], sort=False)
+              if g["threads"].nunique() >= 2 and g["batch"].nunique() >= 2]
+    if not panels:
+        return None
+    plt, sns = _setup()
+    from matplotlib.colors import LogNorm
+
+    ncol = min(3, len(panels))
+    nrow = -(-len(panels) // ncol)
+    n_batch = max(g["batch"].nunique() for _, g in panels)
+    n_threads = max(g["threads"].nunique() for _, g in panels)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(max(4.8, 1.05 * n_batch + 2.6) * ncol, (0.55 * n_threads + 2.1) * nrow),
+                             squeeze=False)
+    for ax, ((label, problem), g) in zip(axes.flat, panels):
+        pv = g.pivot_table(index="threads", columns="batch", values="per_example_s", aggfunc="median").sort_index()
+        notes = pv.map(fmt_seconds)
+        sns.heatmap(pv, annot=notes, fmt="", cmap="rocket_r", ax=ax, linewidths=0.5, annot_kws={"fontsize": 8},
+                    norm=LogNorm(vmin=float(np.nanmin(pv.values)), vmax=float(np.nanmax(pv.values)) * 1.0001),
+                    cbar_kws={"label": "time per example"})
+        _seconds_axis(ax.collections[0].colorbar.ax.yaxis)
+        ax.set_title(f"{label}\n{problem}", fontsize=9)
+        ax.set_xlabel("batch")
+        ax.set_ylabel("threads")
+        ax.tick_params(axis="y", rotation=0)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def crossover_batch(cpu_best: pd.Series, gpu_best: pd.Series):
+    """Smallest batch from which the GPU is faster at every measured larger batch; None if never."""
+    both = pd.concat({"cpu": cpu_best, "gpu": gpu_best}, axis=1).dropna().sort_index()
+    if both.empty:
+        return None
+    gpu_wins = (both["gpu"] < both["cpu"]).to_numpy()
+    if not gpu_wins[-1]:
+        return None
+    first = len(gpu_wins)
+    while first > 0 and gpu_wins[first - 1]:
+        first -= 1
+    return both.index[first]
+
+
+def plot_crossover(timings: pd.DataFrame, out: Path):
+    """Time per example against batch for CPU and GPU cells of the same problem, with the crossover marked."""
+    df = timings[(timings["status"] == "ok") & (timings["workload"] != "train")].copy()
+    if df.empty or not {"cpu", "gpu"} <= set(df["device"]):
+        return None
+    df["label"] = backend_label(df)
+    df["problem"] = df.apply(lambda r: f"{group_label(r, omit=('batch', 'threads', 'device'))} · {r['workload']}", axis=1)
+    df["per_example_s"] = df["median_s"] / df["batch"]
+    panels = [(p, g) for p, g in df.groupby("problem", sort=False)
+              if set(g["device"]) >= {"cpu", "gpu"} and g["batch"].nunique() >= 2]
+    if not panels:
+        return None
+    plt, sns = _setup()
+    ncol = min(2, len(panels))
+    nrow = -(-len(panels) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(7.5 * ncol, 5 * nrow), squeeze=False)
+    labels = sorted(df["label"].unique())
+    palette = dict(zip(labels, sns.color_palette("tab10" if len(labels) <= 10 else "husl", len(labels))))
+    for ax, (problem, g) in zip(axes.flat, panels):
+        styles = {"cpu": iter(["-", "-.", (0, (1, 1)), (0, (3, 1, 1, 1, 1, 1))]),
+                  "gpu": iter(["--", (0, (5, 2, 1, 2)), (0, (8, 2))])}
+        combos = g[["device", "threads"]].drop_duplicates().sort_values(["device", "threads"])
+        style = {(dev, thr): next(styles[dev], "-") for dev, thr in combos.itertuples(index=False)}
+        for (label, device, threads), line in g.groupby(["label", "device", "threads"], sort=False):
+            line = line.sort_values("batch")
+            several = (combos["device"] == device).sum() > 1
+            name = f"{label} {device.upper()}" + (f" {threads} thr" if several else "")
+            ax.plot(line["batch"], line["per_example_s"], marker="o" if device == "cpu" else "s",
+                    ls=style[(device, threads)], color=palette[label], label=name)
+        best = g.groupby(["device", "batch"])["per_example_s"].min()
+        cross = crossover_batch(best.get("cpu", pd.Series(dtype=float)), best.get("gpu", pd.Series(dtype=float)))
+        if cross is None:
+            note = "CPU faster at every batch measured with both"
+        elif cross == min(set(best["cpu"].index) & set(best["gpu"].index)):
+            note = "GPU faster at every batch measured with both"
+        else:
+            ax.axvline(cross, color="gray", lw=1, ls=":")
+            note = f"GPU faster from batch {cross}"
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        _measured_ticks(ax.xaxis, g["batch"])
+        _seconds_axis(ax.yaxis)
+        ax.set_xlabel("batch")
+        ax.set_ylabel("median time per example")
+        ax.set_title(f"{problem}\n{note} (best backend per device)", fontsize=9)
+        ax.legend(fontsize=8)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -171,5 +429,8 @@ def make_plots(run_dir) -> list[Path]:
         plot_speedup(run.timings, plots / "speedup.png"),
         plot_loss_vs_time(run.curves, plots / "loss_vs_time.png"),
         plot_scaling(run.timings, plots / "scaling.png"),
+        plot_roofline(run.timings, plots / "roofline.png"),
+        plot_threads_batch(run.timings, plots / "threads_batch.png"),
+        plot_crossover(run.timings, plots / "crossover.png"),
     ]
     return [p for p in made if p is not None]

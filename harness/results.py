@@ -22,9 +22,10 @@ TIMING_COLUMNS = [
     "head", "output_act", "peephole", "bias", "tokens", "sweep", "status", "error", "compile_s",
     "median_s", "iqr_s", "min_s", "mean_s", "stdev_s", "n_samples", "peak_rss_mb", "gflops",
     "gemm_peak_gflops", "baseline", "speedup", "speedup_lo", "speedup_hi", "time_to_target_s",
-    "train_s", "eval_s", "final_loss", "loss_floor", "samples_s",
+    "train_s", "eval_s", "final_loss", "loss_floor", "verified_ratio", "samples_s",
 ]
-FINAL_STATUSES = {"ok", "error", "timeout", "oom", "diverged", "unsupported", "unavailable"}
+# mismatch: the backend's own step on this cell disagreed with the reference, so it was not timed
+FINAL_STATUSES = {"ok", "error", "timeout", "oom", "diverged", "mismatch", "unsupported", "unavailable"}
 
 
 def _atomic_write(path: Path, write) -> None:

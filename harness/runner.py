@@ -153,6 +153,7 @@ class Outcome:
     data_meta: dict | None = None
     train: dict | None = None
     worker_env: dict | None = None
+    verify: dict | None = None
 
 
 def _base_row(cell: Cell) -> dict:
@@ -263,6 +264,13 @@ class Runner:
             n_warm = 0 if p.workload == "train" else cell.timing["warmup"]
             warm = worker.request({"cmd": "warmup", "n": n_warm}, timeout)
             outcome.compile_s, outcome.peak_rss_mb = warm["compile_s"], warm["peak_rss_mb"]
+            if p.workload != "train" and cell.timing["verify"]:
+                describe(f"{cell.backend}: verifying against the reference")
+                outcome.verify = worker.request({"cmd": "verify"}, timeout)
+                if not outcome.verify["ok"]:
+                    v = outcome.verify
+                    raise WorkerFailure("mismatch", f"does not match the reference on this cell: {v['worst']} "
+                                                    f"off by {v['ratio']:.3g}x the bound {v['bound']}")
         except WorkerFailure as exc:
             outcome.status, outcome.error = exc.status, str(exc)
             worker.close()
@@ -376,6 +384,8 @@ class Runner:
             if (o.status == "ok" and p.workload != "train" and base is not None and base.status == "ok"
                     and base.samples and o.samples):
                 row["speedup"], row["speedup_lo"], row["speedup_hi"] = paired_speedup(base.samples, o.samples)
+            if o.verify:
+                row["verified_ratio"] = o.verify["ratio"]
             if o.data_meta and "loss_floor" in o.data_meta:
                 row["loss_floor"] = o.data_meta["loss_floor"]
             if o.versions:

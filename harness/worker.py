@@ -80,6 +80,42 @@ class Cell:
         self.check_finite()
         return {"compile_s": compile_s, "warm_s": (time.perf_counter_ns() - t0) / 1e9}
 
+    def verify(self) -> dict:
+        """This cell's own next step (or forward pass) against the reference, on its own data.
+
+        For a step, the parameter *change* is compared with the reference's change from the
+        same starting parameters, so a wrong gradient cannot hide behind a small learning rate.
+        """
+        from harness import reference
+        from harness.check import TOLERANCES, compare
+
+        p, b = self.problem, self.backend
+        rtol, atol = TOLERANCES[p.dtype]
+        custom = b.tolerance(p)
+        if custom is not None:
+            rtol, atol = custom[0], custom[1]
+        before = reference.params_like(b.get_params(), np.float64)
+        ratios = {}
+        if p.workload == "forward":
+            got = b.forward(self.x)
+            b.sync()
+            r, name = compare("outputs", got, reference.outputs(p.model, before, self.x), rtol, atol)
+            ratios[name] = r
+        else:
+            loss = b.sgd_step(self.x, self.y, self.lr)
+            b.sync()
+            after = b.get_params()
+            want_loss, want = reference.sgd_step(p.model, before, self.x, self.y, self.lr)
+            ratios["loss"] = compare("loss", loss, want_loss, rtol, atol)[0]
+            eps = float(np.finfo(p.dtype).eps)
+            for k, v in want.items():  # the subtraction itself loses ~eps * |p| in the run's dtype
+                r, name = compare(f"update of {k}", np.asarray(after[k], np.float64) - before[k], v - before[k],
+                                  rtol, atol, floor=4 * eps * np.abs(before[k]))
+                ratios[name] = r
+        worst = max(ratios, key=ratios.get)
+        return {"ok": bool(ratios[worst] <= 1.0), "worst": worst, "ratio": float(ratios[worst]),
+                "bound": f"{rtol:g}*|ref| + {atol:g}*max|ref|"}
+
     def rounds(self, n: int, inner: int) -> list[float]:
         """``n`` rounds of ``inner`` calls each, ``sync()`` before every clock read; seconds per call."""
         out = []
@@ -216,6 +252,8 @@ def serve(inp, out) -> None:
                          "data_meta": cell.data.meta}
             elif cmd == "warmup":
                 reply = cell.warmup(int(req.get("n", 1)))
+            elif cmd == "verify":
+                reply = cell.verify()
             elif cmd == "calibrate":
                 one = cell.rounds(1, 1)[0]
                 target = float(req["target_s"])

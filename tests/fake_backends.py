@@ -48,7 +48,7 @@ class BadBackend(RefBackend):
     """Fails on purpose during the timed rounds, in the way its variant names."""
 
     name = "bad"
-    variants = ("crash", "hang", "diverge", "oom", "raise", "unsupported")
+    variants = ("crash", "hang", "diverge", "oom", "raise", "unsupported", "wrong")
 
     def supports(self, problem):
         if self.variant == "unsupported":
@@ -60,6 +60,8 @@ class BadBackend(RefBackend):
 
     def sgd_step(self, x, y, lr):
         self.calls += 1
+        if self.variant == "wrong":  # a subtly wrong gradient: 1% too large a step
+            return super().sgd_step(x, y, lr * 1.01)
         if self.calls > 3:  # survive warm-up and calibration, fail inside the rounds
             if self.variant == "crash":
                 os._exit(3)

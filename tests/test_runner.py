@@ -37,7 +37,7 @@ def _run(path, out):
 
 
 def test_failures_become_statuses_and_the_run_goes_on(fake_backends, write_config, tmp_path):
-    backends = "backends: [ref, 'bad:crash', 'bad:hang', 'bad:diverge', 'bad:oom', 'bad:raise', 'bad:unsupported', 'ref:slow']\n"
+    backends = "backends: [ref, 'bad:crash', 'bad:hang', 'bad:diverge', 'bad:oom', 'bad:raise', 'bad:unsupported', 'bad:wrong', 'ref:slow']\n"
     run = _run(write_config(STEP + backends + FAST_TIMING), tmp_path / "run")
     t = run.timings.set_index(run.timings["backend"] + ":" + run.timings["variant"])
     assert t.loc["bad:crash", "status"] == "error" and "exited with code 3" in t.loc["bad:crash", "error"]
@@ -45,6 +45,8 @@ def test_failures_become_statuses_and_the_run_goes_on(fake_backends, write_confi
     assert t.loc["bad:diverge", "status"] == "diverged" and "nan" in t.loc["bad:diverge", "error"]
     assert t.loc["bad:oom", "status"] == "oom"
     assert t.loc["bad:raise", "status"] == "error" and "kernel exploded" in t.loc["bad:raise", "error"]
+    assert t.loc["bad:wrong", "status"] == "mismatch" and "does not match the reference" in t.loc["bad:wrong", "error"]
+    assert t.loc["bad:wrong", "n_samples"] == 0  # never timed
     assert t.loc["bad:unsupported", "status"] == "unsupported"
     assert t.loc["bad:unsupported", "error"].startswith("unsupported:")
     # the healthy backends after the broken ones were still measured, side by side
@@ -52,9 +54,10 @@ def test_failures_become_statuses_and_the_run_goes_on(fake_backends, write_confi
         assert t.loc[name, "status"] == "ok" and t.loc[name, "n_samples"] >= 4
         assert t.loc[name, "median_s"] > 0 and t.loc[name, "compile_s"] is not None
     assert t.loc["ref:plain", "speedup"] == pytest.approx(1.0)
+    assert t.loc["ref:plain", "verified_ratio"] < 1e-3  # the oracle agrees with itself
     assert t.loc["ref:slow", "speedup"] < 1 and t.loc["ref:slow", "speedup_hi"] < 1.0
     assert run.meta["cells"] and run.meta["finished"] and run.meta["machine"]["cores"] >= 1
-    assert set(run.meta["summary"]) >= {"ok", "error", "timeout", "diverged", "oom", "unsupported"}
+    assert set(run.meta["summary"]) >= {"ok", "error", "timeout", "diverged", "oom", "mismatch", "unsupported"}
     assert (run.path / "timings.parquet").exists() and (run.path / "run.json").exists()
 
 

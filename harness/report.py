@@ -1,0 +1,404 @@
+"""``report.md`` and a self-contained ``report.html`` for one run, from its results folder only.
+
+The report is built once as a list of blocks (headings, paragraphs, tables, images,
+preformatted text) and rendered twice: to Markdown that links ``plots/*.png``, and to
+HTML with every image embedded as a base64 data URI, so the file can be mailed or
+archived alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.errors import HarnessError
+
+PLOT_CAPTIONS = {
+    "speedup.png": "Speedup over the baseline per comparison group, from rounds timed in turn; bars are 95% paired-bootstrap intervals.",
+    "loss_vs_time.png": "Evaluation loss against training wall-clock (evaluation time excluded), with the target and the task's loss floor.",
+    "scaling.png": "Median time per call against each size the run varied, all else fixed.",
+    "roofline.png": "Achieved GFLOP/s per cell against the estimated arithmetic intensity of a step's matrix products; "
+                    "the line is the GEMM peak measured at the start of the run.",
+    "threads_batch.png": "Time per example over threads x batch.",
+    "crossover.png": "CPU and GPU time per example against batch size; the dotted line marks where the GPU starts to win.",
+}
+FAILED = ("error", "timeout", "oom", "diverged")
+
+
+# -- the block model -----------------------------------------------------------------------
+@dataclass
+class Heading:
+    level: int
+    text: str
+
+
+@dataclass
+class Para:
+    text: str  # may hold `code` spans
+
+
+@dataclass
+class Table:
+    headers: list[str]
+    rows: list[list[str]]
+    right: set[int] = field(default_factory=set)  # right-aligned (numeric) columns
+    status_col: int | None = None  # a column whose value colours the row in HTML
+
+
+@dataclass
+class Bullets:
+    items: list[str]
+
+
+@dataclass
+class Image:
+    path: Path
+    caption: str
+
+
+@dataclass
+class Pre:
+    text: str
+    summary: str = ""  # in HTML, a collapsible block with this summary
+
+
+# -- formatting ----------------------------------------------------------------------------------
+def _num(v) -> bool:
+    return v is not None and not (isinstance(v, float) and np.isnan(v)) and not pd.isna(v)
+
+
+def fmt_time(v) -> str:
+    """Seconds with a readable unit, ``-`` when missing."""
+    from harness.plots import fmt_seconds
+
+    return fmt_seconds(float(v)) if _num(v) else "-"
+
+
+def fmt_speedup(row) -> str:
+    """``1.23x [1.10, 1.40]`` or ``-``."""
+    s = row.get("speedup")
+    if not _num(s):
+        return "-"
+    lo, hi = row.get("speedup_lo"), row.get("speedup_hi")
+    return f"{s:.3g}x [{lo:.3g}, {hi:.3g}]" if _num(lo) and _num(hi) else f"{s:.3g}x"
+
+
+def _f(v, spec: str = ".3g", unit: str = "") -> str:
+    return f"{v:{spec}}{unit}" if _num(v) else "-"
+
+
+def _first_line(text, width: int = 160) -> str:
+    lines = [l.strip() for l in str(text or "").splitlines() if l.strip()]
+    if not lines:
+        return ""
+    line = lines[0]
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+# -- building the report -------------------------------------------------------------------------
+def _run_section(meta: dict, timings: pd.DataFrame) -> list:
+    summary = meta.get("summary") or (timings["status"].value_counts().to_dict() if len(timings) else {})
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.items())) or "no cells"
+    when = f"started {meta.get('started', '?')}"
+    if meta.get("finished"):
+        when += f", finished {meta['finished']}"
+    elif meta.get("interrupted"):
+        when += ", interrupted (finish it with `harness run CONFIG --resume RUN_DIR`)"
+    rows = [
+        ["run id", f"`{meta.get('run_id', '?')}`"],
+        ["config", f"`{meta.get('config_path', '?')}`"],
+        ["when", when],
+        ["cells", counts],
+        ["baseline", f"`{meta.get('baseline', '?')}`"],
+        ["git commit", f"`{meta.get('git_commit') or 'unknown'}`"],
+    ]
+    return [Heading(2, "Run"), Table(["", ""], rows)]
+
+
+def _machine_section(meta: dict) -> list:
+    m = meta.get("machine") or {}
+    blas = m.get("numpy_blas") or {}
+    rows = [
+        ["CPU", str(m.get("cpu_model", "?"))],
+        ["CPU features", ", ".join(m.get("cpu_flags") or []) or "-"],
+        ["cores", str(m.get("cores", "?"))],
+        ["memory", _f(m.get("memory_gb"), "g", " GB")],
+        ["NumPy BLAS", " ".join(str(v) for v in (blas.get("name"), blas.get("version")) if v) or "-"],
+        ["GPUs", "; ".join(m.get("gpus") or []) or "none"],
+        ["platform", str(m.get("platform", "?"))],
+        ["Python (runner)", str(meta.get("harness_python") or m.get("python", "?"))],
+        ["load average at start", ", ".join(f"{v:.2f}" for v in m.get("loadavg") or []) or "-"],
+        ["load average at end", ", ".join(f"{v:.2f}" for v in meta.get("loadavg_end") or []) or "-"],
+        ["CPU steal during the run", _f((meta.get("steal_share") or 0) * 100 if meta.get("steal_share") is not None else None, ".2g", "%")],
+    ]
+    for key, gflops in sorted((meta.get("gemm_peak_gflops") or {}).items()):
+        dtype, _, threads = key.partition("|")
+        rows.append([f"GEMM peak, {dtype}, {threads.replace('=', ' ')}", _f(gflops, ".4g", " GFLOP/s")])
+    env = meta.get("env") or {}
+    if env:
+        rows.append(["environment of every worker", ", ".join(f"`{k}={v}`" for k, v in sorted(env.items()))])
+    return [Heading(2, "Machine"), Table(["", ""], rows)]
+
+
+def _versions_section(meta: dict) -> list:
+    versions = meta.get("versions") or {}
+    if not versions:
+        return [Heading(2, "Library versions"), Para("No worker reported library versions (no cell got as far as starting).")]
+    rows = []
+    for backend, libs in sorted(versions.items()):
+        if isinstance(libs, dict):
+            text = ", ".join(f"{k} {v}" for k, v in libs.items())
+        else:
+            text = str(libs)
+        rows.append([backend, text])
+    return [Heading(2, "Library versions"), Table(["backend", "libraries (as its worker imported them)"], rows)]
+
+
+def _conformance_section(meta: dict, timings: pd.DataFrame) -> list:
+    out: list = [Heading(2, "Conformance")]
+    record = meta.get("conformance")
+    if record is None:
+        names = ",".join(dict.fromkeys(_labels(timings))) if len(timings) else ""
+        out.append(Para("This run holds no conformance record. Timings say nothing about correctness: "
+                        f"`harness check --backends {names}` is the conformance step, comparing each backend "
+                        "against the NumPy reference with SPEC.md tolerances on this machine."))
+        return out
+    if isinstance(record, dict) and record and all(isinstance(v, dict) for v in record.values()):
+        keys = list(dict.fromkeys(k for v in record.values() for k in v))
+        out.append(Table(["backend"] + keys, [[b] + [str(v.get(k, "")) for k in keys] for b, v in record.items()]))
+    elif isinstance(record, list) and record and all(isinstance(v, dict) for v in record):
+        keys = list(dict.fromkeys(k for v in record for k in v))
+        out.append(Table(keys, [[str(v.get(k, "")) for k in keys] for v in record], status_col=keys.index("status") if "status" in keys else None))
+    else:
+        out.append(Pre(json.dumps(record, indent=2, default=str)))
+    return out
+
+
+def _labels(df: pd.DataFrame) -> pd.Series:
+    from harness.plots import backend_label
+
+    return backend_label(df)
+
+
+def _results_section(timings: pd.DataFrame) -> list:
+    from harness.plots import group_label
+    from harness.runner import spread_warnings
+
+    out: list = [Heading(2, "Results")]
+    if timings.empty:
+        out.append(Para("The run holds no cells."))
+        return out
+    df = timings.assign(label=_labels(timings))
+    out.append(Para("Median time per call over calibrated rounds; IQR is the interquartile range of the rounds; "
+                    "speedup is baseline median / backend median from rounds timed in turn, with a 95% paired-bootstrap "
+                    "interval; compile is the warm-up (JIT/compile) time, excluded from the rounds."))
+    for _, g in df.groupby("group", sort=False):
+        head = g.iloc[0]
+        out.append(Heading(3, f"{head['workload']} · {group_label(head)}"))
+        rows = []
+        for _, r in g.iterrows():
+            rows.append([r["label"], r["status"], fmt_time(r.get("median_s")), fmt_time(r.get("iqr_s")),
+                         fmt_speedup(r), fmt_time(r.get("compile_s")), _f(r.get("n_samples") or None, ".0f"),
+                         _f(r.get("gflops"), ".3g")])
+        out.append(Table(["backend", "status", "median", "IQR", "speedup [95% CI]", "compile", "rounds", "GFLOP/s"],
+                         rows, right={2, 3, 4, 5, 6, 7}, status_col=1))
+    warnings = spread_warnings(timings.to_dict("records"))
+    if warnings:
+        out += [Para("Noisy cells (an IQR above 10% of the median: these medians deserve less trust):"), Bullets(warnings)]
+    return out
+
+
+def _plots_section(plots: list[Path], note: str) -> list:
+    out: list = [Heading(2, "Plots")]
+    if note:
+        out.append(Para(note))
+    if not plots:
+        out.append(Para("The run has no data any plot needs."))
+    for p in plots:
+        out.append(Image(p, PLOT_CAPTIONS.get(p.name, p.stem.replace("_", " "))))
+    return out
+
+
+def _failures_section(timings: pd.DataFrame) -> list:
+    from harness.plots import group_label
+
+    out: list = [Heading(2, "Failed and unsupported cells")]
+    bad = timings[timings["status"] != "ok"] if len(timings) else timings
+    if bad.empty:
+        out.append(Para("Every cell ran."))
+        return out
+    bad = bad.assign(label=_labels(bad))
+    rows = [[r["label"], f"{r['workload']} · {group_label(r)}", r["status"], _first_line(r.get("error"))]
+            for _, r in bad.iterrows()]
+    out.append(Table(["backend", "problem", "status", "reason"], rows, status_col=2))
+    failed = bad[bad["status"].isin(FAILED) & (bad["error"].fillna("").str.strip() != "")]
+    # one block per distinct failure: the same crash in every cell of a sweep is shown once
+    for (label, status, text), g in failed.groupby(["label", "status", "error"], sort=False):
+        where = f"{g.iloc[0]['workload']} · {group_label(g.iloc[0])}" if len(g) == 1 else f"{len(g)} cells"
+        tail = "\n".join(str(text).strip().splitlines()[-25:])
+        out.append(Pre(tail, summary=f"{label}: {status} ({where})"))
+    return out
+
+
+def _training_section(timings: pd.DataFrame, curves: pd.DataFrame) -> list:
+    from harness.plots import group_label
+
+    train = timings[timings["workload"] == "train"] if len(timings) else timings
+    if train.empty:
+        return []
+    train = train.assign(label=_labels(train))
+    targets = {}
+    if len(curves) and "target_loss" in curves:
+        targets = curves.dropna(subset=["target_loss"]).groupby("cell_id")["target_loss"].first().to_dict()
+    rows = []
+    for _, r in train.iterrows():
+        reached = fmt_time(r.get("time_to_target_s")) if _num(r.get("time_to_target_s")) else (
+            "not reached" if _num(targets.get(r["cell_id"])) else "no target")
+        rows.append([r["label"], group_label(r), r["status"], _f(r.get("final_loss"), ".4g"), _f(r.get("loss_floor"), ".4g"),
+                     _f(targets.get(r["cell_id"]), "g"), reached, fmt_time(r.get("train_s")), fmt_time(r.get("eval_s")),
+                     fmt_time(r.get("median_s"))])
+    return [Heading(2, "Training"),
+            Para("Training from the shared initial parameters; the loss floor is the task's own lowest achievable "
+                 "evaluation loss; time to target counts training time only, evaluation excluded."),
+            Table(["backend", "problem", "status", "final loss", "loss floor", "target", "time to target", "training",
+                   "evaluation", "median step"], rows, right={3, 4, 5, 6, 7, 8, 9}, status_col=2)]
+
+
+def build_report(run_dir, plots: list[Path] | None = None, plot_note: str = "") -> tuple[str, list]:
+    """The report's title and blocks for a results folder."""
+    from harness.results import load_run
+
+    run = load_run(run_dir)
+    title = f"{run.meta.get('name', run.run_id)}: benchmark report"
+    if plots is None:
+        plots = sorted((Path(run_dir) / "plots").glob("*.png"), key=_plot_order)
+    blocks = (_run_section(run.meta, run.timings) + _machine_section(run.meta) + _versions_section(run.meta)
+              + _conformance_section(run.meta, run.timings) + _results_section(run.timings)
+              + _plots_section(plots, plot_note) + _failures_section(run.timings)
+              + _training_section(run.timings, run.curves))
+    return title, blocks
+
+
+def _plot_order(p: Path):
+    names = list(PLOT_CAPTIONS)
+    return (names.index(p.name) if p.name in names else len(names), p.name)
+
+
+# -- rendering -------------------------------------------------------------------------------------
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(title: str, blocks: list, base: Path) -> str:
+    """Markdown with images linked relative to ``base`` (the run folder)."""
+    out = [f"# {title}", ""]
+    for b in blocks:
+        if isinstance(b, Heading):
+            out += ["#" * b.level + " " + b.text, ""]
+        elif isinstance(b, Para):
+            out += [b.text, ""]
+        elif isinstance(b, Table):
+            out.append("| " + " | ".join(_md_cell(h) for h in b.headers) + " |")
+            out.append("|" + "|".join("---:" if i in b.right else "---" for i in range(len(b.headers))) + "|")
+            out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in b.rows]
+            out.append("")
+        elif isinstance(b, Bullets):
+            out += [f"- {item}" for item in b.items] + [""]
+        elif isinstance(b, Image):
+            rel = b.path.relative_to(base) if b.path.is_relative_to(base) else b.path
+            out += [f"![{b.path.stem}]({rel.as_posix()})", "", f"*{b.caption}*", ""]
+        elif isinstance(b, Pre):
+            if b.summary:
+                out.append(f"**{b.summary}**")
+                out.append("")
+            out += ["```", b.text.replace("```", "'''"), "```", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _inline(text: str) -> str:
+    """Escape for HTML, then turn `code` spans into <code>."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(str(text)))
+
+
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: #1d2330;
+       max-width: 1180px; margin: 24px auto; padding: 0 20px; line-height: 1.45; }
+h1 { font-size: 1.7em; border-bottom: 2px solid #3b6fb6; padding-bottom: 6px; }
+h2 { font-size: 1.3em; margin-top: 1.8em; border-bottom: 1px solid #d5dae3; padding-bottom: 4px; }
+h3 { font-size: 1.02em; margin: 1.2em 0 0.4em; color: #2c4a78; }
+table { border-collapse: collapse; margin: 0.4em 0 1em; font-size: 0.9em; }
+th, td { border: 1px solid #d5dae3; padding: 4px 9px; text-align: left; vertical-align: top; }
+th { background: #eef2f8; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+tr.st-ok td:nth-child(-n+2) { background: #f1f9f1; }
+tr.st-error td, tr.st-timeout td, tr.st-oom td, tr.st-diverged td, tr.st-fail td { background: #fdecec; }
+tr.st-unsupported td, tr.st-unavailable td { background: #f6f6f6; color: #555; }
+code { background: #f1f3f6; padding: 0 3px; border-radius: 3px; font-size: 0.92em; }
+pre { background: #f6f8fa; border: 1px solid #e1e4e8; padding: 8px; overflow-x: auto; font-size: 0.82em; }
+figure { margin: 1em 0 2em; }
+figure img { max-width: 100%; border: 1px solid #e1e4e8; }
+figcaption { color: #555; font-size: 0.9em; margin-top: 4px; }
+details summary { cursor: pointer; margin: 4px 0; }
+"""
+
+
+def to_html(title: str, blocks: list) -> str:
+    """A single HTML file: styles inline, images as base64 data URIs, nothing fetched from elsewhere."""
+    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           f"<title>{html.escape(title)}</title>", f"<style>{CSS}</style>", "</head><body>",
+           f"<h1>{html.escape(title)}</h1>"]
+    for b in blocks:
+        if isinstance(b, Heading):
+            out.append(f"<h{b.level}>{_inline(b.text)}</h{b.level}>")
+        elif isinstance(b, Para):
+            out.append(f"<p>{_inline(b.text)}</p>")
+        elif isinstance(b, Table):
+            out.append("<table>")
+            if any(b.headers):
+                out.append("<tr>" + "".join(f"<th>{_inline(h)}</th>" for h in b.headers) + "</tr>")
+            for row in b.rows:
+                cls = ""
+                if b.status_col is not None:
+                    cls = f' class="st-{re.sub(r"[^a-z]", "", str(row[b.status_col]).lower())}"'
+                cells = "".join(f'<td class="num">{_inline(c)}</td>' if i in b.right else f"<td>{_inline(c)}</td>"
+                                for i, c in enumerate(row))
+                out.append(f"<tr{cls}>{cells}</tr>")
+            out.append("</table>")
+        elif isinstance(b, Bullets):
+            out.append("<ul>" + "".join(f"<li>{_inline(item)}</li>" for item in b.items) + "</ul>")
+        elif isinstance(b, Image):
+            data = base64.b64encode(b.path.read_bytes()).decode("ascii")
+            out.append(f'<figure><img alt="{html.escape(b.path.stem)}" src="data:image/png;base64,{data}">'
+                       f"<figcaption>{_inline(b.caption)}</figcaption></figure>")
+        elif isinstance(b, Pre):
+            pre = f"<pre>{html.escape(b.text)}</pre>"
+            out.append(f"<details><summary>{_inline(b.summary)}</summary>{pre}</details>" if b.summary else pre)
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+def write_report(run_dir) -> list[Path]:
+    """(Re)draw the plots, then write ``report.md`` and ``report.html`` into the run folder."""
+    from harness.plots import make_plots
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "run.json").exists():
+        raise HarnessError(f"{run_dir}: not a results folder (no run.json)")
+    note = ""
+    try:
+        plots = sorted(make_plots(run_dir), key=_plot_order)
+    except Exception as exc:  # a plot that fails must not cost the report: show what is on disk
+        plots = None
+        note = f"Redrawing the plots failed ({type(exc).__name__}: {exc}); these are the plots already on disk."
+    title, blocks = build_report(run_dir, plots, note)
+    md, page = run_dir / "report.md", run_dir / "report.html"
+    md.write_text(to_markdown(title, blocks, run_dir), encoding="utf-8")
+    page.write_text(to_html(title, blocks), encoding="utf-8")
+    return [md, page]
