@@ -6,6 +6,7 @@ files it wrote.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +16,13 @@ SIZE_COLUMNS = ("hidden_size", "batch", "seq_len", "input_size", "output_size")
 
 
 def _setup():
+    import sys
+
     import matplotlib
 
-    matplotlib.use("Agg")
+    # files only, no window; a notebook that already chose its backend keeps it (figures here are closed after saving)
+    if "matplotlib.pyplot" not in sys.modules:
+        matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import seaborn as sns
 
@@ -65,6 +70,12 @@ def fmt_seconds(v) -> str:
     return f"{v:.3g} s"
 
 
+def _palette(sns, labels) -> dict:
+    """One colour per backend label, assigned in sorted order so a backend keeps its colour across panels."""
+    names = sorted(set(labels))
+    return dict(zip(names, sns.color_palette("tab10" if len(names) <= 10 else "husl", len(names))))
+
+
 def _log_axis(axis, fmt) -> None:
     """Readable labels on a log axis (call after plotting): 1-2-5 ticks on short ranges, fewer on long ones."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
@@ -107,8 +118,8 @@ def plot_speedup(timings: pd.DataFrame, out: Path):
     ncol = min(3, len(panels))
     nrow = -(-len(panels) // ncol)
     n_backends = df["label"].nunique()
-    fig, axes = plt.subplots(nrow, ncol, figsize=(5.6 * ncol, (0.5 * n_backends + 1.8) * nrow), squeeze=False)
-    palette = dict(zip(sorted(df["label"].unique()), sns.color_palette("tab10", n_backends)))
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.9 * ncol, (0.5 * n_backends + 1.9) * nrow), squeeze=False)
+    palette = _palette(sns, df["label"])
     for ax, panel in zip(axes.flat, panels):
         d = df[df["panel"] == panel].sort_values("speedup")
         y = np.arange(len(d))
@@ -122,10 +133,10 @@ def plot_speedup(timings: pd.DataFrame, out: Path):
         top = float(np.nanmax(right))
         ax.set_xlim(min(0.8, float(np.nanmin(d["speedup_lo"].fillna(d["speedup"]))) * 0.7), top * 2.2)
         _number_axis(ax.xaxis, "x")
-        ax.set_title(panel, fontsize=9)
+        ax.set_title(textwrap.fill(panel, 52), fontsize=10)
         ax.set_xlabel(f"speedup over {d['baseline'].iloc[0]} (bars: 95% CI)")
         for yi, s, r in zip(y, d["speedup"], right):
-            ax.text(max(r, s) * 1.08, yi, f"{s:.3g}x", va="center", fontsize=8)
+            ax.text(max(r, s) * 1.08, yi, f"{s:.3g}x", va="center", fontsize=9)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
     fig.tight_layout()
@@ -148,9 +159,11 @@ def plot_loss_vs_time(curves: pd.DataFrame, out: Path):
     ncol = min(2, len(panels))
     nrow = -(-len(panels) // ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(7 * ncol, 4.5 * nrow), squeeze=False)
+    palette = _palette(sns, df["label"])
     for ax, panel in zip(axes.flat, panels):
         d = df[df["panel"] == panel]
-        sns.lineplot(data=d, x="wall_s", y="loss", hue="label", marker="o", ax=ax, estimator=None, units="cell_id")
+        sns.lineplot(data=d, x="wall_s", y="loss", hue="label", marker="o", ax=ax, estimator=None, units="cell_id",
+                     palette=palette)
         target = d["target_loss"].dropna()
         if len(target):
             ax.axhline(float(target.iloc[0]), color="crimson", ls="--", lw=1, label=f"target {float(target.iloc[0]):g}")
@@ -213,8 +226,7 @@ def plot_scaling(timings: pd.DataFrame, out: Path):
     ncol = min(3, len(panels))
     nrow = -(-len(panels) // ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(6.2 * ncol, 4.6 * nrow), squeeze=False)
-    labels = sorted(df["label"].unique())
-    palette = dict(zip(labels, sns.color_palette("tab10" if len(labels) <= 10 else "husl", len(labels))))
+    palette = _palette(sns, df["label"])
     for ax, (col, family, d) in zip(axes.flat, panels):
         for label, line in d.sort_values(col).groupby("label", sort=False):
             ax.plot(line[col], line["median_s"], marker="o", color=palette[label], label=label)
@@ -267,7 +279,7 @@ def plot_roofline(timings: pd.DataFrame, out: Path):
     nrow = -(-len(panels) // ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(7.5 * ncol, 5.2 * nrow), squeeze=False)
     labels = sorted(df["label"].unique())
-    palette = dict(zip(labels, sns.color_palette("tab10" if len(labels) <= 10 else "husl", len(labels))))
+    palette = _palette(sns, df["label"])
     markers = dict(zip(["forward", "train_step", "train"], ["o", "s", "^"]))
     for ax, panel in zip(axes.flat, panels):
         d = df[df["panel"] == panel]
@@ -380,8 +392,7 @@ def plot_crossover(timings: pd.DataFrame, out: Path):
     ncol = min(2, len(panels))
     nrow = -(-len(panels) // ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(7.5 * ncol, 5 * nrow), squeeze=False)
-    labels = sorted(df["label"].unique())
-    palette = dict(zip(labels, sns.color_palette("tab10" if len(labels) <= 10 else "husl", len(labels))))
+    palette = _palette(sns, df["label"])
     for ax, (problem, g) in zip(axes.flat, panels):
         styles = {"cpu": iter(["-", "-.", (0, (1, 1)), (0, (3, 1, 1, 1, 1, 1))]),
                   "gpu": iter(["--", (0, (5, 2, 1, 2)), (0, (8, 2))])}

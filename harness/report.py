@@ -29,7 +29,7 @@ PLOT_CAPTIONS = {
     "threads_batch.png": "Time per example over threads x batch.",
     "crossover.png": "CPU and GPU time per example against batch size; the dotted line marks where the GPU starts to win.",
 }
-FAILED = ("error", "timeout", "oom", "diverged")
+FAILED = ("error", "timeout", "oom", "diverged", "mismatch")
 
 
 # -- the block model -----------------------------------------------------------------------
@@ -71,7 +71,10 @@ class Pre:
 
 # -- formatting ----------------------------------------------------------------------------------
 def _num(v) -> bool:
-    return v is not None and not (isinstance(v, float) and np.isnan(v)) and not pd.isna(v)
+    try:
+        return v is not None and bool(np.isfinite(float(v)))
+    except (TypeError, ValueError):
+        return False
 
 
 def fmt_time(v) -> str:
@@ -102,15 +105,30 @@ def _first_line(text, width: int = 160) -> str:
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
+def _when(stamp) -> str:
+    try:
+        return pd.Timestamp(stamp).tz_convert("UTC").strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (ValueError, TypeError):
+        return str(stamp or "?")
+
+
+def _duration(start, end) -> str:
+    try:
+        seconds = (pd.Timestamp(end) - pd.Timestamp(start)).total_seconds()
+    except (ValueError, TypeError):
+        return "?"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
 # -- building the report -------------------------------------------------------------------------
-def _run_section(meta: dict, timings: pd.DataFrame) -> list:
+def _run_section(meta: dict, timings: pd.DataFrame, run_dir: Path) -> list:
     summary = meta.get("summary") or (timings["status"].value_counts().to_dict() if len(timings) else {})
     counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.items())) or "no cells"
-    when = f"started {meta.get('started', '?')}"
+    when = f"started {_when(meta.get('started'))}"
     if meta.get("finished"):
-        when += f", finished {meta['finished']}"
+        when += f", finished {_when(meta['finished'])} ({_duration(meta.get('started'), meta['finished'])})"
     elif meta.get("interrupted"):
-        when += ", interrupted (finish it with `harness run CONFIG --resume RUN_DIR`)"
+        when += f", interrupted (finish it with `harness run {meta.get('config_path', 'CONFIG')} --resume {run_dir}`)"
     rows = [
         ["run id", f"`{meta.get('run_id', '?')}`"],
         ["config", f"`{meta.get('config_path', '?')}`"],
@@ -158,7 +176,19 @@ def _versions_section(meta: dict) -> list:
         else:
             text = str(libs)
         rows.append([backend, text])
-    return [Heading(2, "Library versions"), Table(["backend", "libraries (as its worker imported them)"], rows)]
+    out = [Heading(2, "Library versions"), Table(["backend", "libraries (as its worker imported them)"], rows)]
+    # library flags a backend sets for its workers (XLA_FLAGS, THEANO_FLAGS, ...); thread counts vary per cell
+    from harness.runner import THREAD_VARS
+
+    common = meta.get("env") or {}
+    own = []
+    for backend, env in sorted((meta.get("worker_env") or {}).items()):
+        extra = {k: v for k, v in env.items() if k not in THREAD_VARS and common.get(k) != v and k != "CUDA_VISIBLE_DEVICES"}
+        if extra:
+            own.append([backend, ", ".join(f"`{k}={v}`" for k, v in sorted(extra.items()))])
+    if own:
+        out.append(Table(["backend", "its own worker environment"], own))
+    return out
 
 
 def _conformance_section(meta: dict, timings: pd.DataFrame) -> list:
@@ -166,8 +196,9 @@ def _conformance_section(meta: dict, timings: pd.DataFrame) -> list:
     record = meta.get("conformance")
     if record is None:
         names = ",".join(dict.fromkeys(_labels(timings))) if len(timings) else ""
+        command = f"harness check --backends {names}" if names else "harness check"
         out.append(Para("This run holds no conformance record. Timings say nothing about correctness: "
-                        f"`harness check --backends {names}` is the conformance step, comparing each backend "
+                        f"`{command}` is the conformance step, comparing each backend "
                         "against the NumPy reference with SPEC.md tolerances on this machine."))
         return out
     if isinstance(record, dict) and record and all(isinstance(v, dict) for v in record.values()):
@@ -230,7 +261,10 @@ def _failures_section(timings: pd.DataFrame) -> list:
     from harness.plots import group_label
 
     out: list = [Heading(2, "Failed and unsupported cells")]
-    bad = timings[timings["status"] != "ok"] if len(timings) else timings
+    if timings.empty:
+        out.append(Para("The run holds no cells."))
+        return out
+    bad = timings[timings["status"] != "ok"]
     if bad.empty:
         out.append(Para("Every cell ran."))
         return out
@@ -250,7 +284,9 @@ def _failures_section(timings: pd.DataFrame) -> list:
 def _training_section(timings: pd.DataFrame, curves: pd.DataFrame) -> list:
     from harness.plots import group_label
 
-    train = timings[timings["workload"] == "train"] if len(timings) else timings
+    # cells that never started are listed with their reasons under the failures already
+    train = timings[(timings["workload"] == "train") & ~timings["status"].isin(["unsupported", "unavailable"])] \
+        if len(timings) else timings
     if train.empty:
         return []
     train = train.assign(label=_labels(train))
@@ -279,7 +315,7 @@ def build_report(run_dir, plots: list[Path] | None = None, plot_note: str = "") 
     title = f"{run.meta.get('name', run.run_id)}: benchmark report"
     if plots is None:
         plots = sorted((Path(run_dir) / "plots").glob("*.png"), key=_plot_order)
-    blocks = (_run_section(run.meta, run.timings) + _machine_section(run.meta) + _versions_section(run.meta)
+    blocks = (_run_section(run.meta, run.timings, Path(run_dir)) + _machine_section(run.meta) + _versions_section(run.meta)
               + _conformance_section(run.meta, run.timings) + _results_section(run.timings)
               + _plots_section(plots, plot_note) + _failures_section(run.timings)
               + _training_section(run.timings, run.curves))
@@ -337,8 +373,8 @@ table { border-collapse: collapse; margin: 0.4em 0 1em; font-size: 0.9em; }
 th, td { border: 1px solid #d5dae3; padding: 4px 9px; text-align: left; vertical-align: top; }
 th { background: #eef2f8; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-tr.st-ok td:nth-child(-n+2) { background: #f1f9f1; }
-tr.st-error td, tr.st-timeout td, tr.st-oom td, tr.st-diverged td, tr.st-fail td { background: #fdecec; }
+tr.st-ok td.status, tr.st-pass td.status { background: #e6f4e6; }
+tr.st-error td, tr.st-timeout td, tr.st-oom td, tr.st-diverged td, tr.st-mismatch td, tr.st-fail td { background: #fdecec; }
 tr.st-unsupported td, tr.st-unavailable td { background: #f6f6f6; color: #555; }
 code { background: #f1f3f6; padding: 0 3px; border-radius: 3px; font-size: 0.92em; }
 pre { background: #f6f8fa; border: 1px solid #e1e4e8; padding: 8px; overflow-x: auto; font-size: 0.82em; }
@@ -347,6 +383,11 @@ figure img { max-width: 100%; border: 1px solid #e1e4e8; }
 figcaption { color: #555; font-size: 0.9em; margin-top: 4px; }
 details summary { cursor: pointer; margin: 4px 0; }
 """
+
+
+def _td_class(table: Table, i: int) -> str:
+    names = (["num"] if i in table.right else []) + (["status"] if i == table.status_col else [])
+    return f' class="{" ".join(names)}"' if names else ""
 
 
 def to_html(title: str, blocks: list) -> str:
@@ -367,8 +408,7 @@ def to_html(title: str, blocks: list) -> str:
                 cls = ""
                 if b.status_col is not None:
                     cls = f' class="st-{re.sub(r"[^a-z]", "", str(row[b.status_col]).lower())}"'
-                cells = "".join(f'<td class="num">{_inline(c)}</td>' if i in b.right else f"<td>{_inline(c)}</td>"
-                                for i, c in enumerate(row))
+                cells = "".join(f"<td{_td_class(b, i)}>{_inline(c)}</td>" for i, c in enumerate(row))
                 out.append(f"<tr{cls}>{cells}</tr>")
             out.append("</table>")
         elif isinstance(b, Bullets):

@@ -1,0 +1,272 @@
+"""Two runs side by side: per-cell time ratios B/A with intervals, significance, regressions.
+
+Cells are matched by ``cell_id``, or, where ids differ (a renamed sweep, another
+config file), by the columns that say what a cell measures. The runs were timed
+apart, so their rounds are not paired: the interval of the ratio of medians comes from
+resampling each run's rounds independently, and significance from a Mann-Whitney U
+test on the two sets of rounds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from harness.errors import HarnessError
+
+IDENTITY_COLUMNS = ["backend", "variant", "device", "model", "task", "workload", "dtype", "batch", "seq_len",
+                    "input_size", "hidden_size", "output_size", "threads", "bptt", "layers", "activation", "head",
+                    "output_act", "peephole", "bias", "tokens"]
+FAILED = ("error", "timeout", "oom", "diverged", "mismatch")
+ALPHA = 0.05
+
+
+@dataclass
+class CellChange:
+    """One cell present in both runs."""
+
+    cell: str  # readable name: backend and problem
+    cell_id_a: str
+    cell_id_b: str
+    status_a: str
+    status_b: str
+    median_a_s: float | None = None
+    median_b_s: float | None = None
+    n_a: int = 0
+    n_b: int = 0
+    ratio: float | None = None  # median B / median A: above 1 is slower
+    ratio_lo: float | None = None
+    ratio_hi: float | None = None
+    p_value: float | None = None
+    significant: bool = False
+    baseline_ratio: float | None = None  # the same ratio for the group's baseline backend (machine drift)
+    verdict: str = "within noise"  # regression | slower | faster | within noise | not timed | broken | fixed
+
+
+@dataclass
+class Comparison:
+    """The outcome of comparing run B against run A."""
+
+    run_a: str
+    run_b: str
+    threshold: float
+    alpha: float
+    machine_a: str
+    machine_b: str
+    cells: list[CellChange] = field(default_factory=list)
+    only_a: list[str] = field(default_factory=list)
+    only_b: list[str] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> list[CellChange]:
+        """Cells significantly slower beyond the threshold, and cells that ran in A but fail in B."""
+        return [c for c in self.cells if c.verdict in ("regression", "broken")]
+
+    def to_json(self) -> str:
+        """The whole comparison as JSON (NaN written as null)."""
+        def clean(v):
+            if isinstance(v, float) and not np.isfinite(v):
+                return None
+            return v
+
+        cells = [{k: clean(v) for k, v in asdict(c).items()} for c in self.cells]
+        data = {"run_a": self.run_a, "run_b": self.run_b, "threshold": self.threshold, "alpha": self.alpha,
+                "machine_a": self.machine_a, "machine_b": self.machine_b, "cells": cells,
+                "only_a": self.only_a, "only_b": self.only_b,
+                "regressions": [c.cell for c in self.regressions]}
+        return json.dumps(data, indent=2)
+
+
+def ratio_interval(a, b, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+    """``median(b) / median(a)`` with a percentile-bootstrap interval, resampling each side on its own."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.size == 0 or b.size == 0:
+        nan = float("nan")
+        return nan, nan, nan
+    point = float(np.median(b) / np.median(a))
+    if a.size < 3 or b.size < 3:
+        return point, float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    med_a = np.median(a[rng.integers(0, a.size, size=(n_boot, a.size))], axis=1)
+    med_b = np.median(b[rng.integers(0, b.size, size=(n_boot, b.size))], axis=1)
+    tail = (1 - level) / 2 * 100
+    lo, hi = np.percentile(med_b / med_a, [tail, 100 - tail])
+    return point, float(lo), float(hi)
+
+
+def mann_whitney_p(a, b) -> float:
+    """Two-sided Mann-Whitney U p-value of two sets of rounds (NaN with fewer than 3 on a side)."""
+    from scipy.stats import mannwhitneyu
+
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.size < 3 or b.size < 3:
+        return float("nan")
+    if np.array_equal(np.sort(a), np.sort(b)):
+        return 1.0
+    return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
+
+
+def _cell_name(row) -> str:
+    from harness.plots import group_label
+
+    return f"{row['label']} · {row['workload']} {group_label(row)}"
+
+
+def _identity(row) -> tuple:
+    return tuple(str(row.get(c)) for c in IDENTITY_COLUMNS)
+
+
+def _match(a: pd.DataFrame, b: pd.DataFrame) -> tuple[list[tuple[int, int]], list[int], list[int]]:
+    """Pairs of row positions (A, B): by cell_id first, then by identifying columns among the rest."""
+    ids_b = {cid: j for j, cid in enumerate(b["cell_id"])}
+    pairs, rest_a = [], []
+    used_b = set()
+    for i, cid in enumerate(a["cell_id"]):
+        j = ids_b.get(cid)
+        if j is not None and j not in used_b:
+            pairs.append((i, j))
+            used_b.add(j)
+        else:
+            rest_a.append(i)
+    rest_b = [j for j in range(len(b)) if j not in used_b]
+    keys_b: dict[tuple, list[int]] = {}
+    for j in rest_b:
+        keys_b.setdefault(_identity(b.iloc[j]), []).append(j)
+    only_a = []
+    for i in rest_a:
+        candidates = keys_b.get(_identity(a.iloc[i]), [])
+        if len(candidates) == 1:  # an ambiguous match (several sweep points alike) is no match
+            j = candidates.pop()
+            pairs.append((i, j))
+            used_b.add(j)
+        else:
+            only_a.append(i)
+    only_b = [j for j in range(len(b)) if j not in used_b]
+    return sorted(pairs), only_a, only_b
+
+
+def _machine(meta: dict) -> str:
+    m = meta.get("machine") or {}
+    gpus = m.get("gpus") or []
+    return f"{m.get('cpu_model', '?')} x{m.get('cores', '?')}" + (f", {gpus[0]}" if gpus else "")
+
+
+def _samples(row) -> np.ndarray:
+    s = row.get("samples_s")
+    return np.asarray([] if s is None else list(s), dtype=np.float64)
+
+
+def compare_runs(run_a, run_b, threshold: float = 1.05, alpha: float = ALPHA) -> Comparison:
+    """Compare run B against run A cell by cell; see :class:`Comparison`."""
+    from harness.plots import backend_label
+    from harness.results import load_run
+
+    if not threshold >= 1.0:
+        raise HarnessError(f"--threshold: expected a ratio of at least 1 (1.05 = 5% slower), got {threshold}")
+    a, b = load_run(run_a), load_run(run_b)
+    ta = a.timings.reset_index(drop=True)
+    tb = b.timings.reset_index(drop=True)
+    ta = ta.assign(label=backend_label(ta))
+    tb = tb.assign(label=backend_label(tb))
+    pairs, only_a, only_b = _match(ta, tb)
+    result = Comparison(str(a.run_id), str(b.run_id), threshold, alpha, _machine(a.meta), _machine(b.meta),
+                        only_a=[_cell_name(ta.iloc[i]) for i in only_a],
+                        only_b=[_cell_name(tb.iloc[j]) for j in only_b])
+    for i, j in pairs:
+        ra, rb = ta.iloc[i], tb.iloc[j]
+        change = CellChange(_cell_name(ra), ra["cell_id"], rb["cell_id"], ra["status"], rb["status"])
+        sa, sb = _samples(ra), _samples(rb)
+        if ra["status"] == "ok" and rb["status"] == "ok" and sa.size and sb.size:
+            change.median_a_s, change.median_b_s = float(np.median(sa)), float(np.median(sb))
+            change.n_a, change.n_b = int(sa.size), int(sb.size)
+            change.ratio, change.ratio_lo, change.ratio_hi = ratio_interval(sa, sb)
+            change.p_value = mann_whitney_p(sa, sb)
+            excludes_one = np.isfinite(change.ratio_lo) and (change.ratio_lo > 1 or change.ratio_hi < 1)
+            change.significant = bool(np.isfinite(change.p_value) and change.p_value < alpha and excludes_one)
+            if change.significant and change.ratio > threshold:
+                change.verdict = "regression"
+            elif change.significant:
+                change.verdict = "slower" if change.ratio > 1 else "faster"
+        elif ra["status"] == "ok" and rb["status"] == "ok":  # rows without their rounds: the medians alone, untested
+            change.median_a_s, change.median_b_s = float(ra["median_s"]), float(rb["median_s"])
+            change.ratio = change.median_b_s / change.median_a_s
+        elif ra["status"] == "ok" and rb["status"] in FAILED:
+            change.verdict = "broken"
+        elif ra["status"] in FAILED and rb["status"] == "ok":
+            change.verdict = "fixed"
+        else:
+            change.verdict = "not timed"
+        result.cells.append(change)
+    _baseline_drift(result, ta, pairs)
+    return result
+
+
+def _baseline_drift(result: Comparison, ta: pd.DataFrame, pairs) -> None:
+    """Attach to every cell the B/A ratio of its group's baseline: a shift of the machine shows there too."""
+    base_ratio = {}
+    for (i, _), change in zip(pairs, result.cells):
+        row = ta.iloc[i]
+        if row["label"] == row["baseline"]:  # labels and baselines both use the canonical name[:variant]
+            base_ratio[row["group"]] = change.ratio
+    for (i, _), change in zip(pairs, result.cells):
+        change.baseline_ratio = base_ratio.get(ta.iloc[i]["group"])
+
+
+def _fmt_ratio(c: CellChange) -> str:
+    if c.ratio is None or not np.isfinite(c.ratio):
+        return "-"
+    if c.ratio_lo is not None and np.isfinite(c.ratio_lo):
+        return f"{c.ratio:.3f} [{c.ratio_lo:.3f}, {c.ratio_hi:.3f}]"
+    return f"{c.ratio:.3f}"
+
+
+VERDICT_STYLE = {"regression": "bold red", "broken": "bold red", "slower": "yellow", "faster": "green",
+                 "fixed": "green", "within noise": "", "not timed": "dim"}
+
+
+def print_comparison(result: Comparison, console) -> None:
+    """The comparison as a rich table plus the unmatched cells and a verdict line."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from harness.plots import fmt_seconds
+
+    title = f"{result.run_b} vs {result.run_a}: time ratio B/A (above 1 is slower)"
+    table = Table(title=title)
+    for col, justify in (("cell", "left"), ("A median", "right"), ("B median", "right"), ("B/A [95% CI]", "right"),
+                         ("p (M-W U)", "right"), ("vs baseline", "right"), ("verdict", "left")):
+        table.add_column(col, justify=justify)
+    for c in result.cells:
+        p = f"{c.p_value:.2g}" if c.p_value is not None and np.isfinite(c.p_value) else "-"
+        rel = "-"
+        if c.ratio is not None and c.baseline_ratio and np.isfinite(c.ratio) and np.isfinite(c.baseline_ratio):
+            rel = f"{c.ratio / c.baseline_ratio:.3f}"
+        verdict = c.verdict if c.verdict != "not timed" else f"not timed ({c.status_a} -> {c.status_b})"
+        if c.verdict in ("broken", "fixed"):
+            verdict = f"{c.verdict} ({c.status_a} -> {c.status_b})"
+        style = VERDICT_STYLE.get(c.verdict, "")
+        table.add_row(escape(c.cell), fmt_seconds(c.median_a_s) if c.median_a_s else "-",
+                      fmt_seconds(c.median_b_s) if c.median_b_s else "-", _fmt_ratio(c), p, rel,
+                      f"[{style}]{escape(verdict)}[/]" if style else escape(verdict))
+    if result.cells:
+        console.print(table)
+    else:
+        console.print(f"no cells in common between {escape(result.run_a)} and {escape(result.run_b)}", highlight=False)
+    if result.machine_a != result.machine_b:
+        console.print(f"note: different machines: A {escape(result.machine_a)}; B {escape(result.machine_b)}", highlight=False)
+    for name, cells in (("only in A", result.only_a), ("only in B", result.only_b)):
+        for cell in cells:
+            console.print(f"  {name}: {escape(cell)}", highlight=False)
+    regs = result.regressions
+    if regs:
+        console.print(f"[bold red]{len(regs)} regression(s)[/] (significant at alpha {result.alpha} and slower than "
+                      f"{result.threshold:g}x, or newly failing):", highlight=False)
+        for c in regs:
+            console.print(f"  {escape(c.cell)}: {_fmt_ratio(c)} {c.status_a} -> {c.status_b}", highlight=False)
+    else:
+        console.print(f"no regression beyond {result.threshold:g}x (alpha {result.alpha})", highlight=False)

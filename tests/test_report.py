@@ -1,0 +1,237 @@
+"""Plots and reports from results tables: each plot only with its data, a self-contained HTML report.
+
+The runs here are built from synthetic timings passed through the runner's own row
+making (Runner._rows), so every column is what a real run writes, no worker starts, and
+CPU/GPU cells exist on a machine without a GPU.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+from itertools import groupby
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+import harness
+from harness.cli import app
+from harness.config import load_config
+from harness.plots import arithmetic_intensity, crossover_batch, make_plots
+from harness.report import build_report, to_markdown, write_report
+from harness.results import RunStore
+from harness.runner import Outcome, Runner, finish_meta, new_run_meta
+
+SWEEP = """
+name: synthetic
+seed: 1
+model: {kind: elman, hidden: 64}
+task: {kind: random, input_size: 32, output_size: 32, seq_len: 10}
+workloads: [train_step]
+batch: [1, 64]
+threads: [1, 2]
+device: [cpu, gpu]
+backends: [ref, 'ref:slow', 'bad:raise', 'bad:unsupported']
+---
+model: {kind: elman, hidden: 16}
+task: {kind: lm_markov, vocab: 30, seq_len: 8, n_sequences: 64, n_eval: 16}
+workloads: [train]
+batch: [4]
+threads: [1]
+device: [cpu]
+backends: [ref, 'ref:slow']
+train: {epochs: 2, lr: 0.1, eval_every: 32, target_loss: 3.0, patience: 2}
+"""
+CPU_ONLY = """
+name: small
+seed: 1
+model: {kind: elman, hidden: 32}
+task: {kind: random, input_size: 16, output_size: 16, seq_len: 5}
+workloads: [train_step]
+batch: [2]
+backends: [ref, 'ref:slow']
+"""
+ALL_PLOTS = {"speedup.png", "loss_vs_time.png", "scaling.png", "roofline.png", "threads_batch.png", "crossover.png"}
+
+
+def _seconds(cell) -> float:
+    """A plausible cost model: CPU time grows with the batch, the GPU pays a fixed launch cost."""
+    p = cell.problem
+    if p.device == "cpu":
+        t = (2e-4 + 1e-4 * p.batch) / (1.6 if cell.threads == 2 else 1.0)
+    else:
+        t = 1.5e-3 + 4e-6 * p.batch
+    return t * (1.5 if cell.backend.endswith(":slow") else 1.0)
+
+
+def _train_result(cell, rng) -> dict:
+    step = _seconds(cell)
+    curve, wall = [], 0.0
+    for k, loss in enumerate([3.4, 3.1, 2.95, 2.9, 2.88]):
+        curve.append({"epoch": k // 3, "examples": 32 * k, "wall_s": wall, "loss": loss, "split": "eval", "lr": 0.1})
+        wall += 8 * step
+    return {"curve": curve, "step_samples": list(step * (1 + 0.02 * rng.standard_normal(40))), "train_s": wall,
+            "eval_s": 0.01, "time_to_target_s": curve[3]["wall_s"], "stop": "target", "status": "ok",
+            "peak_rss_mb": 90.0}
+
+
+def synthetic_run(path: Path, text: str):
+    """A results folder whose rows come from the runner's row making with synthetic samples."""
+    config_path = path.parent / f"{path.name}.yaml"
+    config_path.write_text(text)
+    cfg = load_config(config_path)
+    store = RunStore.create(path, new_run_meta(cfg))
+    runner = Runner(cfg, store)
+    runner.gemm_peaks = {"float32|threads=1": 90.0, "float32|threads=2": 180.0}
+    store.meta["gemm_peak_gflops"] = runner.gemm_peaks
+    rng = np.random.default_rng(0)
+    for _, group in groupby(cfg.cells(), key=lambda c: c.group_key):
+        outcomes = []
+        for cell in group:
+            if cell.backend == "bad:unsupported":
+                outcomes.append(Outcome(cell, "unsupported", "unsupported: this test backend supports nothing"))
+            elif cell.backend == "bad:raise":
+                outcomes.append(Outcome(cell, "error", "RuntimeError: kernel exploded\nTraceback: in sgd_step", compile_s=0.1))
+            elif cell.problem.workload == "train":
+                result = _train_result(cell, rng)
+                outcomes.append(Outcome(cell, compile_s=0.3, samples=result["step_samples"], peak_rss_mb=90.0,
+                                        train=result, data_meta={"loss_floor": 2.5}, versions={"numpy": np.__version__}))
+            else:
+                samples = list(_seconds(cell) * (1 + 0.03 * rng.standard_normal(12)))
+                outcomes.append(Outcome(cell, compile_s=0.2, samples=samples, peak_rss_mb=100.0,
+                                        versions={"numpy": np.__version__}))
+        rows, curves = runner._rows(outcomes)
+        store.add(rows, curves)
+    finish_meta(store)
+    return path
+
+
+@pytest.fixture(scope="module")
+def registered():
+    """The test backends of tests/fake_backends.py, registered for the whole module (as conftest's fixture does)."""
+    tests = str(Path(__file__).resolve().parent)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HARNESS_BACKENDS", "ref=fake_backends:RefBackend,bad=fake_backends:BadBackend")
+        mp.setenv("PYTHONPATH", tests + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        mp.syspath_prepend(tests)
+        yield
+
+
+@pytest.fixture(scope="module")
+def sweep_run(registered, tmp_path_factory):
+    """A CPU/GPU x threads x batch sweep with failures and a training curve, its report written once."""
+    run = synthetic_run(tmp_path_factory.mktemp("runs") / "sweep", SWEEP)
+    write_report(run)
+    return run
+
+
+@pytest.fixture(scope="module")
+def small_run(registered, tmp_path_factory):
+    return synthetic_run(tmp_path_factory.mktemp("runs") / "small", CPU_ONLY)
+
+
+def test_every_plot_is_drawn_when_the_run_has_its_data(sweep_run):
+    made = sorted((sweep_run / "plots").glob("*.png"))
+    assert {p.name for p in made} == ALL_PLOTS
+    for p in made:
+        assert p.stat().st_size > 10_000
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_plots_are_skipped_without_their_data(small_run):
+    names = {p.name for p in make_plots(small_run)}
+    # one batch, one thread count, CPU only, no training: nothing to sweep, cross or curve
+    assert names == {"speedup.png", "roofline.png"}
+
+
+def test_crossover_batch():
+    cpu = pd.Series([1.0, 2.0, 3.0, 4.0], index=[1, 4, 16, 64])
+    assert crossover_batch(cpu, pd.Series([5.0, 2.5, 1.0, 0.5], index=[1, 4, 16, 64])) == 16
+    assert crossover_batch(cpu, pd.Series([0.5] * 4, index=[1, 4, 16, 64])) == 1
+    assert crossover_batch(cpu, pd.Series([9.0] * 4, index=[1, 4, 16, 64])) is None
+    # a GPU win in the middle that does not last is no crossover
+    assert crossover_batch(cpu, pd.Series([5.0, 1.0, 9.0, 9.0], index=[1, 4, 16, 64])) is None
+
+
+def test_arithmetic_intensity_grows_with_batch_and_matches_a_hand_count():
+    df = pd.DataFrame({"model": ["elman", "elman", "lstm"], "dtype": ["float32", "float32", "float64"],
+                       "batch": [1, 64, 64], "input_size": [10, 10, 10], "hidden_size": [20, 20, 20],
+                       "output_size": [5, 5, 5], "layers": [1, 1, 1], "tokens": [False, False, False]})
+    ai = arithmetic_intensity(df)
+    weights = 20 * (10 + 20) + 20 * 5  # W_xh, W_hh, W_hy for one step
+    moved = 4 * (weights + 1 * (10 + 20 + 20 + 20 + 5))
+    assert ai.iloc[0] == pytest.approx(2 * weights / moved)
+    assert ai.iloc[1] > 5 * ai.iloc[0]
+    assert ai.iloc[2] != ai.iloc[1]  # gates and dtype count
+
+
+def test_report_is_complete_and_self_contained(sweep_run):
+    md, page = (sweep_run / "report.md").read_text(), (sweep_run / "report.html").read_text()
+    for section in ("## Run", "## Machine", "## Library versions", "## Conformance", "## Results", "## Plots",
+                    "## Failed and unsupported cells", "## Training"):
+        assert section in md
+    for name in ALL_PLOTS:
+        assert f"(plots/{name})" in md
+    # every image inline, nothing fetched from disk or network
+    assert page.count('src="data:image/png;base64,') == len(ALL_PLOTS)
+    assert "plots/" not in page.replace("plots/ ", "") and "http://" not in page and "https://" not in page
+    assert "<link" not in page and "<script" not in page
+    # speedup with its interval, failures with reasons, training outcome
+    assert "0.667x [" in md or "x [0.6" in md
+    assert "kernel exploded" in md and "unsupported: this test backend supports nothing" in md
+    assert "harness check --backends" in md and "holds no conformance record" in md
+    t = harness.load_run(sweep_run).timings
+    final = t[t["workload"] == "train"]["final_loss"].iloc[0]
+    assert f"| {final:.4g} | 2.5 | 3 |" in md
+    assert "GEMM peak, float32, threads 2 | 180 GFLOP/s" in md
+
+
+def test_report_shows_a_stored_conformance_record_and_worker_flags(sweep_run, tmp_path):
+    run = shutil.copytree(sweep_run, tmp_path / "run")
+    meta = json.loads((run / "run.json").read_text())
+    meta["conformance"] = {"ref": {"pass": 312, "fail": 0, "unsupported": 12}}
+    meta["worker_env"] = {"jax": {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false", "OMP_NUM_THREADS": "1"}}
+    (run / "run.json").write_text(json.dumps(meta))
+    title, blocks = build_report(run, plots=[])
+    md = to_markdown(title, blocks, run)
+    assert "holds no conformance record" not in md
+    assert "| ref | 312 | 0 | 12 |" in md
+    assert "| jax | `XLA_FLAGS=--xla_cpu_multi_thread_eigen=false` |" in md  # thread counts are per cell, not listed
+
+
+def test_report_command(small_run):
+    result = CliRunner().invoke(app, ["report", str(small_run)])
+    assert result.exit_code == 0, result.output
+    assert "report.html" in result.output and (small_run / "report.md").exists()
+    assert (small_run / "report.html").read_text().count("data:image/png;base64,") == 2
+    missing = CliRunner().invoke(app, ["report", str(small_run / "nowhere")])
+    assert missing.exit_code == 1 and "not a results folder" in missing.output
+
+
+def _browser():
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        if path := shutil.which(name):
+            return path
+    return None
+
+
+@pytest.mark.skipif(_browser() is None, reason="no Chromium or Chrome found for the headless rendering test")
+def test_report_renders_in_a_headless_browser(sweep_run, tmp_path):
+    from matplotlib import image
+
+    html_path = sweep_run / "report.html"
+    shot = tmp_path / "report.png"
+    cmd = [_browser(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+           f"--screenshot={shot}", "--window-size=1200,1600", html_path.resolve().as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert shot.exists(), f"no screenshot (exit {proc.returncode}): {proc.stderr[-2000:]}"
+    pixels = image.imread(shot)[..., :3]
+    assert pixels.shape[:2] == (1600, 1200)
+    colours = np.unique((pixels.reshape(-1, 3) * 255).round().astype(np.uint8), axis=0)
+    inked = (pixels.min(axis=2) < 0.9).mean()
+    assert len(colours) > 100, "the page rendered (nearly) blank"
+    assert inked > 0.02
