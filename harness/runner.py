@@ -386,6 +386,7 @@ class Runner:
                 row["speedup"], row["speedup_lo"], row["speedup_hi"] = paired_speedup(base.samples, o.samples)
             if o.verify:
                 row["verified_ratio"] = o.verify["ratio"]
+                _conformance_entry(self.store.meta, o.cell.backend, o.verify)
             if o.data_meta and "loss_floor" in o.data_meta:
                 row["loss_floor"] = o.data_meta["loss_floor"]
             if o.versions:
@@ -405,6 +406,15 @@ class Runner:
                                          "loss_floor": row.get("loss_floor")})
             rows.append(row)
         return rows, curves
+
+
+def _conformance_entry(meta: dict, backend: str, verify: dict) -> None:
+    """run.json's per-backend summary of the cell checks (a ratio <= 1 is within SPEC bounds)."""
+    entry = meta.setdefault("conformance", {}).setdefault(
+        backend, {"verified_cells": 0, "mismatches": 0, "worst_ratio": 0.0, "bound": verify["bound"]})
+    entry["verified_cells"] += 1
+    entry["mismatches"] += 0 if verify["ok"] else 1
+    entry["worst_ratio"] = max(entry["worst_ratio"], verify["ratio"])
 
 
 def new_run_meta(config: RunConfig) -> dict:
@@ -445,12 +455,18 @@ def summarise(timings) -> list[dict]:
 
 def spread_warnings(timings) -> list[str]:
     """Cells whose interquartile range exceeds 10% of the median: their figures deserve less trust."""
-    from harness.plots import group_label
+    import pandas as pd
 
+    from harness.plots import backend_label, group_label
+
+    df = pd.DataFrame(timings)
+    if df.empty:
+        return []
+    df["label"] = backend_label(df)
     warn = []
-    for r in timings:
-        if r.get("status") == "ok" and r.get("median_s") and r.get("iqr_s") is not None and r.get("workload") != "train":
+    for _, r in df.iterrows():
+        if r.get("status") == "ok" and r.get("median_s") and pd.notna(r.get("iqr_s")) and r.get("workload") != "train":
             rel = r["iqr_s"] / r["median_s"]
             if np.isfinite(rel) and rel > 0.10:
-                warn.append(f"{r['backend']}:{r['variant']} ({r['workload']} {group_label(r)}): IQR is {rel:.0%} of the median")
+                warn.append(f"{r['label']} ({r['workload']} {group_label(r)}): IQR is {rel:.0%} of the median")
     return warn

@@ -137,3 +137,10 @@ def test_stats_and_paired_speedup():
     point, lo, hi = paired_speedup(base, other)
     assert 1.9 < lo <= point <= hi < 2.1
     assert np.isnan(paired_speedup([], [1.0])[0])
+
+
+def test_run_json_summarises_cell_verification(fake_backends, write_config, tmp_path):
+    run = _run(write_config(STEP + "backends: [ref, 'bad:wrong']\n" + FAST_TIMING), tmp_path / "run")
+    conf = run.meta["conformance"]
+    assert conf["ref"]["verified_cells"] == 1 and conf["ref"]["mismatches"] == 0 and conf["ref"]["worst_ratio"] < 1
+    assert conf["bad:wrong"]["mismatches"] == 1 and conf["bad:wrong"]["worst_ratio"] > 1
