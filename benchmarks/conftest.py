@@ -1,0 +1,1 @@
+"""Benchmarks run only on request: ``pytest benchmarks/`` (the default test paths leave them out)."""
