@@ -1,0 +1,541 @@
+"""PyTorch: an explicit autograd cell, the fused nn.RNN / nn.LSTM modules, and torch.compile.
+
+Variants::
+
+    autograd  the SPEC.md cell written step by step in torch ops; autograd does BPTT
+    fused     torch.nn.RNN / torch.nn.LSTM over the whole sequence (oneDNN on CPU, cuDNN on GPU)
+    compile   torch.compile (inductor) of the autograd variant's objective, forward and backward
+
+Shapes follow SPEC.md (time-major, row vectors). Token input is a row gather of
+the layer-0 input weight; its gradient comes back as one row per token and is
+applied with ``index_add_``, as a sparse embedding update would be, never through
+one-hot matrices or a dense (vocab, H) gradient in the training step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+
+from backends.base import Backend, unsupported
+from harness.spec import Problem
+
+_NOT_INSTALLED = "unavailable: torch not installed (pip install 'rnn-harness[torch]')"
+_NO_CUDA = "unavailable: no CUDA device (torch.cuda.is_available() is False)"
+
+
+class TorchBackend(Backend):
+    """PyTorch, as its users would write the SPEC.md network (see the module docstring)."""
+
+    name = "torch"
+    variants = ("autograd", "fused", "compile")
+    devices = ("cpu", "gpu")
+
+    def __init__(self, variant: str | None = None):
+        super().__init__(variant)
+        # Only torch.compile pays seconds per graph; the eager variants run the whole matrix.
+        self.compile_heavy = self.variant == "compile"
+        self._net: _Net | None = None
+
+    # -- cheap questions -------------------------------------------------------------
+    def availability(self) -> tuple[bool, str]:
+        """Torch importable here (found without importing it)."""
+        if importlib.util.find_spec("torch") is None:
+            return False, _NOT_INSTALLED
+        return True, ""
+
+    def device_availability(self, device: str) -> tuple[bool, str]:
+        """CPU always; GPU when torch sees a CUDA device."""
+        ok, why = super().device_availability(device)
+        if not ok or device == "cpu":
+            return ok, why
+        ok, why = self.availability()
+        if not ok:
+            return ok, why
+        import torch
+
+        if not torch.cuda.is_available():
+            return False, _NO_CUDA
+        return True, ""
+
+    def supports(self, problem: Problem) -> tuple[bool, str]:
+        """Everything for autograd and compile; what nn.RNN / nn.LSTM can express for fused."""
+        m = problem.model
+        if self.variant != "fused":
+            return True, ""
+        if m.kind == "elman" and m.activation == "sigmoid":
+            return unsupported("torch:fused: nn.RNN offers only the tanh and relu nonlinearities")
+        if m.peephole:
+            return unsupported("torch:fused: nn.LSTM has no peephole connections")
+        if m.bptt.mode == "truncated":
+            return unsupported("torch:fused: bptt truncated needs a separate K+1-step window per output, "
+                               "while nn.RNN/nn.LSTM run one sequence from one state (use torch:autograd)")
+        return True, ""
+
+    @classmethod
+    def environment_variables(cls, variant: str, threads: int, device: str, dtype: str) -> dict[str, str]:
+        """OpenMP reads its thread count once, at torch's import."""
+        return {"OMP_NUM_THREADS": str(threads)}
+
+    def versions(self) -> dict[str, str]:
+        """numpy, torch, and the CUDA / cuDNN / oneDNN builds torch carries."""
+        out = super().versions()
+        if not self.availability()[0]:
+            return out
+        import torch
+
+        cuda = torch.cuda.is_available()
+        out["torch"] = torch.__version__
+        out["torch_cuda"] = f"{torch.version.cuda} (device present: {cuda})" if torch.version.cuda else "none"
+        cudnn = cuda and torch.backends.cudnn.is_available()
+        out["torch_cudnn"] = str(torch.backends.cudnn.version()) if cudnn else "none"
+        out["torch_mkldnn"] = str(torch.backends.mkldnn.is_available())
+        return out
+
+    # -- the work -------------------------------------------------------------------
+    def prepare(self, problem: Problem, params: dict[str, np.ndarray], device: str = "cpu", threads: int = 1) -> None:
+        """Copy the shared parameters into torch tensors (module weights for fused)."""
+        import torch
+
+        self.close()
+        torch.set_num_threads(threads)
+        # The spec's tolerances assume IEEE float32 products; TF32 would miss them on GPUs.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        self.problem = problem
+        dev = torch.device("cuda" if device == "gpu" else "cpu")
+        if self.variant == "fused":
+            self._net = _FusedNet(problem, params, dev)
+        elif self.variant == "compile":
+            self._net = _CompiledNet(problem, params, dev)
+        else:
+            self._net = _Net(problem, params, dev)
+
+    def warm_up(self, batch) -> None:
+        """One untimed pass (for compile: tracing and inductor code generation); no update."""
+        x, y = batch
+        if self.problem.workload == "forward":
+            self._net.outputs(x)
+        else:
+            self._net.loss_and_grads(x, y, as_numpy=False)
+        self.sync()
+
+    def forward(self, x) -> np.ndarray:
+        """Softmax probabilities or the mse head's output, (T, B, O)."""
+        return self._net.outputs(x)
+
+    def loss_and_grads(self, x, y):
+        """Reported loss and the objective's gradients, keyed like the parameters."""
+        return self._net.loss_and_grads(x, y, as_numpy=True)
+
+    def sgd_step(self, x, y, lr: float) -> float:
+        """Forward, BPTT and the in-place SGD update; the loss before the update."""
+        return self._net.sgd_step(x, y, lr)
+
+    def sync(self) -> None:
+        """Wait for queued CUDA work."""
+        if self._net is not None and self._net.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self._net.device)
+
+    def get_params(self) -> dict[str, np.ndarray]:
+        """Parameters in SPEC.md names and layouts."""
+        return self._net.get_params()
+
+    def close(self) -> None:
+        """Drop the tensors (and modules)."""
+        self._net = None
+
+
+class _Net:
+    """The explicit cell under autograd: parameters, the objective, gradients and the update."""
+
+    def __init__(self, problem: Problem, params: dict[str, np.ndarray], device):
+        import torch
+        import torch.nn.functional as F
+
+        self.torch, self.F = torch, F
+        self.problem, self.spec, self.device = problem, problem.model, device
+        self.dtype = getattr(torch, problem.dtype)
+        spec = self.spec
+        self.H = spec.hidden
+        self.names = spec.param_names()
+        self.w_in = "W_xh" if spec.kind == "elman" else "W_ih"
+        self.b_in = "b_h" if spec.kind == "elman" else "b"
+        # Token input: the layer-0 input weight is a row table updated with index_add_.
+        self.table = self.w_in if problem.tokens else None
+        self.transposed: set[str] = set()  # names stored transposed (module layout)
+        self.p = {}
+        self._load(params)
+        self.train_names = [k for k in self.names if k != self.table]
+        self.act = {"tanh": torch.tanh, "relu": torch.relu, "sigmoid": torch.sigmoid}[spec.activation]
+        self._windows: dict[int, object] = {}
+
+    # -- set-up ---------------------------------------------------------------------
+    def _load(self, params):
+        for k in self.names:
+            t = self.torch.tensor(np.asarray(params[k]), dtype=self.dtype, device=self.device)
+            self.p[k] = t.requires_grad_(k != self.table)
+
+    def get_params(self) -> dict[str, np.ndarray]:
+        out = {}
+        for k in self.names:
+            t = self.p[k].detach()
+            out[k] = (t.T if k in self.transposed else t).cpu().numpy().copy()
+        return out
+
+    def _x(self, x):
+        if self.problem.tokens:
+            return self.torch.as_tensor(np.asarray(x, dtype=np.int64), device=self.device)
+        return self.torch.as_tensor(np.asarray(x), dtype=self.dtype, device=self.device)
+
+    def _y(self, y):
+        if self.spec.head == "softmax_xent":
+            return self.torch.as_tensor(np.asarray(y, dtype=np.int64), device=self.device)
+        return self.torch.as_tensor(np.asarray(y), dtype=self.dtype, device=self.device)
+
+    def _grad_start(self, T: int) -> int:
+        """First step whose input receives gradient (tail K holds the earlier ones constant)."""
+        bptt = self.spec.bptt
+        return max(0, T - bptt.k) if bptt.mode == "tail" else 0
+
+    def _leaf_rows(self, xt):
+        """Token input: the gathered rows the gradient flows into, as a leaf; None for dense input."""
+        if self.table is None:
+            return None
+        with self.torch.no_grad():
+            rows = self.p[self.table][xt[self._grad_start(xt.shape[0]):]]
+        return rows.requires_grad_(True)
+
+    def _aux(self, T: int):
+        """Gather indices of the truncated-BPTT windows, or None when no windows are needed."""
+        bptt = self.spec.bptt
+        if bptt.mode != "truncated" or bptt.k >= T - 1:
+            return None
+        if T not in self._windows:
+            K, N = bptt.k, T - bptt.k - 1
+            # window n (output t = K+1+n) reads steps n+1 .. n+1+K
+            arange = self.torch.arange
+            idx = arange(K + 1, device=self.device)[:, None] + arange(1, N + 1, device=self.device)
+            self._windows[T] = idx.reshape(-1)
+        return self._windows[T]
+
+    # -- the network ----------------------------------------------------------------
+    def _project(self, P, layer: int, inp):
+        """``inp W + b`` for all steps at once: (S, N, Din) -> (S, N, G)."""
+        s = "" if layer == 0 else f"_{layer}"
+        W, b = P[self.w_in + s], P.get(self.b_in + s)
+        S, N = inp.shape[:2]
+        flat = inp.reshape(S * N, -1)
+        out = self.torch.mm(flat, W) if b is None else self.torch.addmm(b, flat, W)
+        return out.view(S, N, -1)
+
+    def _project0(self, P, xt, rows, start: int, stop: int):
+        """Layer-0 input projection of steps start..stop-1; ``rows`` (the leaf) covers the grad steps."""
+        torch = self.torch
+        if self.table is None:
+            return self._project(P, 0, xt[start:stop])
+        g0 = self._grad_start(xt.shape[0])
+        use_rows = rows is not None and start >= g0
+        proj = rows[start - g0: stop - g0] if use_rows else P[self.table][xt[start:stop]]
+        b = P.get(self.b_in)
+        return proj if b is None else torch.add(proj, b)
+
+    def _scan(self, P, layer: int, steps, h, c, want_c: bool = False):
+        """Run one layer over ``steps`` (S, N, G) from ``(h, c)`` (None: zeros).
+
+        Returns ``(hs (S, N, H), h, c, cs)``; ``cs`` stacks the cell states when asked.
+        """
+        torch = self.torch
+        s = "" if layer == 0 else f"_{layer}"
+        W_hh = P["W_hh" + s]
+        hs, cs = [], []
+        if self.spec.kind == "elman":
+            act = self.act
+            for a_in in steps.unbind(0):
+                h = act(a_in if h is None else torch.addmm(a_in, h, W_hh))
+                hs.append(h)
+            return torch.stack(hs), h, None, None
+        H = self.H
+        peep = self.spec.peephole
+        if peep:
+            pi, pf, po = P["p_i" + s], P["p_f" + s], P["p_o" + s]
+        for a_in in steps.unbind(0):
+            a = a_in if h is None else torch.addmm(a_in, h, W_hh)
+            if peep:
+                ai, af, ag, ao = a.chunk(4, 1)
+                g = torch.tanh(ag)
+                if c is None:
+                    c = torch.sigmoid(ai) * g
+                else:
+                    i = torch.sigmoid(torch.addcmul(ai, pi, c))
+                    f = torch.sigmoid(torch.addcmul(af, pf, c))
+                    c = torch.addcmul(f * c, i, g)
+                o = torch.sigmoid(torch.addcmul(ao, po, c))
+            else:
+                # one sigmoid over all four gates is cheaper than three launches; g's slot is unused
+                sg = torch.sigmoid(a)
+                i, f, _, o = sg.chunk(4, 1)
+                g = torch.tanh(a[:, 2 * H: 3 * H])
+                c = i * g if c is None else torch.addcmul(f * c, i, g)
+            h = o * torch.tanh(c)
+            hs.append(h)
+            if want_c:
+                cs.append(c)
+        return torch.stack(hs), h, c, (torch.stack(cs) if want_c else None)
+
+    def _stack_forward(self, P, xt, rows, start, stop, state, want_c=False, inp=None):
+        """Every layer over steps start..stop-1 from per-layer ``state`` (``inp``: layer 0's projection
+        when already made); returns (top hs, new state, all hs, all cs)."""
+        if inp is None:
+            inp = self._project0(P, xt, rows, start, stop)
+        new_state, all_h, all_c = [], [], []
+        for layer in range(self.spec.layers):
+            if layer > 0:
+                inp = self._project(P, layer, all_h[-1])
+            h0, c0 = state[layer] if state is not None else (None, None)
+            hs, h, c, cs = self._scan(P, layer, inp, h0, c0, want_c)
+            new_state.append((h, c))
+            all_h.append(hs)
+            all_c.append(cs)
+        return all_h[-1], new_state, all_h, all_c
+
+    def _logits(self, P, hs):
+        flat = hs.reshape(-1, self.H)
+        b = P.get("b_y")
+        return self.torch.mm(flat, P["W_hy"]) if b is None else self.torch.addmm(b, flat, P["W_hy"])
+
+    def _head_sum(self, z, y):
+        """``sum l`` over the rows of ``z`` (N, O) against ``y`` (rows of targets)."""
+        F = self.F
+        if self.spec.head == "softmax_xent":
+            return F.cross_entropy(z, y.reshape(-1), reduction="sum")
+        out = self.torch.tanh(z) if self.spec.output_act == "tanh" else z
+        return 0.5 * F.mse_loss(out, y.reshape(z.shape), reduction="sum")
+
+    def _objective(self, P, xt, yt, rows, win_idx):
+        """``(L, sum l)``: the objective to differentiate (honouring bptt) and the loss sum, both tensors."""
+        torch = self.torch
+        T, B = xt.shape[:2]
+        bptt = self.spec.bptt
+        if bptt.mode == "tail" and bptt.k < T:
+            t0 = T - bptt.k
+            with torch.no_grad():  # the steps before the tail are constants
+                hs_pre, state, _, _ = self._stack_forward(P, xt, rows, 0, t0, None)
+                pre_sum = self._head_sum(self._logits(P, hs_pre), yt[:t0])
+            hs, _, _, _ = self._stack_forward(P, xt, rows, t0, T, state)
+            tail_sum = self._head_sum(self._logits(P, hs), yt[t0:])
+            return tail_sum / B, tail_sum.detach() + pre_sum
+        if win_idx is None:  # full, or a window that reaches the start anyway
+            hs, _, _, _ = self._stack_forward(P, xt, rows, 0, T, None)
+            total = self._head_sum(self._logits(P, hs), yt)
+            return total / B, total.detach()
+        return self._truncated_objective(P, xt, yt, rows, win_idx)
+
+    def _truncated_objective(self, P, xt, yt, rows, win_idx):
+        """Truncated K without a Python loop over outputs.
+
+        Outputs t <= K reach back to the start: ordinary BPTT over steps 0..K. Each later
+        output t = K+1+n gets its own window, steps n+1..t started from the detached state
+        after step n; all N = T-K-1 windows run side by side as one batch of N*B rows.
+        """
+        torch = self.torch
+        T, B = xt.shape[:2]
+        K = self.spec.bptt.k
+        N, L, H = T - K - 1, self.spec.layers, self.H
+        lstm = self.spec.kind == "lstm"
+        proj = self._project0(P, xt, rows, 0, T)
+        hs_a, state_a, all_h, all_c = self._stack_forward(P, xt, rows, 0, K + 1, None, lstm, proj[: K + 1])
+        with torch.no_grad():  # the windows' starting states: steps 0..N-1, reusing 0..K
+            h_start = [hh.detach() for hh in all_h]
+            c_start = [cc.detach() if cc is not None else None for cc in all_c]
+            if N > K + 1:
+                st = [(h.detach(), c.detach() if c is not None else None) for h, c in state_a]
+                _, _, more_h, more_c = self._stack_forward(P, xt, rows, K + 1, N, st, lstm, proj[K + 1: N])
+                h_start = [torch.cat([a, b]) for a, b in zip(h_start, more_h)]
+                if lstm:
+                    c_start = [torch.cat([a, b]) for a, b in zip(c_start, more_c)]
+        inp = proj.index_select(0, win_idx).view(K + 1, N * B, -1)
+        for layer in range(L):
+            if layer > 0:
+                inp = self._project(P, layer, hs)
+            h0 = h_start[layer][:N].reshape(N * B, H)
+            c0 = c_start[layer][:N].reshape(N * B, H) if lstm else None
+            hs, h_last, _, _ = self._scan(P, layer, inp, h0, c0)
+        top = torch.cat([hs_a, h_last.view(N, B, H)])
+        total = self._head_sum(self._logits(P, top), yt)
+        return total / B, total.detach()
+
+    def _outputs(self, P, xt):
+        hs, _, _, _ = self._stack_forward(P, xt, None, 0, xt.shape[0], None)
+        z = self._logits(P, hs).view(xt.shape[0], xt.shape[1], -1)
+        if self.spec.head == "softmax_xent":
+            return self.torch.softmax(z, dim=-1)
+        return self.torch.tanh(z) if self.spec.output_act == "tanh" else z
+
+    # -- what the backend calls -----------------------------------------------------
+    def outputs(self, x) -> np.ndarray:
+        with self.torch.inference_mode():
+            return self._run_outputs(self._x(x)).cpu().numpy()
+
+    def _run_outputs(self, xt):
+        return self._outputs(self.p, xt)
+
+    def _run_objective(self, xt, yt, rows):
+        return self._objective(self.p, xt, yt, rows, self._aux(xt.shape[0]))
+
+    def _grads(self, x, y):
+        """``(loss sum tensor, dense grads, row grads or None, token ids of the rows)``."""
+        xt, yt = self._x(x), self._y(y)
+        rows = self._leaf_rows(xt)
+        obj, total = self._run_objective(xt, yt, rows)
+        dense = [self.p[k] for k in self.train_names]
+        inputs = dense + ([rows] if rows is not None else [])
+        gs = list(self.torch.autograd.grad(obj, inputs, allow_unused=True))
+        for i, (g, t) in enumerate(zip(gs, inputs)):
+            if g is None:  # e.g. p_f when no step has a previous cell state
+                gs[i] = self.torch.zeros_like(t)
+        row_grad = gs.pop() if rows is not None else None
+        ids = xt[self._grad_start(xt.shape[0]):].reshape(-1) if rows is not None else None
+        return total, gs, row_grad, ids
+
+    def loss_and_grads(self, x, y, as_numpy: bool = True):
+        T, B = np.shape(x)[:2]
+        total, gs, row_grad, ids = self._grads(x, y)
+        if not as_numpy:
+            return total, gs
+        out = {}
+        for k, g in zip(self.train_names, gs):
+            out[k] = (g.T if k in self.transposed else g).cpu().numpy()
+        if self.table is not None:
+            W = self.p[self.table]
+            dense = self.torch.zeros_like(W).index_add_(0, ids, row_grad.reshape(-1, W.shape[1]))
+            out[self.table] = dense.cpu().numpy()
+        return float(total) / (B * T), {k: out[k] for k in self.names}
+
+    def sgd_step(self, x, y, lr: float) -> float:
+        torch = self.torch
+        T, B = np.shape(x)[:2]
+        total, gs, row_grad, ids = self._grads(x, y)
+        clip = self.spec.clip
+        with torch.no_grad():
+            params = [self.p[k] for k in self.train_names]
+            if clip is not None:
+                torch._foreach_clamp_min_(gs, -clip)
+                torch._foreach_clamp_max_(gs, clip)
+            torch._foreach_add_(params, gs, alpha=-lr)
+            if self.table is not None:
+                W = self.p[self.table]
+                rg = row_grad.reshape(-1, W.shape[1])
+                if clip is not None:  # clip the per-row sums, not each token's share
+                    ids, inverse = torch.unique(ids, return_inverse=True)
+                    sums = torch.zeros((ids.shape[0], W.shape[1]), dtype=W.dtype, device=W.device)
+                    rg = sums.index_add_(0, inverse, rg)
+                    rg.clamp_(-clip, clip)
+                W.index_add_(0, ids, rg, alpha=-lr)
+        return float(total) / (B * T)
+
+
+class _CompiledNet(_Net):
+    """The autograd objective and the inference pass, each through torch.compile (inductor)."""
+
+    def __init__(self, problem, params, device):
+        super().__init__(problem, params, device)
+        torch = self.torch
+        # A fresh cache per problem, and a hard error instead of dynamo's silent eager
+        # fallback once the recompile limit is hit.
+        torch._dynamo.reset()
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
+        self._objective_c = torch.compile(self._objective, fullgraph=True, dynamic=False)
+        self._outputs_c = torch.compile(self._outputs, fullgraph=True, dynamic=False)
+
+    def _run_outputs(self, xt):
+        return self._outputs_c(self.p, xt)
+
+    def _run_objective(self, xt, yt, rows):
+        return self._objective_c(self.p, xt, yt, rows, self._aux(xt.shape[0]))
+
+
+class _FusedNet(_Net):
+    """torch.nn.RNN / torch.nn.LSTM (time-major) holding the recurrent weights; the head as matmuls.
+
+    The module stores ``W_ih^T`` / ``W_hh^T``; ``b`` lives in ``bias_ih`` and ``bias_hh`` is a
+    frozen zero. For token input the module's layer-0 input weight is a frozen identity and
+    its input the gathered rows ``W_xh[x]`` (``W_ih[x]``): nn.RNN always multiplies its input
+    by ``weight_ih``, so this costs one extra (T*B, G) x (G, G) product over all steps, outside
+    the recurrence, and is exact in floating point (TF32 off); it keeps the row gather honest.
+    """
+
+    def _load(self, params):
+        torch, spec = self.torch, self.spec
+        H, L = spec.hidden, spec.layers
+        G = H if spec.kind == "elman" else 4 * H
+        d_in = G if self.problem.tokens else params[self.w_in].shape[0]
+        if spec.kind == "elman":
+            mod = torch.nn.RNN(d_in, H, num_layers=L, nonlinearity=spec.activation, bias=spec.bias)
+        else:
+            mod = torch.nn.LSTM(d_in, H, num_layers=L, bias=spec.bias)
+        mod = mod.to(device=self.device, dtype=self.dtype)
+        for prm in mod.parameters():
+            prm.requires_grad_(False)
+        with torch.no_grad():
+            for layer in range(L):
+                s = "" if layer == 0 else f"_{layer}"
+                w_ih = getattr(mod, f"weight_ih_l{layer}")
+                if layer == 0 and self.problem.tokens:
+                    w_ih.copy_(torch.eye(G, dtype=self.dtype, device=self.device))
+                else:
+                    w_ih.copy_(torch.as_tensor(np.asarray(params[self.w_in + s]).T))
+                getattr(mod, f"weight_hh_l{layer}").copy_(torch.as_tensor(np.asarray(params["W_hh" + s]).T))
+                if spec.bias:
+                    getattr(mod, f"bias_ih_l{layer}").copy_(torch.as_tensor(np.asarray(params[self.b_in + s])))
+                    getattr(mod, f"bias_hh_l{layer}").zero_()
+        if self.device.type == "cuda":
+            mod.flatten_parameters()  # one cuDNN weight buffer; in-place updates keep it valid
+        for layer in range(L):
+            s = "" if layer == 0 else f"_{layer}"
+            if not (layer == 0 and self.problem.tokens):
+                self.p[self.w_in + s] = getattr(mod, f"weight_ih_l{layer}")
+                self.transposed.add(self.w_in + s)
+            self.p["W_hh" + s] = getattr(mod, f"weight_hh_l{layer}")
+            self.transposed.add("W_hh" + s)
+            if spec.bias:
+                self.p[self.b_in + s] = getattr(mod, f"bias_ih_l{layer}")
+        for k in self.names:
+            if k not in self.p:  # the head, and the token table
+                self.p[k] = torch.tensor(np.asarray(params[k]), dtype=self.dtype, device=self.device)
+            self.p[k].requires_grad_(k != self.table)
+        self.mod = mod
+
+    def _inputs(self, xt, rows, start, stop):
+        if self.table is None:
+            return xt[start:stop]
+        g0 = self._grad_start(xt.shape[0])
+        if rows is not None and start >= g0:
+            return rows[start - g0: stop - g0]
+        return self.p[self.table][xt[start:stop]]
+
+    def _objective(self, P, xt, yt, rows, win_idx):
+        T, B = xt.shape[:2]
+        bptt = self.spec.bptt
+        if bptt.mode == "tail" and bptt.k < T:
+            t0 = T - bptt.k
+            with self.torch.no_grad():  # the steps before the tail are constants
+                hs_pre, state = self.mod(self._inputs(xt, rows, 0, t0))
+                pre_sum = self._head_sum(self._logits(P, hs_pre), yt[:t0])
+            hs, _ = self.mod(self._inputs(xt, rows, t0, T), state)
+            tail_sum = self._head_sum(self._logits(P, hs), yt[t0:])
+            return tail_sum / B, tail_sum.detach() + pre_sum
+        hs, _ = self.mod(self._inputs(xt, rows, 0, T))
+        total = self._head_sum(self._logits(P, hs), yt)
+        return total / B, total.detach()
+
+    def _outputs(self, P, xt):
+        hs, _ = self.mod(self._inputs(xt, None, 0, xt.shape[0]))
+        z = self._logits(P, hs)
+        if self.spec.head == "softmax_xent":
+            return self.torch.softmax(z, dim=-1).view(xt.shape[0], xt.shape[1], -1)
+        out = self.torch.tanh(z) if self.spec.output_act == "tanh" else z
+        return out.view(xt.shape[0], xt.shape[1], -1)
