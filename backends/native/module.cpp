@@ -1,0 +1,316 @@
+// Python bindings (nanobind) of the native engine: backends._native.
+//
+// The BLAS comes from SciPy: backends/native_backend.py hands over the `sgemm`/`dgemm`
+// capsules of scipy.linalg.cython_blas, and the library behind them is found among the
+// loaded objects so that its own thread pool can be pinned to one thread (the engine
+// splits work with OpenMP and calls the BLAS from every thread).
+#include <dlfcn.h>
+#include <link.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "rnn.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace rnn {
+
+BlasApi& blas() {
+    static BlasApi api;
+    return api;
+}
+
+namespace {
+
+int collect_object(struct dl_phdr_info* info, std::size_t, void* data) {
+    if (info->dlpi_name && std::strstr(info->dlpi_name, "blas"))
+        static_cast<std::vector<std::string>*>(data)->push_back(info->dlpi_name);
+    return 0;
+}
+
+// The BLAS thread controls, from a loaded library: SciPy's wheels carry OpenBLAS with a
+// `scipy_` prefix (NumPy's ILP64 copy uses a `64_` suffix and is not the one behind the
+// capsules); a SciPy built against a system OpenBLAS exports the plain names.
+void find_thread_controls(BlasApi& api) {
+    std::vector<std::string> names;
+    dl_iterate_phdr(collect_object, &names);
+    const char* prefixes[] = {"scipy_openblas_", "openblas_"};
+    for (const char* prefix : prefixes) {
+        for (const std::string& name : names) {
+            void* h = dlopen(name.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+            if (!h) continue;
+            auto set = dlsym(h, (std::string(prefix) + "set_num_threads").c_str());
+            auto get = dlsym(h, (std::string(prefix) + "get_num_threads").c_str());
+            auto cfg = dlsym(h, (std::string(prefix) + "get_config").c_str());
+            if (set && get) {
+                api.set_num_threads = reinterpret_cast<void (*)(int)>(set);
+                api.get_num_threads = reinterpret_cast<int (*)()>(get);
+                Dl_info where;  // dlsym searches dependencies too: name the object that has it
+                api.library = dladdr(set, &where) && where.dli_fname ? where.dli_fname : name;
+                if (cfg) api.config = reinterpret_cast<const char* (*)()>(cfg)();
+                for (const char* core : {"SkylakeX", "Cooperlake", "SapphireRapids"})
+                    if (api.config.find(core) != std::string::npos) api.few_row_routes = true;
+                return;  // the handle stays open: the library is loaded for good anyway
+            }
+            dlclose(h);
+        }
+    }
+}
+
+void* capsule_pointer(nb::handle cap) {
+    PyObject* o = cap.ptr();
+    if (!PyCapsule_CheckExact(o)) throw nb::type_error("expected a PyCapsule holding a BLAS function");
+    void* p = PyCapsule_GetPointer(o, PyCapsule_GetName(o));
+    if (!p) throw nb::python_error();
+    return p;
+}
+
+void init_blas(nb::handle sgemm, nb::handle dgemm) {
+    BlasApi& api = blas();
+    api.sgemm = reinterpret_cast<sgemm_t>(capsule_pointer(sgemm));
+    api.dgemm = reinterpret_cast<dgemm_t>(capsule_pointer(dgemm));
+    if (!api.set_num_threads) find_thread_controls(api);
+}
+
+int set_blas_threads(int n) {
+    BlasApi& api = blas();
+    if (!api.set_num_threads) return -1;
+    int before = api.get_num_threads();
+    api.set_num_threads(n);
+    return before;
+}
+
+// Lets tests and measurements compare the few-row GEMM routes with plain calls.
+bool set_few_row_routes(bool on) {
+    BlasApi& api = blas();
+    const bool before = api.few_row_routes;
+    api.few_row_routes = on;
+    return before;
+}
+
+nb::dict blas_info() {
+    BlasApi& api = blas();
+    nb::dict d;
+    d["ready"] = api.sgemm != nullptr && api.dgemm != nullptr;
+    d["library"] = api.library;
+    d["config"] = api.config;
+    d["threads"] = api.get_num_threads ? api.get_num_threads() : -1;
+    d["few_row_routes"] = api.few_row_routes;
+    return d;
+}
+
+nb::dict build_info() {
+    nb::dict d;
+#if defined(__clang__)
+    d["compiler"] = std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+    d["compiler"] = std::string("gcc ") + __VERSION__;
+#else
+    d["compiler"] = "unknown";
+#endif
+#ifdef RNN_CXX_FLAGS
+    d["flags"] = RNN_CXX_FLAGS;
+#endif
+    d["openmp"] = (int)_OPENMP;
+    d["omp_max_threads"] = omp_get_max_threads();
+#if defined(__AVX512F__)
+    d["simd"] = "avx512";
+#elif defined(__AVX2__)
+    d["simd"] = "avx2";
+#else
+    d["simd"] = "baseline";
+#endif
+    return d;
+}
+
+Config make_config(nb::dict s) {
+    Config c;
+    auto str = [&](const char* k) { return nb::cast<std::string>(s[k]); };
+    const std::string kind = str("kind"), act = str("activation"), head = str("head"), out = str("output_act"),
+                      mode = str("bptt");
+    if (kind == "elman") c.kind = Kind::Elman;
+    else if (kind == "lstm") c.kind = Kind::Lstm;
+    else throw nb::value_error(("unknown model kind " + kind).c_str());
+    if (act == "tanh") c.act = Act::Tanh;
+    else if (act == "relu") c.act = Act::Relu;
+    else if (act == "sigmoid") c.act = Act::Sigmoid;
+    else throw nb::value_error(("unknown activation " + act).c_str());
+    if (head == "softmax_xent") c.head = Head::Softmax;
+    else if (head == "mse") c.head = Head::Mse;
+    else throw nb::value_error(("unknown head " + head).c_str());
+    c.out_tanh = out == "tanh";
+    if (mode == "full") c.bptt = Bptt::Full;
+    else if (mode == "truncated") c.bptt = Bptt::Truncated;
+    else if (mode == "tail") c.bptt = Bptt::Tail;
+    else throw nb::value_error(("unknown bptt mode " + mode).c_str());
+    c.hidden = nb::cast<int>(s["hidden"]);
+    c.layers = nb::cast<int>(s["layers"]);
+    c.bias = nb::cast<bool>(s["bias"]);
+    c.peephole = nb::cast<bool>(s["peephole"]);
+    c.k = nb::cast<int>(s["k"]);
+    c.clip = nb::cast<double>(s["clip"]);
+    c.input_size = nb::cast<int>(s["input_size"]);
+    c.output_size = nb::cast<int>(s["output_size"]);
+    c.tokens = nb::cast<bool>(s["tokens"]);
+    if (s.contains("split_scale")) c.split_scale = nb::cast<double>(s["split_scale"]);
+    if (c.hidden < 1 || c.layers < 1 || c.input_size < 1 || c.output_size < 1)
+        throw nb::value_error("sizes must be positive");
+    if ((c.bptt != Bptt::Full) && c.k < 1) throw nb::value_error("bptt K must be positive");
+    return c;
+}
+
+using Array = nb::ndarray<nb::device::cpu, nb::c_contig>;
+
+template <class T>
+class PyNet {
+  public:
+    PyNet(nb::dict spec, const std::string& variant, int threads, int chunk, std::vector<Array> params) {
+        Variant v = Variant::Default;
+        if (variant == "sync") v = Variant::Sync;
+        else if (variant == "async") v = Variant::Async;
+        else if (variant != "default") throw nb::value_error(("unknown variant " + variant).c_str());
+        if (!blas().sgemm) throw std::runtime_error("BLAS not initialised: call init_blas first");
+        net_ = std::make_unique<Net<T>>(make_config(spec), v, threads, chunk);
+        const Layout& lay = net_->layout();
+        if (params.size() != lay.tensors.size())
+            throw nb::value_error(("expected " + std::to_string(lay.tensors.size()) + " parameter arrays").c_str());
+        for (std::size_t i = 0; i < params.size(); ++i) {
+            const Tensor& t = lay.tensors[i];
+            const Array& a = params[i];
+            if (a.dtype() != nb::dtype<T>() || a.size() != t.size())
+                throw nb::value_error(("parameter " + t.name + " has the wrong dtype or size").c_str());
+            std::memcpy(net_->params() + t.offset, a.data(), sizeof(T) * t.size());
+        }
+    }
+
+    std::vector<std::string> names() const {
+        std::vector<std::string> out;
+        for (const Tensor& t : net_->layout().tensors) out.push_back(t.name);
+        return out;
+    }
+
+    void reserve(int Tn, int Bn) { net_->reserve(Tn, Bn); }
+
+    nb::object forward(Array x) {
+        Batch<T> in = batch(x, nullptr);
+        const std::size_t O = net_->config().output_size, n = (std::size_t)in.T_ * in.B * O;
+        T* out = new T[n];
+        nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<T*>(p); });
+        {
+            nb::gil_scoped_release release;
+            net_->forward(in, out);
+        }
+        std::size_t shape[3] = {(std::size_t)in.T_, (std::size_t)in.B, O};
+        return nb::cast(nb::ndarray<nb::numpy, T>(out, 3, shape, owner));
+    }
+
+    nb::tuple loss_and_grads(Array x, Array y) {
+        Batch<T> in = batch(x, &y);
+        const Layout& lay = net_->layout();
+        Buf<T> flat(lay.total);
+        double loss;
+        {
+            nb::gil_scoped_release release;
+            loss = net_->loss_and_grads(in, flat.data());
+        }
+        return nb::make_tuple(loss, unpack(flat.data()));
+    }
+
+    double sgd_step(Array x, Array y, double lr) {
+        Batch<T> in = batch(x, &y);
+        nb::gil_scoped_release release;
+        return net_->sgd_step(in, (T)lr);
+    }
+
+    nb::list get_params() { return unpack(net_->params()); }
+
+  private:
+    std::unique_ptr<Net<T>> net_;
+
+    nb::list unpack(const T* flat) {
+        nb::list out;
+        for (const Tensor& t : net_->layout().tensors) {
+            T* data = new T[t.size()];
+            std::memcpy(data, flat + t.offset, sizeof(T) * t.size());
+            nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
+            std::size_t shape[2] = {(std::size_t)t.rows, (std::size_t)t.cols};
+            const bool vec = t.name.rfind("b", 0) == 0 || t.name.rfind("p_", 0) == 0;
+            out.append(vec ? nb::ndarray<nb::numpy, T>(data, 1, shape + 1, owner)
+                           : nb::ndarray<nb::numpy, T>(data, 2, shape, owner));
+        }
+        return out;
+    }
+
+    // Checks shapes, dtypes and index ranges (an out-of-range token must not read
+    // outside W_xh) and wraps the arrays without copying.
+    Batch<T> batch(const Array& x, const Array* y) {
+        const Config& c = net_->config();
+        Batch<T> in;
+        if (c.tokens) {
+            if (x.dtype() != nb::dtype<std::int64_t>() || x.ndim() != 2)
+                throw nb::value_error("token input x must be an int64 array of shape (T, B)");
+            in.tok = static_cast<const std::int64_t*>(x.data());
+            for (std::size_t i = 0; i < x.size(); ++i)
+                if (in.tok[i] < 0 || in.tok[i] >= c.input_size)
+                    throw nb::index_error("token id out of range of the input vocabulary");
+        } else {
+            if (x.dtype() != nb::dtype<T>() || x.ndim() != 3 || (int)x.shape(2) != c.input_size)
+                throw nb::value_error("dense input x must be (T, B, input_size) in the model's dtype");
+            in.x = static_cast<const T*>(x.data());
+        }
+        in.T_ = (int)x.shape(0);
+        in.B = (int)x.shape(1);
+        if (in.T_ < 1 || in.B < 1) throw nb::value_error("x must have T >= 1 and B >= 1");
+        if (y) {
+            if ((int)y->shape(0) != in.T_ || (int)y->shape(1) != in.B)
+                throw nb::value_error("y must have the same (T, B) as x");
+            if (c.head == Head::Softmax) {
+                if (y->dtype() != nb::dtype<std::int64_t>() || y->ndim() != 2)
+                    throw nb::value_error("softmax targets y must be an int64 array of shape (T, B)");
+                in.lab = static_cast<const std::int64_t*>(y->data());
+                for (std::size_t i = 0; i < y->size(); ++i)
+                    if (in.lab[i] < 0 || in.lab[i] >= c.output_size)
+                        throw nb::index_error("class id out of range of the output size");
+            } else {
+                if (y->dtype() != nb::dtype<T>() || y->ndim() != 3 || (int)y->shape(2) != c.output_size)
+                    throw nb::value_error("mse targets y must be (T, B, output_size) in the model's dtype");
+                in.y = static_cast<const T*>(y->data());
+            }
+        }
+        return in;
+    }
+};
+
+template <class T>
+void bind_net(nb::module_& m, const char* name) {
+    nb::class_<PyNet<T>>(m, name)
+        .def(nb::init<nb::dict, const std::string&, int, int, std::vector<Array>>(), "spec"_a, "variant"_a,
+             "threads"_a, "chunk"_a, "params"_a)
+        .def("names", &PyNet<T>::names)
+        .def("reserve", &PyNet<T>::reserve, "T"_a, "B"_a)
+        .def("forward", &PyNet<T>::forward, "x"_a)
+        .def("loss_and_grads", &PyNet<T>::loss_and_grads, "x"_a, "y"_a)
+        .def("sgd_step", &PyNet<T>::sgd_step, "x"_a, "y"_a, "lr"_a)
+        .def("get_params", &PyNet<T>::get_params);
+}
+
+}  // namespace
+}  // namespace rnn
+
+NB_MODULE(_native, m) {
+    m.doc() = "The native C++ RNN engine of rnn-harness (OpenMP + a BLAS handed in from SciPy).";
+    m.def("init_blas", &rnn::init_blas, "sgemm"_a, "dgemm"_a);
+    m.def("set_blas_threads", &rnn::set_blas_threads, "n"_a);
+    m.def("blas_info", &rnn::blas_info);
+    m.def("set_few_row_routes", &rnn::set_few_row_routes, "on"_a);
+    m.def("build_info", &rnn::build_info);
+    rnn::bind_net<float>(m, "Net32");
+    rnn::bind_net<double>(m, "Net64");
+}

@@ -1,0 +1,1171 @@
+// The SPEC.md network (Elman / LSTM, stacked, softmax or mse head, full / truncated /
+// tail BPTT, SGD with clipping) for float and double, parallelised with OpenMP.
+//
+// Shapes follow harness/reference.py: time-major, row vectors, row r = t*B + b.
+// Per layer the forward keeps h (and c, tanh c, the activated LSTM gates) for every
+// step; the backward is O(T) (O(T*K) rows for truncated K) with every weight gradient
+// one GEMM over all steps. A `Team` is the set of OpenMP threads sharing one worker:
+// each phase splits its rows or columns among the team and ends with a barrier.
+#pragma once
+
+#include <linux/futex.h>
+#include <omp.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "blas.hpp"
+#include "vmath.hpp"
+
+namespace rnn {
+
+enum class Kind { Elman, Lstm };
+enum class Act { Tanh, Relu, Sigmoid };
+enum class Head { Softmax, Mse };
+enum class Bptt { Full, Truncated, Tail };
+enum class Variant { Default, Sync, Async };
+
+struct Config {
+    Kind kind = Kind::Elman;
+    int hidden = 0;
+    int layers = 1;
+    Act act = Act::Tanh;
+    bool bias = true;
+    bool peephole = false;
+    Head head = Head::Softmax;
+    bool out_tanh = false;
+    Bptt bptt = Bptt::Full;
+    int k = 0;
+    double clip = 0.0;  // <= 0: no clipping
+    double split_scale = 1.0;  // scales the work thresholds below; 0 splits everything (tests)
+    int input_size = 0;
+    int output_size = 0;
+    bool tokens = false;
+
+    int gates() const { return kind == Kind::Lstm ? 4 * hidden : hidden; }
+};
+
+// Work below these sizes (multiply-adds, elements for kParRows) is not worth a split
+// across threads. kParTeam: a step whose largest product is smaller runs on one thread
+// altogether; on a 2-core machine shared with other work each barrier can cost
+// 0.1-0.2 ms, which made the WildML step (largest product 16M) 2x slower on two threads.
+constexpr double kParTeam = 1 << 25;
+constexpr double kParGemm = 1 << 20;
+constexpr double kParStep = 1 << 20;
+constexpr double kParRows = 1 << 16;
+constexpr std::size_t kAlign = 16;  // elements: 64 bytes for float
+constexpr std::size_t kResidentBytes = 1 << 20;  // half of a 2 MiB per-core L2
+
+template <class T>
+struct AlignedAllocator {
+    using value_type = T;
+    AlignedAllocator() = default;
+    template <class U>
+    AlignedAllocator(const AlignedAllocator<U>&) {}
+    T* allocate(std::size_t n) {
+        std::size_t bytes = ((n * sizeof(T) + 63) / 64) * 64;
+        void* p = std::aligned_alloc(64, bytes ? bytes : 64);
+        if (!p) throw std::bad_alloc();
+        return static_cast<T*>(p);
+    }
+    void deallocate(T* p, std::size_t) { std::free(p); }
+    template <class U>
+    bool operator==(const AlignedAllocator<U>&) const { return true; }
+    template <class U>
+    bool operator!=(const AlignedAllocator<U>&) const { return false; }
+};
+
+template <class T>
+using Buf = std::vector<T, AlignedAllocator<T>>;
+
+// Where each parameter lives in one flat, 64-byte aligned buffer, in canonical order.
+struct Tensor {
+    std::string name;
+    std::size_t offset;
+    int rows, cols;  // 1-D tensors have rows == 1
+    std::size_t size() const { return (std::size_t)rows * cols; }
+};
+
+constexpr std::size_t kNone = (std::size_t)-1;
+
+struct LayerSlots {
+    int din;
+    std::size_t W_in, W_hh, b = kNone, p_i = kNone, p_f = kNone, p_o = kNone;
+};
+
+struct Layout {
+    std::vector<Tensor> tensors;
+    std::vector<LayerSlots> layers;
+    std::size_t W_hy = 0, b_y = kNone, total = 0;
+
+    explicit Layout(const Config& c) {
+        auto add = [&](const std::string& name, int rows, int cols) {
+            tensors.push_back({name, total, rows, cols});
+            std::size_t at = total;
+            total += ((std::size_t)rows * cols + kAlign - 1) / kAlign * kAlign;
+            return at;
+        };
+        const int H = c.hidden, G = c.gates();
+        const bool lstm = c.kind == Kind::Lstm;
+        for (int l = 0; l < c.layers; ++l) {
+            std::string s = l == 0 ? "" : "_" + std::to_string(l);
+            LayerSlots slot;
+            slot.din = l == 0 ? c.input_size : H;
+            slot.W_in = add((lstm ? "W_ih" : "W_xh") + s, slot.din, G);
+            slot.W_hh = add("W_hh" + s, H, G);
+            if (c.bias) slot.b = add((lstm ? "b" : "b_h") + s, 1, G);
+            if (c.peephole) {
+                slot.p_i = add("p_i" + s, 1, H);
+                slot.p_f = add("p_f" + s, 1, H);
+                slot.p_o = add("p_o" + s, 1, H);
+            }
+            layers.push_back(slot);
+        }
+        W_hy = add("W_hy", H, c.output_size);
+        if (c.bias) b_y = add("b_y", 1, c.output_size);
+    }
+};
+
+// A barrier that spins briefly, then yields, then sleeps. libgomp's own spins for
+// ~300k iterations, which on a shared machine burns the very core the late thread
+// is waiting for; OMP_WAIT_POLICY would fix that only if set before libgomp loads.
+class Barrier {
+  public:
+    explicit Barrier(int n) : n_(n) {}
+    void reset(int n) { n_ = n; }
+
+    void wait() {
+        const int phase = phase_.load(std::memory_order_acquire);
+        if (arrived_.fetch_add(1, std::memory_order_acq_rel) == n_ - 1) {
+            arrived_.store(0, std::memory_order_relaxed);
+            phase_.store(phase + 1, std::memory_order_release);
+            if (sleepers_.load(std::memory_order_acquire) > 0)
+                syscall(SYS_futex, reinterpret_cast<int*>(&phase_), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+            return;
+        }
+        for (int i = 0; phase_.load(std::memory_order_acquire) == phase; ++i) {
+            if (i < kSpins) {
+                spin_pause();
+            } else if (i < kSpins + kYields) {
+                sched_yield();
+            } else {
+                sleepers_.fetch_add(1, std::memory_order_acq_rel);
+                if (phase_.load(std::memory_order_acquire) == phase)
+                    syscall(SYS_futex, reinterpret_cast<int*>(&phase_), FUTEX_WAIT_PRIVATE, phase, nullptr, nullptr,
+                            0);
+                sleepers_.fetch_sub(1, std::memory_order_acq_rel);
+            }
+        }
+    }
+
+  private:
+    static constexpr int kSpins = 4000, kYields = 200;
+    static void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+    int n_;
+    alignas(64) std::atomic<int> arrived_{0};
+    alignas(64) std::atomic<int> phase_{0};
+    alignas(64) std::atomic<int> sleepers_{0};
+};
+
+// The OpenMP threads that share one worker's phases.
+struct Team {
+    int tid = 0, nth = 1;
+    double scale = 1.0;
+    Barrier* sync = nullptr;
+    bool leader() const { return tid == 0; }
+    // Whether `work` multiply-adds are worth splitting (threshold `base`).
+    bool split(double work, double base) const { return nth > 1 && work >= base * scale; }
+    void barrier() const {
+        if (nth > 1) sync->wait();
+    }
+    // This member's share of [0, n), in chunks that are multiples of `align`.
+    void share(int n, int align, int& lo, int& hi) const {
+        int per = (n + nth - 1) / nth;
+        per = (per + align - 1) / align * align;
+        lo = std::min(n, tid * per);
+        hi = std::min(n, lo + per);
+    }
+};
+
+// Runs f(team) on n threads (inline when n == 1).
+template <class F>
+void run_team(int n, double scale, F&& f) {
+    if (n <= 1) {
+        f(Team{0, 1, scale, nullptr});
+        return;
+    }
+    Barrier sync(n), fewer(1);
+#pragma omp parallel num_threads(n)
+    {
+        const int got = omp_get_num_threads();
+        if (got != n) {  // libgomp granted fewer threads than asked (nested or limited)
+#pragma omp single
+            fewer.reset(got);
+        }
+        f(Team{omp_get_thread_num(), got, scale, got == n ? &sync : &fewer});
+    }
+}
+
+// A GEMM split over the team along its larger output dimension; no barrier.
+template <class T>
+void pgemm(const Team& tm, bool ta, bool tb, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb,
+           T beta, T* C, int ldc) {
+    if (!tm.split((double)M * N * K, kParGemm)) {
+        if (tm.leader()) gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    int lo, hi;
+    if (N >= M) {
+        tm.share(N, (int)kAlign, lo, hi);
+        if (lo < hi)
+            gemm(ta, tb, M, hi - lo, K, alpha, A, lda, tb ? B + (std::size_t)lo * ldb : B + lo, ldb, beta, C + lo, ldc);
+    } else {
+        tm.share(M, 1, lo, hi);
+        if (lo < hi)
+            gemm(ta, tb, hi - lo, N, K, alpha, ta ? A + lo : A + (std::size_t)lo * lda, lda, B, ldb, beta,
+                 C + (std::size_t)lo * ldc, ldc);
+    }
+}
+
+template <class T>
+inline T act_fwd(Act a, T v) {
+    switch (a) {
+        case Act::Tanh: return vtanh(v);
+        case Act::Relu: return v > T(0) ? v : T(0);
+        default: return vsigmoid(v);
+    }
+}
+
+// Where gradients go: into a gradient buffer `G`, or (fused SGD without clipping)
+// straight into the parameters as `P -= lr * g`, GEMMs using alpha = -lr, beta = 1.
+template <class T>
+struct Sink {
+    T* P = nullptr;
+    T* G = nullptr;
+    T lr = 0;
+    bool fused() const { return G == nullptr; }
+};
+
+// One minibatch (or one worker's share of it): contiguous, time-major.
+template <class T>
+struct Batch {
+    int T_ = 0, B = 0;
+    const std::int64_t* tok = nullptr;  // (T, B) token ids, or
+    const T* x = nullptr;               // (T, B, D)
+    const std::int64_t* lab = nullptr;  // (T, B) class ids, or
+    const T* y = nullptr;               // (T, B, O)
+};
+
+template <class T>
+struct LayerWs {
+    Buf<T> A;   // (T*B, G): pre-activations; for the LSTM the activated gates i, f, g, o
+    Buf<T> Hs;  // ((T+1)*B, H): block 0 is h_{-1} = 0, block t+1 is h_t
+    Buf<T> C;   // ((T+1)*B, H): LSTM cell states, same convention
+    Buf<T> TC;  // (T*B, H): LSTM tanh(c_t)
+    Buf<T> DH;  // (T*B, H): dL/dh_t arriving from above; the recurrence adds its carry in place
+    Buf<T> DA;  // (T*B, G): dL/da_t (truncated: summed over the windows that reach step t)
+    Buf<T> DAj, CH, DC0, DC1;  // truncated: one lag's dL/da, dh carry, LSTM dc carry (double-buffered)
+    Buf<T> dc;                 // (B, H): LSTM dc carry of the O(T) backward
+    Buf<T> WhhT;               // (G, H): W_hh transposed, when W_hh does not stay in cache
+};
+
+template <class T>
+class Worker {
+  public:
+    Worker(const Config& cfg, const Layout& lay)
+        : cfg_(cfg), lay_(lay), L_(cfg.layers),
+          resident_((std::size_t)cfg.hidden * cfg.gates() * sizeof(T) <= kResidentBytes) {
+        zeros_.assign((std::size_t)std::max(cfg.gates(), cfg.output_size), T(0));
+        mark_.assign(cfg.tokens ? cfg.input_size : 0, 0);
+    }
+
+    // Buffers for (T, B); grows only.
+    void ensure(int Tn, int Bn) {
+        std::size_t rows = (std::size_t)(Tn + 1) * Bn;
+        if (rows <= cap_rows_ && Tn <= cap_T_) return;
+        cap_rows_ = std::max(rows, cap_rows_);
+        cap_T_ = std::max(Tn, cap_T_);
+        const std::size_t R = cap_rows_, H = cfg_.hidden, G = cfg_.gates(), O = cfg_.output_size;
+        const bool lstm = cfg_.kind == Kind::Lstm, lagged = cfg_.bptt == Bptt::Truncated;
+        for (auto& w : L_) {
+            w.A.assign(R * G, T(0));
+            w.Hs.assign(R * H, T(0));
+            w.DH.assign(R * H, T(0));
+            w.DA.assign(R * G, T(0));
+            if (!resident_) w.WhhT.assign(H * G, T(0));
+            if (lstm) {
+                w.C.assign(R * H, T(0));
+                w.TC.assign(R * H, T(0));
+                w.dc.assign(R * H, T(0));
+            }
+            if (lagged) {
+                w.DAj.assign(R * G, T(0));
+                w.CH.assign(R * H, T(0));
+                if (lstm) {
+                    w.DC0.assign(R * H, T(0));
+                    w.DC1.assign(R * H, T(0));
+                }
+            }
+        }
+        Z_.assign(R * O, T(0));
+        row_loss_.assign(R, 0.0);
+    }
+
+    void ensure_grads() {
+        if (grads_.size() != lay_.total) grads_.assign(lay_.total, T(0));
+    }
+
+    T* grads() { return grads_.data(); }
+    const std::vector<std::int64_t>& touched() const { return touched_; }
+    Buf<T>& local() { return local_; }
+
+    // Forward through every layer and the output projection, then the head:
+    // `out` (T*B, O) receives z, and then dL/dz (train) or the outputs (inference).
+    double forward_head(const Team& tm, const T* P, const Batch<T>& in, bool train, T inv_b, T* out) {
+        for (int l = 0; l < cfg_.layers; ++l) forward_layer(tm, P, in, l);
+        const int TB = in.T_ * in.B, H = cfg_.hidden, O = cfg_.output_size;
+        pgemm(tm, false, false, TB, O, H, T(1), top_h(in.B), H, P + lay_.W_hy, O, T(0), out, O);
+        tm.barrier();
+        head(tm, P, in, train, inv_b, out);
+        tm.barrier();
+        if (!tm.leader()) return 0.0;
+        double total = 0.0;
+        for (int r = 0; r < TB; ++r) total += row_loss_[r];
+        return total;
+    }
+
+    double forward_head(const Team& tm, const T* P, const Batch<T>& in, bool train, T inv_b) {
+        return forward_head(tm, P, in, train, inv_b, Z_.data());
+    }
+
+    // BPTT from the dL/dz that forward_head(train=true) left in Z.
+    void backward(const Team& tm, const T* P, Sink<T> s, const Batch<T>& in) {
+        const int Tn = in.T_, Bn = in.B, H = cfg_.hidden, O = cfg_.output_size;
+        const int t0 = cfg_.bptt == Bptt::Tail ? std::max(0, Tn - cfg_.k) : 0;
+        const int R0 = t0 * Bn, nR = (Tn - t0) * Bn;
+        if (!s.fused() && cfg_.tokens && tm.leader()) touched_.clear();
+        LayerWs<T>& top = L_.back();
+        const T* dZ = Z_.data() + (std::size_t)R0 * O;
+        // dh of the top layer first: the fused update below overwrites W_hy
+        pgemm(tm, false, true, nR, H, O, T(1), dZ, O, P + lay_.W_hy, O, T(0), top.DH.data() + (std::size_t)R0 * H, H);
+        tm.barrier();
+        grad_gemm(tm, s, lay_.W_hy, true, false, H, O, nR, top_h(Bn) + (std::size_t)R0 * H, H, dZ, O);
+        if (cfg_.bias) colsum(tm, s, lay_.b_y, dZ, nR, O);
+        if (cfg_.bptt == Bptt::Truncated && cfg_.k < Tn - 1) {
+            lagged_backward(tm, P, in);
+            for (int l = cfg_.layers - 1; l >= 0; --l) layer_grads(tm, P, s, in, l, 0, false);
+        } else {
+            for (int l = cfg_.layers - 1; l >= 0; --l) {
+                window_backward(tm, P, in, l, t0);
+                layer_grads(tm, P, s, in, l, t0, l > 0);
+            }
+        }
+        tm.barrier();
+    }
+
+  private:
+    const Config& cfg_;
+    const Layout& lay_;
+    std::vector<LayerWs<T>> L_;
+    Buf<T> Z_;
+    std::vector<double> row_loss_;
+    Buf<T> grads_, local_;
+    Buf<T> zeros_;
+    std::vector<std::int64_t> touched_;
+    std::vector<int> mark_;
+    int gen_ = 0;
+    std::size_t cap_rows_ = 0;
+    int cap_T_ = 0;
+    const bool resident_;  // W_hh small enough to stay in L2 through the per-step products
+
+    const T* top_h(int Bn) const { return L_.back().Hs.data() + (std::size_t)Bn * cfg_.hidden; }
+    const T* opt(const T* P, std::size_t off) const { return off == kNone ? zeros_.data() : P + off; }
+
+    void forward_layer(const Team& tm, const T* P, const Batch<T>& in, int l) {
+        const LayerSlots& sl = lay_.layers[l];
+        LayerWs<T>& w = L_[l];
+        const int Tn = in.T_, Bn = in.B, TB = Tn * Bn, H = cfg_.hidden, G = cfg_.gates();
+        T* A = w.A.data();
+        if (l == 0 && cfg_.tokens) {  // x_t W_xh is the row gather W_xh[x_t]
+            int lo = 0, hi = TB;
+            if (tm.split((double)TB * G, kParRows)) tm.share(TB, 1, lo, hi);
+            else if (!tm.leader()) hi = 0;
+            const T* W = P + sl.W_in;
+            for (int r = lo; r < hi; ++r)
+                std::memcpy(A + (std::size_t)r * G, W + (std::size_t)in.tok[r] * G, sizeof(T) * G);
+        } else {
+            const T* X = l == 0 ? in.x : L_[l - 1].Hs.data() + (std::size_t)Bn * H;
+            pgemm(tm, false, false, TB, G, sl.din, T(1), X, sl.din, P + sl.W_in, G, T(0), A, G);
+        }
+        if (tm.leader()) {  // the initial state (earlier, larger batches may have used this block)
+            std::fill(w.Hs.begin(), w.Hs.begin() + (std::size_t)Bn * H, T(0));
+            if (cfg_.kind == Kind::Lstm) std::fill(w.C.begin(), w.C.begin() + (std::size_t)Bn * H, T(0));
+        }
+        // A W_hh too big for L2 is repacked by every per-step product, and OpenBLAS packs
+        // it 1.2-1.8x faster as a transposed operand (measured at 32 x 2048 x 512)
+        const bool transposed = !resident_ && Tn > 2;
+        if (transposed) transpose(tm, P + sl.W_hh, H, G, w.WhhT);
+        tm.barrier();
+        const bool par = tm.split((double)Bn * H * G, kParStep);
+        int k0 = 0, k1 = H;
+        if (par) tm.share(H, (int)kAlign, k0, k1);
+        if (par || tm.leader()) {
+            const T* Whh = P + sl.W_hh;
+            const T* WhhT = w.WhhT.data();
+            for (int t = 0; t < Tn; ++t) {
+                T* At = A + (std::size_t)t * Bn * G;
+                const T* hprev = w.Hs.data() + (std::size_t)t * Bn * H;
+                if (t > 0 && k0 < k1) {
+                    const int nq = par ? G / H : 1, n = par ? k1 - k0 : G;
+                    for (int q = 0; q < nq; ++q) {  // parallel: each gate block, this thread's units
+                        const std::size_t c = (std::size_t)q * H + (par ? k0 : 0);
+                        if (transposed)
+                            gemm(false, true, Bn, n, H, T(1), hprev, H, WhhT + c * H, H, T(1), At + c, G);
+                        else
+                            gemm(false, false, Bn, n, H, T(1), hprev, H, Whh + c, G, T(1), At + c, G, resident_);
+                    }
+                }
+                if (cfg_.kind == Kind::Elman)
+                    elman_step(P, sl, w, t, Bn, k0, k1);
+                else
+                    lstm_step(P, sl, w, t, Bn, k0, k1);
+                if (par) tm.barrier();
+            }
+        }
+        if (!par) tm.barrier();
+    }
+
+    // out (cols x rows) = in (rows x cols)^T, in 32 x 32 tiles, rows split over the team.
+    void transpose(const Team& tm, const T* in, int rows, int cols, Buf<T>& out) {
+        int r0 = 0, r1 = rows;
+        if (tm.split((double)rows * cols, kParRows)) tm.share(rows, 32, r0, r1);
+        else if (!tm.leader()) return;
+        constexpr int W = 32;
+        for (int i = r0; i < r1; i += W)
+            for (int j = 0; j < cols; j += W)
+                for (int a = i; a < std::min(i + W, r1); ++a)
+                    for (int b = j; b < std::min(j + W, cols); ++b)
+                        out[(std::size_t)b * rows + a] = in[(std::size_t)a * cols + b];
+    }
+
+    void elman_step(const T* P, const LayerSlots& sl, LayerWs<T>& w, int t, int Bn, int k0, int k1) {
+        const int H = cfg_.hidden;
+        const T* bias = opt(P, sl.b);
+        const Act act = cfg_.act;
+        for (int b = 0; b < Bn; ++b) {
+            const T* a = w.A.data() + ((std::size_t)t * Bn + b) * H;
+            T* h = w.Hs.data() + ((std::size_t)(t + 1) * Bn + b) * H;
+            if (act == Act::Tanh) {
+#pragma omp simd
+                for (int k = k0; k < k1; ++k) h[k] = vtanh(a[k] + bias[k]);
+            } else if (act == Act::Relu) {
+#pragma omp simd
+                for (int k = k0; k < k1; ++k) {
+                    T v = a[k] + bias[k];
+                    h[k] = v > T(0) ? v : T(0);
+                }
+            } else {
+#pragma omp simd
+                for (int k = k0; k < k1; ++k) h[k] = vsigmoid(a[k] + bias[k]);
+            }
+        }
+    }
+
+    void lstm_step(const T* P, const LayerSlots& sl, LayerWs<T>& w, int t, int Bn, int k0, int k1) {
+        const int H = cfg_.hidden, G = 4 * H;
+        const T* bias = opt(P, sl.b);
+        const T *bi = bias, *bf = bias + H, *bg = bias + 2 * H, *bo = bias + 3 * H;
+        const T *pi = opt(P, sl.p_i), *pf = opt(P, sl.p_f), *po = opt(P, sl.p_o);
+        for (int b = 0; b < Bn; ++b) {
+            const std::size_t r = (std::size_t)t * Bn + b;
+            T* a = w.A.data() + r * G;
+            const T* cp = w.C.data() + r * H;
+            T* cn = w.C.data() + (r + Bn) * H;
+            T* tc = w.TC.data() + r * H;
+            T* h = w.Hs.data() + (r + Bn) * H;
+#pragma omp simd
+            for (int k = k0; k < k1; ++k) {
+                T i = vsigmoid(a[k] + bi[k] + pi[k] * cp[k]);
+                T f = vsigmoid(a[H + k] + bf[k] + pf[k] * cp[k]);
+                T g = vtanh(a[2 * H + k] + bg[k]);
+                T c = f * cp[k] + i * g;
+                T o = vsigmoid(a[3 * H + k] + bo[k] + po[k] * c);
+                T th = vtanh(c);
+                a[k] = i;
+                a[H + k] = f;
+                a[2 * H + k] = g;
+                a[3 * H + k] = o;
+                cn[k] = c;
+                tc[k] = th;
+                h[k] = o * th;
+            }
+        }
+    }
+
+    // Per row: loss, and dL/dz = (softmax - onehot) / B or (out - y) / B (* (1 - out^2) for tanh);
+    // inference writes the outputs instead.
+    void head(const Team& tm, const T* P, const Batch<T>& in, bool train, T inv_b, T* Z) {
+        const int TB = in.T_ * in.B, O = cfg_.output_size;
+        int lo = 0, hi = TB;
+        if (tm.split((double)TB * O, kParRows)) tm.share(TB, 1, lo, hi);
+        else if (!tm.leader()) hi = 0;
+        const T* by = opt(P, lay_.b_y);
+        for (int r = lo; r < hi; ++r) {
+            T* z = Z + (std::size_t)r * O;
+            if (cfg_.head == Head::Softmax) {
+                if (lay_.b_y != kNone) {
+#pragma omp simd
+                    for (int k = 0; k < O; ++k) z[k] += by[k];
+                }
+                const T m = row_max(z, O);
+                const std::int64_t y = in.lab ? in.lab[r] : 0;
+                const T zy = z[y];
+                T sum = 0;
+#pragma omp simd reduction(+ : sum)
+                for (int k = 0; k < O; ++k) {
+                    z[k] = vexp(z[k] - m);
+                    sum += z[k];
+                }
+                if (train) {
+                    row_loss_[r] = (double)m + std::log((double)sum) - (double)zy;
+                    const T scale = inv_b / sum;
+#pragma omp simd
+                    for (int k = 0; k < O; ++k) z[k] *= scale;
+                    z[y] -= inv_b;
+                } else {
+                    const T scale = T(1) / sum;
+#pragma omp simd
+                    for (int k = 0; k < O; ++k) z[k] *= scale;
+                }
+            } else {
+                const T* y = in.y ? in.y + (std::size_t)r * O : zeros_.data();
+                const bool th = cfg_.out_tanh;
+                T l = 0;
+#pragma omp simd reduction(+ : l)
+                for (int k = 0; k < O; ++k) {
+                    T v = z[k] + by[k];
+                    T out = th ? vtanh(v) : v;
+                    T diff = out - y[k];
+                    l += diff * diff;
+                    z[k] = train ? diff * inv_b * (th ? T(1) - out * out : T(1)) : out;
+                }
+                row_loss_[r] = 0.5 * (double)l;
+            }
+        }
+    }
+
+    void grad_gemm(const Team& tm, const Sink<T>& s, std::size_t off, bool ta, bool tb, int M, int N, int K,
+                   const T* A, int lda, const T* B, int ldb) {
+        if (s.fused())
+            pgemm(tm, ta, tb, M, N, K, -s.lr, A, lda, B, ldb, T(1), s.P + off, N);
+        else
+            pgemm(tm, ta, tb, M, N, K, T(1), A, lda, B, ldb, T(0), s.G + off, N);
+    }
+
+    void put(const Sink<T>& s, std::size_t off, int k, T v) {
+        if (s.fused())
+            s.P[off + k] -= s.lr * v;
+        else
+            s.G[off + k] = v;
+    }
+
+    // Column sums of X (n x cols): the bias gradients.
+    void colsum(const Team& tm, const Sink<T>& s, std::size_t off, const T* X, int n, int cols) {
+        int c0 = 0, c1 = cols;
+        if (tm.split((double)n * cols, kParRows)) tm.share(cols, (int)kAlign, c0, c1);
+        else if (!tm.leader()) return;
+        constexpr int W = 256;
+        T acc[W];
+        for (int c = c0; c < c1; c += W) {
+            const int m = std::min(W, c1 - c);
+            std::fill(acc, acc + m, T(0));
+            for (int r = 0; r < n; ++r) {
+                const T* x = X + (std::size_t)r * cols + c;
+#pragma omp simd
+                for (int k = 0; k < m; ++k) acc[k] += x[k];
+            }
+            for (int k = 0; k < m; ++k) put(s, off, c + k, acc[k]);
+        }
+    }
+
+    // Peephole gradients: sum over rows of dai * c_prev, daf * c_prev, dao * c.
+    void peephole_sums(const Team& tm, const Sink<T>& s, const LayerSlots& sl, const LayerWs<T>& w, int Bn, int R0,
+                       int n) {
+        const int H = cfg_.hidden, G = 4 * H;
+        int c0 = 0, c1 = H;
+        if (tm.split((double)n * H, kParRows)) tm.share(H, (int)kAlign, c0, c1);
+        else if (!tm.leader()) return;
+        constexpr int W = 128;
+        T ai[W], af[W], ao[W];
+        for (int c = c0; c < c1; c += W) {
+            const int m = std::min(W, c1 - c);
+            std::fill(ai, ai + m, T(0));
+            std::fill(af, af + m, T(0));
+            std::fill(ao, ao + m, T(0));
+            for (int r = R0; r < R0 + n; ++r) {
+                const T* da = w.DA.data() + (std::size_t)r * G + c;
+                const T* cp = w.C.data() + (std::size_t)r * H + c;
+                const T* cn = w.C.data() + (std::size_t)(r + Bn) * H + c;
+#pragma omp simd
+                for (int k = 0; k < m; ++k) {
+                    ai[k] += da[k] * cp[k];
+                    af[k] += da[H + k] * cp[k];
+                    ao[k] += da[3 * H + k] * cn[k];
+                }
+            }
+            for (int k = 0; k < m; ++k) {
+                put(s, sl.p_i, c + k, ai[k]);
+                put(s, sl.p_f, c + k, af[k]);
+                put(s, sl.p_o, c + k, ao[k]);
+            }
+        }
+    }
+
+    // dW_xh for token input: scatter-add rows of DA into the rows x_t, split by columns.
+    void token_scatter(const Team& tm, const Sink<T>& s, std::size_t off, const std::int64_t* tok, const T* DA, int n,
+                       int G) {
+        if (!s.fused() && tm.leader()) {  // the distinct rows touched, to clip, update and re-zero later
+            ++gen_;
+            for (int r = 0; r < n; ++r)
+                if (mark_[tok[r]] != gen_) {
+                    mark_[tok[r]] = gen_;
+                    touched_.push_back(tok[r]);
+                }
+        }
+        int c0 = 0, c1 = G;
+        if (tm.split((double)n * G, kParRows)) tm.share(G, (int)kAlign, c0, c1);
+        else if (!tm.leader()) return;
+        for (int r = 0; r < n; ++r) {
+            const T* d = DA + (std::size_t)r * G;
+            if (s.fused()) {
+                T* p = s.P + off + (std::size_t)tok[r] * G;
+                const T lr = s.lr;
+#pragma omp simd
+                for (int k = c0; k < c1; ++k) p[k] -= lr * d[k];
+            } else {
+                T* g = s.G + off + (std::size_t)tok[r] * G;
+#pragma omp simd
+                for (int k = c0; k < c1; ++k) g[k] += d[k];
+            }
+        }
+    }
+
+    // The O(T) backward of one layer over steps t1 = T-1 down to t0 (h_{t0-1} held constant).
+    void window_backward(const Team& tm, const T* P, const Batch<T>& in, int l, int t0) {
+        const LayerSlots& sl = lay_.layers[l];
+        LayerWs<T>& w = L_[l];
+        const int Tn = in.T_, Bn = in.B, H = cfg_.hidden, G = cfg_.gates();
+        const bool par = tm.split((double)Bn * H * G, kParStep);
+        int k0 = 0, k1 = H;
+        if (par) tm.share(H, (int)kAlign, k0, k1);
+        if (par || tm.leader()) {
+            const bool lstm = cfg_.kind == Kind::Lstm;
+            if (lstm)
+                for (int b = 0; b < Bn; ++b) std::fill(w.dc.data() + (std::size_t)b * H + k0, w.dc.data() + (std::size_t)b * H + k1, T(0));
+            const T* Whh = P + sl.W_hh;
+            for (int t = Tn - 1; t >= t0; --t) {
+                if (lstm)
+                    lstm_back_rows(P, sl, w, (std::size_t)t * Bn, Bn, Bn, w.DH.data() + (std::size_t)t * Bn * H,
+                                   nullptr, w.dc.data(), w.dc.data(), 0, w.DA.data() + (std::size_t)t * Bn * G,
+                                   nullptr, false, k0, k1);
+                else
+                    elman_back_rows(w, (std::size_t)t * Bn, Bn, Bn, w.DH.data() + (std::size_t)t * Bn * H, nullptr,
+                                    w.DA.data() + (std::size_t)t * Bn * G, nullptr, false, k0, k1);
+                if (t > t0) {
+                    if (par) tm.barrier();  // the product needs every unit's dL/da_t
+                    // dL/dh_{t-1} += dL/da_t W_hh^T, for this thread's units
+                    gemm(false, true, Bn, k1 - k0, G, T(1), w.DA.data() + (std::size_t)t * Bn * G, G,
+                         Whh + (std::size_t)k0 * G, G, T(1), w.DH.data() + (std::size_t)(t - 1) * Bn * H + k0, H,
+                         resident_);
+                }
+            }
+        }
+        tm.barrier();
+    }
+
+    // dL/da for n rows starting at row r0 of the forward state: dh = in + carry.
+    void elman_back_rows(LayerWs<T>& w, std::size_t r0, int n, int Bn, const T* in, const T* carry, T* da_out,
+                         T* da_sum, bool accumulate, int k0, int k1) {
+        const int H = cfg_.hidden;
+        const Act act = cfg_.act;
+        for (int j = 0; j < n; ++j) {
+            const T* h = w.Hs.data() + (r0 + j + Bn) * H;
+            const T* dh = in ? in + (std::size_t)j * H : zeros_.data();
+            const T* ch = carry ? carry + (std::size_t)j * H : zeros_.data();
+            T* da = da_out + (std::size_t)j * H;
+            if (act == Act::Tanh) {
+#pragma omp simd
+                for (int k = k0; k < k1; ++k) da[k] = (dh[k] + ch[k]) * (T(1) - h[k] * h[k]);
+            } else if (act == Act::Relu) {
+#pragma omp simd
+                for (int k = k0; k < k1; ++k) da[k] = h[k] > T(0) ? dh[k] + ch[k] : T(0);
+            } else {
+#pragma omp simd
+                for (int k = k0; k < k1; ++k) da[k] = (dh[k] + ch[k]) * h[k] * (T(1) - h[k]);
+            }
+            if (da_sum) {
+                T* s = da_sum + (std::size_t)j * H;
+                if (accumulate) {
+#pragma omp simd
+                    for (int k = k0; k < k1; ++k) s[k] += da[k];
+                } else {
+#pragma omp simd
+                    for (int k = k0; k < k1; ++k) s[k] = da[k];
+                }
+            }
+        }
+    }
+
+    // LSTM dL/da for n rows from row r0: dh = in + carry, dc = dc_in; writes dc carried to
+    // the step before into dc_out, rows shifted back by `shift` (0 for the in-place carry).
+    void lstm_back_rows(const T* P, const LayerSlots& sl, LayerWs<T>& w, std::size_t r0, int n, int Bn, const T* in,
+                        const T* carry, const T* dc_in, T* dc_out, int shift, T* da_out, T* da_sum, bool accumulate,
+                        int k0, int k1) {
+        const int H = cfg_.hidden, G = 4 * H;
+        const T *pi = opt(P, sl.p_i), *pf = opt(P, sl.p_f), *po = opt(P, sl.p_o);
+        for (int j = 0; j < n; ++j) {
+            const std::size_t r = r0 + j;
+            const T* a = w.A.data() + r * G;
+            const T* cp = w.C.data() + r * H;
+            const T* tc = w.TC.data() + r * H;
+            const T* dh = in ? in + (std::size_t)j * H : zeros_.data();
+            const T* ch = carry ? carry + (std::size_t)j * H : zeros_.data();
+            const T* dci = dc_in ? dc_in + (std::size_t)j * H : zeros_.data();
+            // the dc carried to step s-1; none leaves step 0
+            T* dco = (std::ptrdiff_t)r - shift >= 0 ? dc_out + ((std::ptrdiff_t)j - shift) * H : nullptr;
+            T* da = da_out + (std::size_t)j * G;
+            if (dco) {
+#pragma omp simd
+                for (int k = k0; k < k1; ++k) {
+                    const T i = a[k], f = a[H + k], g = a[2 * H + k], o = a[3 * H + k], th = tc[k];
+                    const T d = dh[k] + ch[k];
+                    const T dao = d * th * o * (T(1) - o);
+                    const T dc = dci[k] + d * o * (T(1) - th * th) + dao * po[k];
+                    const T dai = dc * g * i * (T(1) - i);
+                    const T daf = dc * cp[k] * f * (T(1) - f);
+                    da[k] = dai;
+                    da[H + k] = daf;
+                    da[2 * H + k] = dc * i * (T(1) - g * g);
+                    da[3 * H + k] = dao;
+                    dco[k] = dc * f + dai * pi[k] + daf * pf[k];
+                }
+            } else {
+#pragma omp simd
+                for (int k = k0; k < k1; ++k) {
+                    const T i = a[k], f = a[H + k], g = a[2 * H + k], o = a[3 * H + k], th = tc[k];
+                    const T d = dh[k] + ch[k];
+                    const T dao = d * th * o * (T(1) - o);
+                    const T dc = dci[k] + d * o * (T(1) - th * th) + dao * po[k];
+                    da[k] = dc * g * i * (T(1) - i);
+                    da[H + k] = dc * cp[k] * f * (T(1) - f);
+                    da[2 * H + k] = dc * i * (T(1) - g * g);
+                    da[3 * H + k] = dao;
+                }
+            }
+            if (da_sum) {
+                T* s = da_sum + (std::size_t)j * G;
+                for (int q = 0; q < 4; ++q) {
+                    if (accumulate) {
+#pragma omp simd
+                        for (int k = k0; k < k1; ++k) s[q * H + k] += da[q * H + k];
+                    } else {
+#pragma omp simd
+                        for (int k = k0; k < k1; ++k) s[q * H + k] = da[q * H + k];
+                    }
+                }
+            }
+        }
+    }
+
+    // Truncated K < T-1: output t's gradient reaches steps t..t-K. All windows advance
+    // together, one lag j at a time: at lag j window t sits at step s = t - j, so a
+    // lag is (T-j)*B rows laid out like the forward state and its carry is one GEMM.
+    // Layer l-1 takes layer l's dL/dx at the same window and lag, hence layers inside lags.
+    void lagged_backward(const Team& tm, const T* P, const Batch<T>& in) {
+        const int Tn = in.T_, Bn = in.B, H = cfg_.hidden, G = cfg_.gates(), K = cfg_.k;
+        const bool lstm = cfg_.kind == Kind::Lstm;
+        for (int j = 0; j <= K && j < Tn; ++j) {
+            const int nS = Tn - j, n = nS * Bn;
+            for (int l = cfg_.layers - 1; l >= 0; --l) {
+                const LayerSlots& sl = lay_.layers[l];
+                LayerWs<T>& w = L_[l];
+                const bool top = l == cfg_.layers - 1;
+                const T* input = top && j > 0 ? nullptr : w.DH.data();
+                const T* carry = j > 0 ? w.CH.data() : nullptr;
+                int lo = 0, hi = n;
+                if (tm.split((double)n * G, kParRows)) tm.share(n, 1, lo, hi);
+                else if (!tm.leader()) hi = 0;
+                if (lo < hi) {
+                    const std::size_t o = (std::size_t)lo;
+                    if (lstm)
+                        lstm_back_rows(P, sl, w, o, hi - lo, Bn, input ? input + o * H : nullptr,
+                                       carry ? carry + o * H : nullptr, j > 0 ? w.DC0.data() + o * H : nullptr,
+                                       w.DC1.data() + o * H, Bn, w.DAj.data() + o * G, w.DA.data() + o * G, j > 0, 0,
+                                       H);
+                    else
+                        elman_back_rows(w, o, hi - lo, Bn, input ? input + o * H : nullptr,
+                                        carry ? carry + o * H : nullptr, w.DAj.data() + o * G, w.DA.data() + o * G,
+                                        j > 0, 0, H);
+                }
+                tm.barrier();
+                if (j < K && nS > 1)  // carry to step s-1 of the same windows: rows shift back by B
+                    pgemm(tm, false, true, (nS - 1) * Bn, H, G, T(1), w.DAj.data() + (std::size_t)Bn * G, G,
+                          P + sl.W_hh, G, T(0), w.CH.data(), H);
+                if (l > 0)
+                    pgemm(tm, false, true, n, H, G, T(1), w.DAj.data(), G, P + sl.W_in, G, T(0), L_[l - 1].DH.data(),
+                          H);
+                tm.barrier();
+                if (lstm && tm.leader()) std::swap(w.DC0, w.DC1);
+                tm.barrier();
+            }
+        }
+    }
+
+    // Weight gradients of layer l from DA over steps t0..T-1 (and dL/dx for the layer below).
+    void layer_grads(const Team& tm, const T* P, const Sink<T>& s, const Batch<T>& in, int l, int t0, bool want_dx) {
+        const LayerSlots& sl = lay_.layers[l];
+        LayerWs<T>& w = L_[l];
+        const int Tn = in.T_, Bn = in.B, H = cfg_.hidden, G = cfg_.gates();
+        const int R0 = t0 * Bn, n = (Tn - t0) * Bn;
+        const T* DA = w.DA.data();
+        if (want_dx) {  // before the fused update changes W_in
+            pgemm(tm, false, true, n, H, G, T(1), DA + (std::size_t)R0 * G, G, P + sl.W_in, G, T(0),
+                  L_[l - 1].DH.data() + (std::size_t)R0 * H, H);
+            tm.barrier();
+        }
+        // dW_hh = sum_t h_{t-1}^T da_t; with t0 = 0 step 0 is skipped (h_{-1} = 0)
+        const int ts = t0 == 0 ? 1 : t0;
+        grad_gemm(tm, s, sl.W_hh, true, false, H, G, (Tn - ts) * Bn, w.Hs.data() + (std::size_t)ts * Bn * H, H,
+                  DA + (std::size_t)ts * Bn * G, G);
+        if (l == 0 && cfg_.tokens) {
+            token_scatter(tm, s, sl.W_in, in.tok + R0, DA + (std::size_t)R0 * G, n, G);
+        } else {
+            const T* X = l == 0 ? in.x : L_[l - 1].Hs.data() + (std::size_t)Bn * H;
+            grad_gemm(tm, s, sl.W_in, true, false, sl.din, G, n, X + (std::size_t)R0 * sl.din, sl.din,
+                      DA + (std::size_t)R0 * G, G);
+        }
+        if (cfg_.bias) colsum(tm, s, sl.b, DA + (std::size_t)R0 * G, n, G);
+        if (cfg_.peephole) peephole_sums(tm, s, sl, w, Bn, R0, n);
+    }
+};
+
+// The network: shared parameters and one worker per thread (sync, async) or one
+// worker for the whole team (default).
+template <class T>
+class Net {
+  public:
+    Net(const Config& cfg, Variant variant, int threads, int chunk = 1)
+        : cfg_(cfg), lay_(cfg), variant_(variant), threads_(std::max(1, threads)), chunk_(std::max(1, chunk)) {
+        P_.assign(lay_.total, T(0));
+        int n = variant == Variant::Default ? 1 : threads_;
+        for (int i = 0; i < n; ++i) workers_.push_back(std::make_unique<Worker<T>>(cfg_, lay_));
+        if (cfg_.tokens) mark_.assign(cfg_.input_size, 0);
+    }
+
+    const Config& config() const { return cfg_; }
+    const Layout& layout() const { return lay_; }
+    T* params() { return P_.data(); }
+    int threads() const { return threads_; }
+
+    void reserve(int Tn, int Bn) {
+        if (variant_ == Variant::Default) {
+            workers_[0]->ensure(Tn, Bn);
+            return;
+        }
+        int nw = (int)workers_.size();
+        for (int i = 0; i < nw; ++i) {
+            int share = variant_ == Variant::Async ? std::min(chunk_, Bn) : (Bn + nw - 1) / nw;
+            workers_[i]->ensure(Tn, std::max(1, share));
+            workers_[i]->ensure_grads();
+            if (variant_ == Variant::Async && workers_[i]->local().size() != P_.size()) workers_[i]->local() = P_;
+        }
+        workers_[0]->ensure(Tn, Bn);  // forward and loss_and_grads run the whole batch on worker 0
+    }
+
+    // Threads worth forking for a (T, B) step: all of them, or one for a small step.
+    int team_size(int Tn, int Bn) const {
+        if (threads_ == 1) return 1;
+        const double TB = (double)Tn * Bn, H = cfg_.hidden, G = cfg_.gates(), O = cfg_.output_size;
+        const double D = cfg_.tokens ? 0.0 : cfg_.input_size;
+        const double largest = TB * std::max(O * H, G * std::max(H, D));
+        const double scale = cfg_.split_scale;
+        return largest >= kParTeam * scale || (double)Bn * H * G >= kParStep * scale ? threads_ : 1;
+    }
+
+    // Inference outputs into out (T*B, O).
+    void forward(const Batch<T>& in, T* out) {
+        Worker<T>& w = *workers_[0];
+        w.ensure(in.T_, in.B);
+        run_team(team_size(in.T_, in.B), cfg_.split_scale,
+                 [&](const Team& tm) { w.forward_head(tm, P_.data(), in, false, T(1), out); });
+    }
+
+    // Reported loss; gradients of the objective in `grads` (flat layout).
+    double loss_and_grads(const Batch<T>& in, T* grads) {
+        Worker<T>& w = *workers_[0];
+        w.ensure(in.T_, in.B);
+        std::fill(grads, grads + lay_.total, T(0));
+        double total = 0;
+        const T inv_b = T(1) / in.B;
+        run_team(team_size(in.T_, in.B), cfg_.split_scale, [&](const Team& tm) {
+            double l = w.forward_head(tm, P_.data(), in, true, inv_b);
+            if (tm.leader()) total = l;
+            w.backward(tm, P_.data(), Sink<T>{nullptr, grads, T(0)}, in);
+        });
+        return total / ((double)in.T_ * in.B);
+    }
+
+    double sgd_step(const Batch<T>& in, T lr) {
+        double total = 0;
+        // one sequence cannot be shared out: sync then runs like default (with B >= 2 it
+        // keeps its own path even on one thread, so that conformance checks exercise it)
+        if (variant_ == Variant::Default || (variant_ == Variant::Sync && in.B == 1)) total = step_default(in, lr);
+        else if (variant_ == Variant::Sync) total = step_sync(in, lr);
+        else total = step_async(in, lr);
+        return total / ((double)in.T_ * in.B);
+    }
+
+  private:
+    Config cfg_;
+    Layout lay_;
+    Variant variant_;
+    int threads_, chunk_;
+    Buf<T> P_;
+    std::vector<std::unique_ptr<Worker<T>>> workers_;
+    std::vector<int> mark_;
+    std::vector<std::int64_t> rows_;
+    int gen_ = 0;
+
+    T clipped(T g) const {
+        if (cfg_.clip > 0) {
+            const T c = (T)cfg_.clip;
+            g = g < -c ? -c : (g > c ? c : g);
+        }
+        return g;
+    }
+
+    std::size_t token_begin() const { return cfg_.tokens ? lay_.layers[0].W_in : 0; }
+    std::size_t token_end() const {
+        return cfg_.tokens ? lay_.layers[0].W_in + (std::size_t)cfg_.input_size * cfg_.gates() : 0;
+    }
+
+    // P -= lr * clip(sum of the workers' gradients) over [b, e), split over the team.
+    void update_dense(const Team& tm, T* P, T* const* G, int nw, std::size_t b, std::size_t e, T lr) {
+        int lo, hi;
+        const std::size_t n = e - b, blocks = (n + kAlign - 1) / kAlign;
+        tm.share((int)blocks, 1, lo, hi);
+        const std::size_t i0 = b + (std::size_t)lo * kAlign, i1 = std::min(e, b + (std::size_t)hi * kAlign);
+        if (i0 >= i1) return;
+        const bool clip = cfg_.clip > 0;
+        const T c = (T)cfg_.clip;
+        if (nw == 1 && !clip) {
+            const T* g = G[0];
+#pragma omp simd
+            for (std::size_t i = i0; i < i1; ++i) P[i] -= lr * g[i];
+            return;
+        }
+#pragma omp simd
+        for (std::size_t i = i0; i < i1; ++i) {
+            T g = 0;
+            for (int w = 0; w < nw; ++w) g += G[w][i];
+            if (clip) g = g < -c ? -c : (g > c ? c : g);
+            P[i] -= lr * g;
+        }
+    }
+
+    // The token rows of W_xh: update the rows any worker touched, then re-zero them.
+    void update_rows(const Team& tm, T* P, T* const* G, int nw, const std::vector<std::int64_t>& rows, T lr) {
+        const int Gc = cfg_.gates();
+        const std::size_t off = lay_.layers[0].W_in;
+        int c0, c1;
+        tm.share(Gc, (int)kAlign, c0, c1);
+        if (c0 >= c1) return;
+        const bool clip = cfg_.clip > 0;
+        const T c = (T)cfg_.clip;
+        for (std::int64_t row : rows) {
+            T* p = P + off + (std::size_t)row * Gc;
+            for (int k = c0; k < c1; ++k) {
+                T g = 0;
+                for (int w = 0; w < nw; ++w) g += G[w][off + (std::size_t)row * Gc + k];
+                if (clip) g = g < -c ? -c : (g > c ? c : g);
+                p[k] -= lr * g;
+            }
+            for (int w = 0; w < nw; ++w) std::fill(G[w] + off + (std::size_t)row * Gc + c0, G[w] + off + (std::size_t)row * Gc + c1, T(0));
+        }
+    }
+
+    void apply(const Team& tm, T* P, T* const* G, int nw, const std::vector<std::int64_t>& rows, T lr) {
+        update_dense(tm, P, G, nw, 0, token_begin(), lr);
+        update_dense(tm, P, G, nw, token_end(), lay_.total, lr);
+        if (cfg_.tokens) update_rows(tm, P, G, nw, rows, lr);
+    }
+
+    double step_default(const Batch<T>& in, T lr) {
+        Worker<T>& w = *workers_[0];
+        w.ensure(in.T_, in.B);
+        const bool fused = !(cfg_.clip > 0);
+        if (!fused) w.ensure_grads();
+        double total = 0;
+        const T inv_b = T(1) / in.B;
+        run_team(team_size(in.T_, in.B), cfg_.split_scale, [&](const Team& tm) {
+            double l = w.forward_head(tm, P_.data(), in, true, inv_b);
+            if (tm.leader()) total = l;
+            if (fused) {
+                w.backward(tm, P_.data(), Sink<T>{P_.data(), nullptr, lr}, in);
+            } else {
+                w.backward(tm, P_.data(), Sink<T>{nullptr, w.grads(), T(0)}, in);
+                T* g[1] = {w.grads()};
+                apply(tm, P_.data(), g, 1, w.touched(), lr);
+                tm.barrier();
+            }
+        });
+        return total;
+    }
+
+    // A worker's own contiguous copy of batch columns [b0, b1).
+    struct Slice {
+        Buf<T> x, y;
+        std::vector<std::int64_t> tok, lab;
+        Batch<T> batch;
+    };
+    std::vector<Slice> slices_;
+
+    // Sizes a slice for up to n columns (outside parallel regions: it may allocate).
+    void size_slice(const Batch<T>& in, int n, Slice& s) {
+        const std::size_t rows = (std::size_t)in.T_ * n;
+        if (in.tok) s.tok.resize(rows);
+        else s.x.resize(rows * cfg_.input_size);
+        if (in.lab) s.lab.resize(rows);
+        else s.y.resize(rows * cfg_.output_size);
+    }
+
+    void fill_slice(const Batch<T>& in, int b0, int b1, Slice& s) {
+        const int Tn = in.T_, Bn = in.B, n = b1 - b0, D = cfg_.input_size, O = cfg_.output_size;
+        s.batch = Batch<T>{Tn, n};
+        for (int t = 0; t < Tn; ++t) {
+            const std::size_t src = (std::size_t)t * Bn + b0, dst = (std::size_t)t * n;
+            if (in.tok) std::memcpy(&s.tok[dst], in.tok + src, sizeof(std::int64_t) * n);
+            else std::memcpy(&s.x[dst * D], in.x + src * D, sizeof(T) * n * D);
+            if (in.lab) std::memcpy(&s.lab[dst], in.lab + src, sizeof(std::int64_t) * n);
+            else std::memcpy(&s.y[dst * O], in.y + src * O, sizeof(T) * n * O);
+        }
+        s.batch.tok = in.tok ? s.tok.data() : nullptr;
+        s.batch.x = in.tok ? nullptr : s.x.data();
+        s.batch.lab = in.lab ? s.lab.data() : nullptr;
+        s.batch.y = in.lab ? nullptr : s.y.data();
+    }
+
+    // Synchronous data parallelism: each thread the gradient of its share of the
+    // sequences into its own buffers, then one reduced update (the spec's SGD step).
+    double step_sync(const Batch<T>& in, T lr) {
+        const int nw = std::min((int)workers_.size(), in.B);
+        slices_.resize(nw);
+        std::vector<double> part(nw, 0.0);
+        std::vector<T*> G(nw);
+        for (int i = 0; i < nw; ++i) {
+            const int b0 = (int)((long)in.B * i / nw), b1 = (int)((long)in.B * (i + 1) / nw);
+            workers_[i]->ensure(in.T_, b1 - b0);
+            workers_[i]->ensure_grads();
+            size_slice(in, b1 - b0, slices_[i]);
+            G[i] = workers_[i]->grads();
+        }
+        const T inv_b = T(1) / in.B;
+        run_team(nw, cfg_.split_scale, [&](const Team& tm) {
+            const Team solo{0, 1, cfg_.split_scale, nullptr};
+            for (int i = tm.tid; i < nw; i += tm.nth) {
+                const int b0 = (int)((long)in.B * i / nw), b1 = (int)((long)in.B * (i + 1) / nw);
+                fill_slice(in, b0, b1, slices_[i]);
+                Worker<T>& w = *workers_[i];
+                part[i] = w.forward_head(solo, P_.data(), slices_[i].batch, true, inv_b);
+                w.backward(solo, P_.data(), Sink<T>{nullptr, w.grads(), T(0)}, slices_[i].batch);
+            }
+            tm.barrier();
+            if (cfg_.tokens && tm.leader()) union_rows(nw);
+            tm.barrier();
+            apply(tm, P_.data(), G.data(), nw, rows_, lr);
+        });
+        double total = 0;
+        for (double p : part) total += p;
+        return total;
+    }
+
+    void union_rows(int nw) {
+        rows_.clear();
+        ++gen_;
+        for (int i = 0; i < nw; ++i)
+            for (std::int64_t r : workers_[i]->touched())
+                if (mark_[r] != gen_) {
+                    mark_[r] = gen_;
+                    rows_.push_back(r);
+                }
+    }
+
+    // Asynchronous parameter server (not the spec's SGD): each thread takes `chunk_`
+    // sequences at a time, pulls the shared parameters into its local copy, computes
+    // the gradient there and pushes `lr * g / B` back, all under one lock.
+    double step_async(const Batch<T>& in, T lr) {
+        const int nw = std::min((int)workers_.size(), in.B);
+        slices_.resize(nw);
+        std::vector<double> part(nw, 0.0);
+        for (int i = 0; i < nw; ++i) {
+            workers_[i]->ensure(in.T_, std::min(chunk_, in.B));
+            workers_[i]->ensure_grads();
+            size_slice(in, std::min(chunk_, in.B), slices_[i]);
+            if (workers_[i]->local().size() != P_.size()) workers_[i]->local() = P_;
+        }
+        const T inv_b = T(1) / in.B;
+        const std::size_t tb = token_begin(), te = token_end();
+        const int Gc = cfg_.gates();
+        run_team(nw, cfg_.split_scale, [&](const Team& tm) {
+            const Team solo{0, 1, cfg_.split_scale, nullptr};
+            for (int i = tm.tid; i < nw; i += tm.nth) {
+                Worker<T>& w = *workers_[i];
+                T* local = w.local().data();
+                T* g = w.grads();
+                const int s0 = (int)((long)in.B * i / nw), s1 = (int)((long)in.B * (i + 1) / nw);
+                for (int b0 = s0; b0 < s1; b0 += chunk_) {
+                    const int b1 = std::min(s1, b0 + chunk_);
+                    Slice& sl = slices_[i];
+                    fill_slice(in, b0, b1, sl);
+#pragma omp critical(rnn_parameter_server)
+                    {
+                        std::memcpy(local, P_.data(), sizeof(T) * tb);
+                        std::memcpy(local + te, P_.data() + te, sizeof(T) * (lay_.total - te));
+                        for (std::int64_t tok : sl.tok)  // only the rows this chunk reads
+                            std::memcpy(local + tb + (std::size_t)tok * Gc, P_.data() + tb + (std::size_t)tok * Gc,
+                                        sizeof(T) * Gc);
+                    }
+                    part[i] += w.forward_head(solo, local, sl.batch, true, inv_b);
+                    w.backward(solo, local, Sink<T>{nullptr, g, T(0)}, sl.batch);
+#pragma omp critical(rnn_parameter_server)
+                    {
+                        T* gs[1] = {g};
+                        apply(solo, P_.data(), gs, 1, w.touched(), lr);
+                    }
+                }
+            }
+        });
+        double total = 0;
+        for (double p : part) total += p;
+        return total;
+    }
+};
+
+}  // namespace rnn

@@ -1,0 +1,181 @@
+"""The native backend: SPEC.md in C++ (``backends/native/``), built by ``pip install``.
+
+The compiled module ``backends._native`` holds the engine; this wrapper only converts
+arrays and names. GEMMs go to the BLAS behind ``scipy.linalg.cython_blas`` (SciPy's
+OpenBLAS), whose function pointers are handed to the extension at first use; the
+engine parallelises with OpenMP and keeps that BLAS single-threaded.
+
+Variants:
+
+- ``default``: one minibatch, every phase (GEMMs, the per-step recurrence, the head)
+  split across ``threads`` OpenMP threads.
+- ``sync``: the minibatch's sequences split across ``threads`` threads, each with its own
+  buffers; the per-thread gradients are summed and ONE SGD update applied (the spec's step,
+  up to summation order).
+- ``async``: a parameter server: each thread pulls the shared parameters, computes the
+  gradient of one sequence at a time on its local copy and pushes ``lr * g / B`` back
+  under a lock. Not the spec's SGD, so it is only run for ``workload: train``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+
+from backends.base import Backend, unsupported
+from harness.spec import Problem
+
+_INT32_MAX = 2**31 - 1
+_OPENMP_VERSIONS = {201511: "4.5", 201811: "5.0", 202011: "5.1", 202111: "5.2"}
+
+
+@functools.cache
+def _load():
+    """The compiled module with its BLAS pointers set; raises if it cannot be used."""
+    from backends import _native
+    from scipy.linalg import cython_blas
+
+    capi = cython_blas.__pyx_capi__
+    _native.init_blas(capi["sgemm"], capi["dgemm"])
+    return _native
+
+
+def _engine_spec(problem: Problem) -> dict:
+    m = problem.model
+    return {
+        "kind": m.kind,
+        "hidden": m.hidden,
+        "layers": m.layers,
+        "activation": m.activation,
+        "bias": m.bias,
+        "peephole": m.peephole,
+        "head": m.head,
+        "output_act": m.output_act,
+        "bptt": m.bptt.mode,
+        "k": m.bptt.k or 0,
+        "clip": float(m.clip or 0.0),
+        "input_size": problem.input_size,
+        "output_size": problem.output_size,
+        "tokens": problem.tokens,
+    }
+
+
+class NativeBackend(Backend):
+    """C++ engine: fused per-step kernels, all-step GEMMs through SciPy's BLAS, OpenMP threads."""
+
+    name = "native"
+    variants = ("default", "sync", "async")
+
+    def __init__(self, variant: str | None = None):
+        super().__init__(variant)
+        self._net = None
+        self._names: list[str] = []
+        self._dtype = np.dtype("float64")
+        self._tokens = False
+        self._blas_threads_before: int | None = None
+        #: multiplies the engine's minimum work per thread split; 0 splits every phase,
+        #: which lets tests reach the multi-thread code paths on tiny shapes
+        self.split_scale = 1.0
+
+    def availability(self) -> tuple[bool, str]:
+        """Usable when the compiled module imports and SciPy's BLAS capsules load."""
+        try:
+            _load()
+        except Exception as exc:  # a missing or broken build is reported, never raised
+            return False, f"unavailable: native extension not usable ({type(exc).__name__}: {exc})"
+        return True, ""
+
+    @classmethod
+    def environment_variables(cls, variant: str, threads: int, device: str, dtype: str) -> dict[str, str]:
+        """libgomp's idle threads otherwise spin ~15 ms after every step, on cores the step needs."""
+        return {"OMP_WAIT_POLICY": "passive"} if threads > 1 else {}
+
+    def supports(self, problem: Problem) -> tuple[bool, str]:
+        """Every model, head and bptt mode on the CPU; async only for workload train."""
+        if problem.device != "cpu":
+            return unsupported("the native backend runs on the CPU only")
+        if self.variant == "async" and problem.workload != "train":
+            return unsupported(
+                "asynchronous parameter-server updates are not the spec's synchronous SGD; timed in workload train only"
+            )
+        m = problem.model
+        widest = max(problem.input_size, problem.output_size, 4 * m.hidden)
+        if (problem.seq_len + 1) * problem.batch * widest > _INT32_MAX or problem.input_size * 4 * m.hidden > _INT32_MAX:
+            return unsupported("a matrix exceeds the 32-bit BLAS index range")
+        return True, ""
+
+    def versions(self) -> dict[str, str]:
+        """Compiler, flags, OpenMP, SIMD level and the BLAS the engine calls."""
+        out = {"numpy": np.__version__}
+        try:
+            import scipy
+
+            mod = _load()
+        except Exception:
+            return out
+        build, blas = mod.build_info(), mod.blas_info()
+        out["scipy"] = scipy.__version__
+        out["compiler"] = build["compiler"]
+        out["flags"] = build.get("flags", "")
+        out["openmp"] = f"OpenMP {_OPENMP_VERSIONS.get(build['openmp'], build['openmp'])} (libgomp)" \
+            if "gcc" in build["compiler"] else f"OpenMP {build['openmp']}"
+        out["simd"] = build["simd"]
+        source = blas["config"] or "unknown BLAS"
+        where = os.path.realpath(blas["library"]) if blas["library"] else "library not located: BLAS threads uncontrolled"
+        out["blas"] = f"{source} via scipy.linalg.cython_blas ({where})"
+        out["gemm_routes"] = "few-row routes (SkylakeX kernels)" if blas["few_row_routes"] else "plain calls"
+        return out
+
+    def prepare(self, problem: Problem, params: dict[str, np.ndarray], device: str = "cpu", threads: int = 1) -> None:
+        """Copy the parameters into a fresh engine with up to ``threads`` OpenMP threads."""
+        mod = _load()
+        self.close()
+        self.problem = problem
+        self._dtype = np.dtype(problem.dtype)
+        self._tokens = problem.tokens
+        self._names = problem.model.param_names()
+        arrays = [np.ascontiguousarray(params[k], dtype=self._dtype) for k in self._names]
+        net_class = mod.Net32 if self._dtype == np.float32 else mod.Net64
+        # the engine's threads each call the BLAS: its own pool would oversubscribe the cores
+        self._blas_threads_before = mod.set_blas_threads(1)
+        spec = _engine_spec(problem) | {"split_scale": float(self.split_scale)}
+        self._net = net_class(spec, self.variant, max(1, int(threads)), 1, arrays)
+
+    def warm_up(self, batch) -> None:
+        """Allocate the buffers for this batch shape (parameters untouched)."""
+        x, _ = batch
+        self._net.reserve(int(x.shape[0]), int(x.shape[1]))
+
+    def _x(self, x) -> np.ndarray:
+        return np.ascontiguousarray(x, dtype=np.int64 if self._tokens else self._dtype)
+
+    def _y(self, y) -> np.ndarray:
+        dtype = np.int64 if self.problem.model.head == "softmax_xent" else self._dtype
+        return np.ascontiguousarray(y, dtype=dtype)
+
+    def forward(self, x) -> np.ndarray:
+        """Softmax probabilities or the mse head's outputs, (T, B, O)."""
+        return self._net.forward(self._x(x))
+
+    def loss_and_grads(self, x, y) -> tuple[float, dict[str, np.ndarray]]:
+        """Reported loss and the objective's gradients (exact on every variant)."""
+        loss, grads = self._net.loss_and_grads(self._x(x), self._y(y))
+        return loss, dict(zip(self._names, grads))
+
+    def sgd_step(self, x, y, lr: float) -> float:
+        """One step of the variant's training scheme; the loss before the update."""
+        return self._net.sgd_step(self._x(x), self._y(y), float(lr))
+
+    def get_params(self) -> dict[str, np.ndarray]:
+        """Copies of the current parameters."""
+        return dict(zip(self._names, self._net.get_params()))
+
+    def close(self) -> None:
+        """Drop the engine and give SciPy's BLAS its thread count back."""
+        self._net = None
+        if self._blas_threads_before is not None:
+            if self._blas_threads_before > 0:
+                _load().set_blas_threads(self._blas_threads_before)
+            self._blas_threads_before = None

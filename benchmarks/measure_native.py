@@ -1,0 +1,212 @@
+"""Side-by-side sgd_step timings of the native backend against the reference, NumPy and PyTorch.
+
+Every contender runs in ONE process per thread count, in alternating rounds (the
+order reverses every round), so machine noise hits them alike; what is worth quoting
+is the ratios. Each thread count gets a fresh child process whose environment merges
+what every contender asks for (``Backend.environment_variables``) plus the allocator
+settings of DESIGN.md, applied identically to all. GFLOP/s is
+``Problem.flops("train_step") / median``, set against a float32 NumPy GEMM
+(2048^3) timed in the same rounds at the same thread count.
+
+    python benchmarks/measure_native.py                     # all shapes, threads 1 and 2
+    python benchmarks/measure_native.py --shapes wildml-t4 --rounds 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+SHAPES = {
+    # the WildML tutorial: vocab 8000 token input, H 100, T 20, one sentence, no biases
+    "wildml-t4": dict(model={"kind": "elman", "hidden": 100, "bias": False, "bptt": {"truncated": 4}},
+                      input_size=8000, output_size=8000, tokens=True, seq_len=20, batch=1),
+    "wildml-full": dict(model={"kind": "elman", "hidden": 100, "bias": False, "bptt": "full"},
+                        input_size=8000, output_size=8000, tokens=True, seq_len=20, batch=1),
+    # a dense throughput shape: H 512, input 512, softmax 512, B 32, T 50
+    "dense512": dict(model={"kind": "elman", "hidden": 512}, input_size=512, output_size=512, tokens=False,
+                     seq_len=50, batch=32),
+    "lstm512": dict(model={"kind": "lstm", "hidden": 512}, input_size=512, output_size=512, tokens=False,
+                    seq_len=50, batch=32),
+}
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1000000000", "MALLOC_TRIM_THRESHOLD_": "1000000000"}
+CONTENDERS = ("native", "native:sync", "numpy", "torch", "torch:fused")
+GEMM_N = 2048
+LR = 1e-3
+
+
+def _contender_env(names, threads: int) -> dict[str, str]:
+    import backends
+
+    env: dict[str, str] = {}
+    for full in names:
+        name, variant = backends.split_name(full)
+        try:
+            cls = backends.backend_class(name)
+        except Exception:
+            continue
+        for key, value in cls.environment_variables(variant or cls.variants[0], threads, "cpu", "float32").items():
+            if env.get(key, value) != value:
+                raise SystemExit(f"contenders disagree on {key}: {env[key]} vs {value}")
+            env[key] = value
+    return env
+
+
+def _numpy_blas_threads(n: int) -> str:
+    """Pin NumPy's own OpenBLAS (the GEMM peak's BLAS) to n threads; returns what was done."""
+    for line in open("/proc/self/maps"):
+        path = line.split()[-1]
+        if "openblas" in path and "numpy" in path:
+            lib = ctypes.CDLL(path)
+            for sym in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads"):
+                if hasattr(lib, sym):
+                    getattr(lib, sym)(n)
+                    return f"{sym}({n})"
+    return "not pinned (NumPy's BLAS not found)"
+
+
+def _make(shape: dict, dtype="float32"):
+    from harness import reference as ref
+    from harness.spec import ModelSpec, Problem
+
+    spec = ModelSpec.from_mapping(shape["model"])
+    problem = Problem(spec, shape["input_size"], shape["output_size"], shape["tokens"], dtype, shape["batch"],
+                      shape["seq_len"], "cpu", "train_step")
+    params = ref.init_params(spec, problem.input_size, problem.output_size, seed=0, dtype=dtype)
+    rng = np.random.default_rng(1)
+    T, B = problem.seq_len, problem.batch
+    x = rng.integers(0, problem.input_size, size=(T, B)) if problem.tokens else \
+        rng.normal(size=(T, B, problem.input_size)).astype(dtype)
+    y = rng.integers(0, problem.output_size, size=(T, B))
+    return problem, params, x, y
+
+
+def _steppers(problem, params, x, y, threads: int, names):
+    """name -> zero-argument callable doing one timed unit; plus notes on skipped contenders."""
+    import backends
+    from harness import reference as ref
+
+    steps, notes = {}, {}
+    state = {"p": {k: v.astype(np.float64) for k, v in params.items()}}
+
+    def reference_step():
+        _, state["p"] = ref.sgd_step(problem.model, state["p"], x, y, LR)
+
+    steps["reference"] = reference_step
+    for full in names:
+        try:
+            b = backends.create(full)
+        except Exception as exc:
+            notes[full] = f"skipped: {exc}"
+            continue
+        ok, why = b.availability()
+        if ok:
+            ok, why = b.supports(problem)
+        if not ok:
+            notes[full] = f"skipped: {why}"
+            continue
+        b.prepare(problem, {k: v.copy() for k, v in params.items()}, device="cpu", threads=threads)
+        b.warm_up((x, y))
+
+        def step(b=b):
+            b.sgd_step(x, y, LR)
+            b.sync()
+
+        steps[full] = step
+    a = np.random.default_rng(2).random((GEMM_N, GEMM_N), dtype=np.float32)
+    out = np.empty_like(a)
+    steps["gemm-peak"] = lambda: np.matmul(a, a, out=out)
+    return steps, notes
+
+
+def child(args) -> None:
+    """Runs every contender on every shape at one thread count; prints one JSON line per shape."""
+    names = [n for n in args.contenders.split(",") if n]
+    pinned = _numpy_blas_threads(args.threads)
+    for shape_name in args.shapes.split(","):
+        problem, params, x, y = _make(SHAPES[shape_name])
+        steps, notes = _steppers(problem, params, x, y, args.threads, names)
+        samples = {k: [] for k in steps}
+        order = list(steps)
+        for k, f in steps.items():  # one untimed call each: first-touch and lazy set-up
+            f()
+        for r in range(args.rounds):
+            for k in (order if r % 2 == 0 else order[::-1]):
+                if k == "reference" and r >= args.ref_rounds:
+                    continue
+                t0 = time.perf_counter_ns()
+                steps[k]()
+                samples[k].append((time.perf_counter_ns() - t0) * 1e-9)
+        stats = {}
+        for k, v in samples.items():
+            v = np.asarray(v)
+            flops = 2.0 * GEMM_N**3 if k == "gemm-peak" else problem.flops("train_step")
+            med = float(np.median(v))
+            stats[k] = {"median_ms": med * 1e3, "iqr_ms": float(np.subtract(*np.percentile(v, [75, 25]))) * 1e3,
+                        "n": int(v.size), "gflops": flops / med / 1e9}
+        print(json.dumps({"shape": shape_name, "threads": args.threads, "stats": stats, "notes": notes,
+                          "numpy_blas": pinned, "loadavg": os.getloadavg()}), flush=True)
+
+
+def _table(results) -> str:
+    lines = ["| shape | threads | contender | median ms | IQR ms | GFLOP/s | % GEMM peak | reference / it | numpy / it |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for res in results:
+        st = res["stats"]
+        peak = st["gemm-peak"]["gflops"]
+        for k, s in st.items():
+            if k == "gemm-peak":
+                continue
+            vs_ref = st["reference"]["median_ms"] / s["median_ms"] if "reference" in st else float("nan")
+            vs_np = st["numpy"]["median_ms"] / s["median_ms"] if "numpy" in st else float("nan")
+            lines.append(f"| {res['shape']} | {res['threads']} | {k} | {s['median_ms']:.3f} | {s['iqr_ms']:.3f} | "
+                         f"{s['gflops']:.1f} | {100 * s['gflops'] / peak:.0f}% | {vs_ref:.1f}x | {vs_np:.2f}x |")
+        lines.append(f"| {res['shape']} | {res['threads']} | numpy GEMM {GEMM_N}^3 (peak) | "
+                     f"{st['gemm-peak']['median_ms']:.3f} | {st['gemm-peak']['iqr_ms']:.3f} | {peak:.1f} | 100% | | |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="wildml-t4,wildml-full,dense512", help=f"comma list of {', '.join(SHAPES)}")
+    ap.add_argument("--threads", default="1,2", help="comma list of thread counts")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS), help="backends beside the reference")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--ref-rounds", type=int, default=5, help="rounds that include the (slow) reference")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        args.threads = int(args.threads)
+        child(args)
+        return 0
+    results = []
+    for threads in [int(t) for t in args.threads.split(",")]:
+        names = [n for n in args.contenders.split(",") if n]
+        env = {**os.environ, **MALLOC_ENV, **_contender_env(names, threads)}
+        cmd = [sys.executable, __file__, "--child", "--threads", str(threads), "--shapes", args.shapes,
+               "--contenders", args.contenders, "--rounds", str(args.rounds), "--ref-rounds", str(args.ref_rounds)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stderr)
+            return proc.returncode
+        for line in proc.stdout.splitlines():
+            if line.startswith("{"):
+                res = json.loads(line)
+                results.append(res)
+                for k, note in res["notes"].items():
+                    print(f"# {res['shape']} threads={threads}: {k} {note}")
+                print(f"# {res['shape']} threads={threads}: load average {res['loadavg']}, "
+                      f"NumPy BLAS {res['numpy_blas']}", flush=True)
+    print(_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
