@@ -18,7 +18,6 @@ import importlib.util
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -42,8 +41,6 @@ class Recipe:
     check: str | None = None
     #: a backend to time with and without the OpenBLAS shim; the faster choice is kept
     blas_probe: str | None = None
-    #: the variable through which the probe backend takes ``blas__ldflags``
-    blas_flags_var: str = "THEANO_FLAGS"
     #: the environment needs a C++ compiler at run time (Theano compiles its graphs)
     needs_cxx: bool = False
 
@@ -60,7 +57,7 @@ RECIPES: dict[str, Recipe] = {
             "scipy-openblas32==0.3.34.0.0",  # a linkable OpenBLAS for Theano's C code
         ),
         max_python=(3, 11),
-        check="import numpy, scipy, theano.tensor, theano.gradient",
+        check="from backends.theano_backend import import_theano; import_theano()",
         blas_probe="theano",
         needs_cxx=True,
     ),
@@ -91,6 +88,12 @@ def env_python(name: str) -> Path | None:
     return py if py.exists() and _marker(name) is not None else None
 
 
+def _stale(name: str) -> bool:
+    """True when the environment was built from other packages than its recipe now names."""
+    marker = _marker(name)
+    return marker is not None and name in RECIPES and marker.get("recipe") != list(RECIPES[name].packages)
+
+
 def current_env() -> str | None:
     """The name of the isolated environment this process runs in, or None for the main one."""
     prefix = Path(sys.prefix).resolve()
@@ -110,18 +113,22 @@ def _recipe(name: str) -> Recipe:
 # -- creation ------------------------------------------------------------------------
 
 
-class _Reporter:
-    """One progress line per stage: on the rich console given, else on stderr (or nowhere)."""
+class _Stderr:
+    """Stands in for a rich Console where none is given: progress lines on stderr."""
 
-    def __init__(self, progress, name: str, fallback_stderr: bool):
-        self.progress, self.name, self.fallback = progress, name, fallback_stderr
+    def print(self, line: str, highlight: bool = False) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+
+class _Reporter:
+    """One progress line per stage, on the console given (or nowhere)."""
+
+    def __init__(self, progress, name: str):
+        self.progress, self.name = progress, name
 
     def __call__(self, message: str) -> None:
-        line = f"env {self.name}: {message}"
         if self.progress is not None:
-            self.progress.print(line, highlight=False)
-        elif self.fallback:
-            print(line, file=sys.stderr, flush=True)
+            self.progress.print(f"env {self.name}: {message}", highlight=False)
 
 
 def _base_python(recipe: Recipe) -> str | None:
@@ -159,7 +166,8 @@ def _run(cmd: list[str], stage: str, env: dict | None = None) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         lines = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-        raise _StageError(f"{stage} failed (exit {proc.returncode}): " + " | ".join(lines[-6:]))
+        errors = [line for line in lines if line.lower().startswith("error")]  # pip's and uv's own verdict
+        raise _StageError(f"{stage} failed (exit {proc.returncode}): " + " | ".join((errors or lines)[-6:]))
     return proc.stdout
 
 
@@ -171,8 +179,9 @@ def _make_and_install(name: str, recipe: Recipe, target: Path, say) -> Path:
         want = base or ".".join(map(str, recipe.max_python))
         say(f"creating a virtual environment with uv (Python {want}) in {target}")
         _run([uv, "venv", "--quiet", "--python", want, str(target)], "uv venv")
-        say(f"installing {', '.join(recipe.packages)} with uv")
-        _run([uv, "pip", "install", "--quiet", "--python", str(py), *recipe.packages], "uv pip install")
+        if recipe.packages:
+            say(f"installing {', '.join(recipe.packages)} with uv")
+            _run([uv, "pip", "install", "--quiet", "--python", str(py), *recipe.packages], "uv pip install")
         return py
     if base is None:
         raise _StageError(can_create(name)[1])
@@ -185,6 +194,8 @@ def _make_and_install(name: str, recipe: Recipe, target: Path, say) -> Path:
         say(f"creating a virtual environment with pip (Python {version}) in {target}")
         _run([base, "-m", "venv", str(target)], "python -m venv")
         installer = [str(py), "-m", "pip"]
+    if not recipe.packages:
+        return py
     say(f"installing {', '.join(recipe.packages)} with pip")
     _run([*installer, "install", "--disable-pip-version-check", "--no-input", "--quiet", *recipe.packages],
          "pip install")
@@ -203,33 +214,42 @@ def _site_dirs(target: Path) -> list[Path]:
     return sorted(target.glob("lib/python*/site-packages"))
 
 
-def _probe_blas(name: str, recipe: Recipe, target: Path, py: Path, say, rounds: int = 3) -> dict:
-    """Build the OpenBLAS shim, time the probe backend with and without it, keep the faster."""
+def _probe_blas(name: str, recipe: Recipe, target: Path, py: Path, say, rounds: int = 2) -> dict:
+    """Build the OpenBLAS shim, time the probe backend with and without it, keep the faster.
+
+    The answer depends on the thread count (a 2-thread OpenBLAS suffers most when the
+    other core is busy), so it is measured, and recorded, at 1 thread and at all cores,
+    in alternating processes: two BLAS thread pools in one process disturb each other.
+    """
     from backends import blas
 
     info = blas.build_shim(target / "blas", _site_dirs(target))
-    choice = {"choice": "numpy", "ldflags": "", "library": info["library"], "reason": info["reason"]}
+    choice = {"library": info["library"], "openblas_ldflags": info["ldflags"], "reason": info["reason"],
+              "by_threads": {}}
     if not info["ldflags"]:
         say(f"no OpenBLAS to link ({info['reason']}); using numpy's BLAS through its C-API")
+        choice["by_threads"]["1"] = {"choice": "numpy", "ldflags": ""}
         return choice
-    say(f"timing {recipe.blas_probe} with numpy's BLAS and with {Path(info['library']).name} "
-        f"({rounds} alternating rounds; the first compiles)")
-    samples: dict[str, list[float]] = {"numpy": [], "openblas": []}
     flags = {"numpy": "", "openblas": info["ldflags"]}
-    for r in range(rounds):
-        order = ("numpy", "openblas") if r % 2 == 0 else ("openblas", "numpy")
-        for key in order:
-            env = worker_environ(name)
-            env[recipe.blas_flags_var] = f"blas__ldflags={flags[key]}"  # merged last by the backend, so it wins
-            out = _run([str(py), "-m", "backends.blas.probe", "--backend", recipe.blas_probe], f"BLAS probe ({key})",
-                       env=env)
-            samples[key].append(json.loads(out.strip().splitlines()[-1])["median_ms"])
-    med = {k: statistics.median(v) for k, v in samples.items()}
-    best = "openblas" if med["openblas"] < med["numpy"] else "numpy"
-    choice.update(choice=best, ldflags=flags[best], reason="faster in the probe",
-                  probe={"shape": "elman H=100 vocab=8000 T=20 B=1 float32, sgd_step",
-                         "median_ms": med, "samples_ms": samples})
-    say(f"BLAS: {best} ({med['numpy']:.2f} ms with numpy's BLAS, {med['openblas']:.2f} ms with OpenBLAS per step)")
+    for threads in sorted({1, os.cpu_count() or 1}):
+        say(f"timing {recipe.blas_probe} at {threads} thread(s) with numpy's BLAS and with "
+            f"{Path(info['library']).name}, {rounds} alternating rounds")
+        env = worker_environ(name)
+        env.update(OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+        samples: dict[str, list[float]] = {"numpy": [], "openblas": []}
+        for r in range(rounds):
+            for key in ("numpy", "openblas") if r % 2 == 0 else ("openblas", "numpy"):
+                out = _run([str(py), "-m", "backends.blas.probe", "--backend", recipe.blas_probe,
+                            "--ldflags", f"{key}={flags[key]}"], "BLAS probe", env=env)
+                samples[key].append(json.loads(out.strip().splitlines()[-1])["median_ms"][key])
+        med = {key: min(values) for key, values in samples.items()}  # the least disturbed process
+        best = "openblas" if med["openblas"] < med["numpy"] else "numpy"
+        choice["by_threads"][str(threads)] = {"choice": best, "ldflags": flags[best], "median_ms": med,
+                                              "samples_ms": samples}
+        say(f"BLAS at {threads} thread(s): {best} ({med['numpy']:.2f} ms per step with numpy's BLAS, "
+            f"{med['openblas']:.2f} ms with OpenBLAS)")
+    choice["probe"] = ("sgd_step, elman H=100 vocab=8000 T=20 B=1 float32: per setting the best of "
+                       f"{rounds} processes' medians of 40 steps")
     return choice
 
 
@@ -247,18 +267,21 @@ def _lock(name: str):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def create_env(name: str, force: bool = False, progress=None, _stderr: bool = False) -> Path:
+def create_env(name: str, force: bool = False, progress=None) -> Path:
     """Build environment ``name`` from its recipe (rebuild with ``force``); returns its Python."""
+    from backends import blas
+
     recipe = _recipe(name)
-    say = _Reporter(progress, name, _stderr)
+    say = _Reporter(progress, name)
     with _lock(name):
         existing = env_python(name)
-        if existing is not None and not force:
+        if existing is not None and not force and not _stale(name):
             say(f"already exists at {env_dir(name)}")
             return existing
         target = env_dir(name)
         if target.exists():
-            say(f"removing the old environment at {target}")
+            why = "its recipe changed" if _stale(name) else "rebuilding"
+            say(f"removing the old environment at {target} ({why})")
             shutil.rmtree(target)
         started = time.perf_counter()
         try:
@@ -267,17 +290,13 @@ def create_env(name: str, force: bool = False, progress=None, _stderr: bool = Fa
                 say(f"checking the installation ({recipe.check})")
                 _run([str(py), "-c", recipe.check], "import check", env=worker_environ(name))
             versions = _installed_versions(py, recipe)
-            blas_choice = None
             if recipe.blas_probe:
-                from backends import blas
-
                 blas_choice = _probe_blas(name, recipe, target, py, say)
                 (target / blas.CHOICE_FILE).write_text(json.dumps(blas_choice, indent=2))
         except (_StageError, OSError) as exc:
             shutil.rmtree(target, ignore_errors=True)
             raise HarnessError(f"could not create environment {name!r}: {exc}") from None
-        marker = {"name": name, "packages": versions, "recipe": list(recipe.packages),
-                  "python": str(py), "blas": (blas_choice or {}).get("choice"),
+        marker = {"name": name, "packages": versions, "recipe": list(recipe.packages), "python": str(py),
                   "created_s": round(time.perf_counter() - started, 1)}
         (target / MARKER).write_text(json.dumps(marker, indent=2))
         say(f"ready in {marker['created_s']:.0f} s")
@@ -287,13 +306,13 @@ def create_env(name: str, force: bool = False, progress=None, _stderr: bool = Fa
 def ensure_env(name: str, progress=None) -> Path:
     """The environment's interpreter, creating the environment first if needed."""
     py = env_python(name)
-    if py is not None:
+    if py is not None and not _stale(name):
         return py
     _recipe(name)
     ok, why = can_create(name)
     if not ok:
         raise HarnessError(f"cannot create environment {name!r}: {why}")
-    return create_env(name, progress=progress, _stderr=True)
+    return create_env(name, progress=progress if progress is not None else _Stderr())
 
 
 def list_envs() -> list[dict]:
@@ -306,9 +325,12 @@ def list_envs() -> list[dict]:
     for name in names:
         marker = _marker(name)
         if marker is not None:
+            from backends import blas
+
             packages = ", ".join(f"{k} {v}" for k, v in marker.get("packages", {}).items())
-            if marker.get("blas"):
-                packages += f"; BLAS: {marker['blas']}"
+            choice = blas.read_choice(env_dir(name))
+            if choice is not None:
+                packages += f"; BLAS: {blas.describe(choice)}"
         elif name in RECIPES:
             packages = ", ".join(RECIPES[name].packages)
         else:

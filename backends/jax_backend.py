@@ -1,0 +1,402 @@
+"""SPEC.md in JAX: ``lax.scan`` over time, ``jax.value_and_grad`` for BPTT, one jitted SGD step.
+
+Layout of the computation (per layer, then the head)::
+
+    a_x = W_xh[x] or x @ W_xh (+ b)      all T steps at once, outside the recurrence
+    h_t = cell(a_x[t], h_{t-1})          lax.scan (or a Python loop) over t
+    z   = h @ W_hy + b_y                 all T steps at once
+
+``bptt`` modes:
+
+* ``truncated: K`` carries ``N = K+1`` lanes of the same state side by side, shape (N, B, H).
+  Lane ``j`` restarts (a stop-gradient on its incoming state) at every step ``t`` with
+  ``t % N == j``, so the lane read by output ``t``, ``(t+1) % N``, last restarted at
+  ``t-K``: its gradient reaches back through steps ``t..t-K`` exactly as SPEC.md asks.
+  All lanes hold the same values; the lanes only shape the gradient, and cost one
+  (N*B, H) x (H, G) product per step instead of a (B, H) x (H, G) one.
+* ``tail: K`` runs the first ``T-K`` steps and their outputs on stop-gradiented
+  parameters (constants to AD), then the last ``K`` steps from that constant state.
+
+With token input and no ``clip``, the SGD step differentiates with respect to the
+gathered rows ``W_xh[x]`` and scatter-adds ``-lr`` times their gradients into ``W_xh``
+in place, as a sparse update, rather than subtracting a dense (D, H) gradient.
+
+Variants choose how the recurrence is unrolled: ``unroll=1``, ``unroll=4`` and
+``unroll=T`` (full) pass that to ``lax.scan``; ``python`` is a Python for-loop over t
+inside the jitted function; ``default`` is described on :class:`JaxBackend`.
+
+float64 needs JAX's x64 mode, a process-wide switch: ``prepare`` turns it on for a
+float64 problem (workers get ``JAX_ENABLE_X64`` from :meth:`JaxBackend.environment_variables`)
+and never off. Every array here is created with an explicit dtype, so float32 problems
+compute in float32 whether or not x64 is on.
+
+Compiled executables go to JAX's persistent compilation cache under the harness folder
+(``.harness/cache/jax``) unless JAX already has a cache folder, so a repeated cell or
+conformance case loads its executable instead of compiling it again (``compile_s``
+then measures the load; ``versions()`` records the folder).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import numpy as np
+
+from backends.base import Backend
+from harness.spec import Problem
+
+#: the unroll the ``default`` variant passes to ``lax.scan`` (see JaxBackend's docstring)
+DEFAULT_UNROLL = 4
+
+#: XLA's CPU Eigen thread pool off: one thread per matrix product
+SINGLE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false"
+
+
+def _variant_loop(variant: str, seq_len: int) -> tuple[int, bool]:
+    """``(unroll, python_loop)`` for a variant at sequence length ``seq_len``."""
+    if variant == "python":
+        return 1, True
+    if variant == "default":
+        return min(DEFAULT_UNROLL, seq_len), False
+    unroll = variant.partition("=")[2]
+    return (seq_len if unroll == "T" else min(int(unroll), seq_len)), False
+
+
+def _x64_enabled(jax) -> bool:
+    return jax.dtypes.canonicalize_dtype(np.float64) == np.float64
+
+
+def _use_compilation_cache(jax) -> None:
+    """Keep compiled executables under the harness folder, unless JAX already has a cache folder."""
+    from harness.envs import home
+
+    if getattr(jax.config, "jax_compilation_cache_dir", None):
+        return
+    jax.config.update("jax_compilation_cache_dir", str(home() / "cache" / "jax"))
+    # The step graphs here compile in well under JAX's default 1 s threshold, and there are many of them.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def _sfx(layer: int) -> str:
+    return "" if layer == 0 else f"_{layer}"
+
+
+def _build(problem: Problem, unroll: int, python_loop: bool):
+    """The pure functions of one problem: ``forward(p, x)``, ``loss_and_grads(p, x, y)`` and ``step(p, x, y, lr)``."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    spec, T, B, H = problem.model, problem.seq_len, problem.batch, problem.model.hidden
+    dtype = jnp.dtype(problem.dtype)
+    lstm = spec.kind == "lstm"
+    sg = lax.stop_gradient
+    mode, K = spec.bptt.mode, spec.bptt.k
+    # Windows that cover the whole sequence are the full gradient.
+    if mode == "truncated" and K >= T - 1:
+        mode = "full"
+    if mode == "tail" and K >= T:
+        mode = "full"
+    n_lanes = K + 1 if mode == "truncated" else 1
+
+    act = {"tanh": jnp.tanh, "relu": jax.nn.relu, "sigmoid": jax.nn.sigmoid}[spec.activation]
+
+    in_name = "W_ih" if lstm else "W_xh"
+
+    def layer_params(p, layer):
+        s = _sfx(layer)
+        names = (in_name, "W_hh", "b" if lstm else "b_h")
+        # token rows of layer 0 arrive already gathered (see ``embed``)
+        lp = {"W_hh": p[names[1] + s]} if (layer == 0 and problem.tokens) else {"W_in": p[names[0] + s], "W_hh": p[names[1] + s]}
+        if spec.bias:
+            lp["b"] = p[names[2] + s]
+        if spec.peephole:
+            lp.update(p_i=p["p_i" + s], p_f=p["p_f" + s], p_o=p["p_o" + s])
+        return lp
+
+    def embed(p, x):
+        """Layer 0's ``x_t W_in`` rows for token ids (a gather, never one-hot); dense rows as they are."""
+        return p[in_name][x] if problem.tokens else x
+
+    def in_proj(lp, inp, layer):
+        """``x_t W_in (+ b)`` for every step at once: one GEMM, or the embedded token rows."""
+        a = inp if (layer == 0 and problem.tokens) else inp @ lp["W_in"]
+        return a + lp["b"] if spec.bias else a
+
+    def cell(lp, state, a_x):
+        if not lstm:
+            (h,) = state
+            h = act(a_x + h @ lp["W_hh"])
+            return (h,), h
+        h, c = state
+        ai, af, ag, ao = jnp.split(a_x + h @ lp["W_hh"], 4, axis=-1)  # gate order i, f, g, o
+        if spec.peephole:
+            ai, af = ai + lp["p_i"] * c, af + lp["p_f"] * c
+        i, f, g = jax.nn.sigmoid(ai), jax.nn.sigmoid(af), jnp.tanh(ag)
+        c = f * c + i * g
+        o = jax.nn.sigmoid(ao + lp["p_o"] * c if spec.peephole else ao)
+        h = o * jnp.tanh(c)
+        return (h, c), h
+
+    def recur(lp, state, a_x, restart):
+        """Run the cell over the leading axis of ``a_x``; ``restart`` (steps, lanes) marks stop-gradients."""
+
+        def step(state, xs):
+            a_t, r_t = xs
+            if r_t is not None:
+                state = tuple(jnp.where(r_t[:, None, None], sg(s), s) for s in state)
+            return cell(lp, state, a_t)
+
+        if python_loop:
+            hs = []
+            for t in range(a_x.shape[0]):
+                state, h = step(state, (a_x[t], None if restart is None else restart[t]))
+                hs.append(h)
+            return state, jnp.stack(hs)
+        return lax.scan(step, state, (a_x, restart), unroll=max(1, min(unroll, a_x.shape[0])))
+
+    def zeros_state(lanes: int):
+        shape = (lanes, B, H) if lanes > 1 else (B, H)
+        return tuple(jnp.zeros(shape, dtype) for _ in range(2 if lstm else 1))
+
+    def top_hidden(p, inp, mode):
+        """Top layer's h, (T, B, H), from the embedded input, with the stop-gradients of ``mode`` in place."""
+        if mode == "tail":
+            cut = T - K
+            inp_pre, inp_suf = sg(inp[:cut]), inp[cut:]
+            for layer in range(spec.layers):
+                lp = layer_params(p, layer)
+                state, hs_pre = recur(jax.tree.map(sg, lp), zeros_state(1), in_proj(jax.tree.map(sg, lp), inp_pre, layer), None)
+                state = tuple(sg(s) for s in state)
+                _, hs_suf = recur(lp, state, in_proj(lp, inp_suf, layer), None)
+                inp_pre, inp_suf = sg(hs_pre), hs_suf
+            return inp_pre, inp_suf
+        lanes = n_lanes if mode == "truncated" else 1
+        restart = None
+        if lanes > 1:
+            restart = jnp.asarray(np.arange(T)[:, None] % lanes == np.arange(lanes)[None, :])
+        for layer in range(spec.layers):
+            lp = layer_params(p, layer)
+            _, inp = recur(lp, zeros_state(lanes), in_proj(lp, inp, layer), restart)
+        if lanes > 1:  # output t reads the lane that restarted at t-K
+            inp = inp[np.arange(T), (np.arange(T) + 1) % lanes]
+        return inp
+
+    def logits(p, h):
+        z = h @ p["W_hy"]
+        return z + p["b_y"] if spec.bias else z
+
+    def head_sum(z, y):
+        """``sum_{t,b} l(b,t)`` of SPEC.md's heads."""
+        if spec.head == "softmax_xent":
+            picked = jnp.take_along_axis(z, y[..., None], axis=-1)[..., 0]
+            return jnp.sum(jax.nn.logsumexp(z, axis=-1) - picked)
+        out = jnp.tanh(z) if spec.output_act == "tanh" else z
+        diff = out - y
+        return 0.5 * jnp.sum(diff * diff)
+
+    def forward(p, x):
+        z = logits(p, top_hidden(p, embed(p, x), "full"))
+        if spec.head == "softmax_xent":
+            return jax.nn.softmax(z, axis=-1)
+        return jnp.tanh(z) if spec.output_act == "tanh" else z
+
+    def objective(p, inp, y):
+        """``L = sum l / B`` from the embedded input; under ``tail`` the first T-K outputs count in the value only."""
+        if mode == "tail":
+            h_pre, h_suf = top_hidden(p, inp, mode)
+            cut = T - K
+            const = jax.tree.map(sg, p)
+            return (head_sum(logits(const, h_pre), y[:cut]) + head_sum(logits(p, h_suf), y[cut:])) / B
+        return head_sum(logits(p, top_hidden(p, inp, mode)), y) / B
+
+    value_and_grad = jax.value_and_grad(lambda p, x, y: objective(p, embed(p, x), y))
+    # gradients w.r.t. the other parameters and the gathered token rows
+    value_and_row_grads = jax.value_and_grad(objective, argnums=(0, 1))
+
+    def loss_and_grads(p, x, y):
+        L, g = value_and_grad(p, x, y)
+        return L / T, g
+
+    def step(p, x, y, lr):
+        if problem.tokens and spec.clip is None:
+            # Only the rows of W_in that x names change: scatter -lr * their gradients in place
+            # instead of building and subtracting a dense (D, G) gradient.
+            W_in = p[in_name]
+            rest = {k: v for k, v in p.items() if k != in_name}
+            L, (g, g_rows) = value_and_row_grads(rest, W_in[x], y)
+            new = jax.tree.map(lambda v, d: v - lr * d, rest, g)
+            new[in_name] = W_in.at[x].add(-lr * g_rows)
+            return new, L / T
+        L, g = value_and_grad(p, x, y)
+        if spec.clip is not None:
+            g = jax.tree.map(lambda v: jnp.clip(v, -spec.clip, spec.clip), g)
+        return jax.tree.map(lambda v, d: v - lr * d, p, g), L / T
+
+    return forward, loss_and_grads, step
+
+
+class JaxBackend(Backend):
+    """JAX/XLA: jitted ``lax.scan`` recurrence, ``value_and_grad`` BPTT, SGD update in the same executable.
+
+    ``default`` runs ``lax.scan(unroll=4)``. Interleaved in one process
+    (``benchmarks/measure_jax_unroll.py``), unroll 4 was the fastest or within noise of
+    the fastest at both measured shapes while compiling far faster than full unrolling
+    and the Python-unrolled loop; ``unroll=1`` pays the per-iteration cost of XLA's
+    while loop on every one of the T steps.
+    """
+
+    name = "jax"
+    variants = ("default", "unroll=1", "unroll=4", "unroll=T", "python")
+    devices = ("cpu", "gpu")
+    #: every new problem costs 0.3-1 s of XLA compiles per executable (persistently cached after)
+    compile_heavy = True
+
+    def __init__(self, variant: str | None = None):
+        super().__init__(variant)
+        self._params = None
+        self._fns: dict[str, Any] = {}
+        self._compiled: dict[tuple, Any] = {}
+
+    # -- cheap questions -------------------------------------------------------------
+    def availability(self) -> tuple[bool, str]:
+        """JAX importable here (checked without importing it)."""
+        if importlib.util.find_spec("jax") is None:
+            return False, "unavailable: jax not installed (pip install 'rnn-harness[jax]')"
+        return True, ""
+
+    def device_availability(self, device: str) -> tuple[bool, str]:
+        """CPU always; GPU when jax sees one."""
+        if device not in self.devices:
+            return super().device_availability(device)
+        if device == "gpu":
+            import jax
+
+            try:
+                jax.devices("gpu")
+            except RuntimeError:
+                return False, "unavailable: no GPU device visible to jax"
+        return True, ""
+
+    def supports(self, problem: Problem) -> tuple[bool, str]:
+        """Every model, head, bptt mode, input kind, dtype and device of SPEC.md."""
+        return True, ""
+
+    @classmethod
+    def environment_variables(cls, variant: str, threads: int, device: str, dtype: str) -> dict[str, str]:
+        """x64 for float64, and on CPU XLA's single-threaded Eigen when one thread is asked for."""
+        env = {"JAX_ENABLE_X64": "1" if dtype == "float64" else "0"}
+        if device == "cpu":
+            env["JAX_PLATFORMS"] = "cpu"
+            if threads <= 1:
+                env["XLA_FLAGS"] = SINGLE_THREAD_XLA_FLAGS
+        else:
+            # JAX grabs 75% of GPU memory up front by default; a benchmark worker needs what it uses.
+            env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+        return env
+
+    def versions(self) -> dict[str, str]:
+        """numpy, jax, jaxlib, the XLA flags in force and the x64 switch."""
+        import jax
+        import jaxlib
+
+        return {
+            "numpy": np.__version__,
+            "jax": jax.__version__,
+            "jaxlib": jaxlib.__version__,
+            "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+            "jax_enable_x64": str(_x64_enabled(jax)),
+            "jax_compilation_cache_dir": str(getattr(jax.config, "jax_compilation_cache_dir", None) or ""),
+            "jax_platform": jax.default_backend(),
+        }
+
+    # -- the work -------------------------------------------------------------------
+    def prepare(self, problem: Problem, params: dict[str, np.ndarray], device: str = "cpu", threads: int = 1) -> None:
+        """Move the parameters to the device and build (not yet compile) the jitted functions."""
+        import jax
+
+        if problem.dtype == "float64" and not _x64_enabled(jax):
+            jax.config.update("jax_enable_x64", True)
+        _use_compilation_cache(jax)
+        self.close()
+        self.problem = problem
+        target = jax.devices(device)[0]
+        self._params = {k: jax.device_put(np.asarray(v, problem.dtype), target) for k, v in params.items()}
+        forward, loss_and_grads, step = _build(problem, *_variant_loop(self.variant, problem.seq_len))
+        self._fns = {
+            "forward": jax.jit(forward),
+            "grads": jax.jit(loss_and_grads),
+            # the old parameters' buffers are reused for the new ones
+            "step": jax.jit(step, donate_argnums=(0,)),
+        }
+
+    def _data(self, x, y=None):
+        dtype = self.problem.dtype
+        x = np.asarray(x, np.int32 if self.problem.tokens else dtype)
+        if y is None:
+            return x, None
+        y = np.asarray(y, np.int32 if self.problem.model.head == "softmax_xent" else dtype)
+        return x, y
+
+    def _executable(self, which: str, data: tuple):
+        """The executable of ``which`` for these data shapes, compiled on first use."""
+        key = (which,) + tuple((a.shape, a.dtype.str) for a in data)
+        exe = self._compiled.get(key)
+        if exe is None:
+            import jax
+
+            # Precision is fixed when tracing; "highest" keeps float32 products float32 on GPUs (no TF32).
+            with jax.default_matmul_precision("highest"):
+                exe = self._fns[which].lower(self._params, *data).compile()
+            self._compiled[key] = exe
+        return exe
+
+    def _run(self, which: str, *data):
+        return self._executable(which, data)(self._params, *data)
+
+    def _lr(self, lr: float):
+        return np.asarray(lr, self.problem.dtype)
+
+    def warm_up(self, batch: tuple[Any, Any]) -> None:
+        """Compile the executables this workload times (forward, or the SGD step) for ``batch``'s shapes."""
+        x, y = self._data(*batch)
+        if self.problem.workload == "forward":
+            self._executable("forward", (x,))
+        else:
+            self._executable("step", (x, y, self._lr(0.0)))
+
+    def forward(self, x) -> np.ndarray:
+        """Softmax probabilities or the mse head's outputs, (T, B, O)."""
+        x, _ = self._data(x)
+        return np.asarray(self._run("forward", x))
+
+    def loss_and_grads(self, x, y) -> tuple[float, dict[str, np.ndarray]]:
+        """Reported loss and the gradients of the objective."""
+        x, y = self._data(x, y)
+        loss, grads = self._run("grads", x, y)
+        return float(loss), {k: np.asarray(grads[k]) for k in self.problem.model.param_names()}
+
+    def sgd_step(self, x, y, lr: float) -> float:
+        """One jitted forward + BPTT + update; the old parameter buffers are donated to the new ones."""
+        x, y = self._data(x, y)
+        lr = self._lr(lr)
+        self._params, loss = self._run("step", x, y, lr)
+        return float(loss)
+
+    def sync(self) -> None:
+        """Block until the parameters are computed."""
+        if self._params is not None:
+            for v in self._params.values():
+                v.block_until_ready()
+
+    def get_params(self) -> dict[str, np.ndarray]:
+        """Current parameters as NumPy arrays (copies)."""
+        return {k: np.array(self._params[k]) for k in self.problem.model.param_names()}
+
+    def close(self) -> None:
+        """Drop the parameters and every compiled executable."""
+        self._params = None
+        self._fns = {}
+        self._compiled = {}

@@ -1,0 +1,371 @@
+"""Theano: ``theano.scan`` over the step, ``theano.grad``, and the SGD step as one
+``theano.function(..., updates=[...])``, the way the original WildML RNN tutorial did it.
+
+Theano-PyMC 1.1.2 needs numpy < 1.24, so it runs in the isolated environment
+``theano`` (harness/envs.py). In the main environment this module only answers
+whether that environment exists or can be created; theano is imported only inside it.
+
+The graph (shared with backends/pytensor_backend.py, PyTensor being Theano's fork),
+for ``bptt: full``: each layer's input projection is one gather (tokens) or one GEMM
+(dense) before its scan, the scan carries only the recurrence, and the output layer is
+one GEMM after it. ``bptt: tail K`` is ``scan(truncate_gradient=K)`` with the loss that
+is differentiated restricted to the last K steps, which is what the tutorial's output
+layer inside the scan gives: nothing before step T-K reaches any gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import shutil
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+
+from backends.base import Backend, unsupported
+from harness.spec import Problem
+
+ENVIRONMENT = "theano"
+
+
+def merge_flags(ours: str, theirs: str | None) -> str:
+    """``ours`` then ``theirs`` in one ``THEANO_FLAGS``-style string (the later entry wins)."""
+    return ",".join(part for part in (ours, theirs) if part)
+
+
+class ScanGraphBackend(Backend):
+    """The scan-based graph and its three functions; subclasses supply the library."""
+
+    compile_heavy = True
+
+    # -- what a subclass provides ---------------------------------------------------------
+    def _library(self) -> SimpleNamespace:
+        """Namespace with tensor, shared, scan, grad, function, config, sigmoid, disconnected_grad
+        and ``input(name, dtype, shape)`` (a symbolic input; ``shape`` may be used as static)."""
+        raise NotImplementedError
+
+    # -- protocol -------------------------------------------------------------------------
+    def supports(self, problem: Problem) -> tuple[bool, str]:
+        if problem.device != "cpu":
+            return unsupported(f"{self.full_name} runs on the CPU only")
+        if problem.model.bptt.mode == "truncated":
+            return unsupported(
+                "bptt truncated: scan's truncate_gradient cuts the whole backward pass K steps before the "
+                "end (bptt tail); a window of K steps behind every output has no scan equivalent")
+        return True, ""
+
+    def prepare(self, problem: Problem, params: dict[str, np.ndarray], device: str = "cpu", threads: int = 1) -> None:
+        lib = self._library()
+        self.problem = problem
+        self._lib = lib
+        self._fns: dict[str, object] = {}
+        self._names = list(params)
+        self._shared = {k: lib.shared(np.array(v, dtype=problem.dtype), name=k) for k, v in params.items()}
+        with self._library_flags():
+            self._build(lib)
+
+    def warm_up(self, batch) -> None:
+        x, y = batch
+        if self.problem.workload == "forward":
+            self._function("forward")(self._x(x))
+            return
+        step = self._function("step")
+        # run it once (JIT linkers compile on the first call), then put the parameters back
+        saved = self.get_params()
+        step(self._x(x), self._y(y), np.asarray(0, self.problem.dtype))
+        for k, v in saved.items():
+            self._shared[k].set_value(v)
+
+    def forward(self, x) -> np.ndarray:
+        return np.asarray(self._function("forward")(self._x(x)))
+
+    def loss_and_grads(self, x, y):
+        loss, *grads = self._function("grads")(self._x(x), self._y(y))
+        return float(loss), {k: np.array(g) for k, g in zip(self._names, grads)}
+
+    def sgd_step(self, x, y, lr: float) -> float:
+        return float(self._function("step")(self._x(x), self._y(y), np.asarray(lr, self.problem.dtype)))
+
+    def get_params(self) -> dict[str, np.ndarray]:
+        return {k: np.array(self._shared[k].get_value()) for k in self._names}
+
+    def close(self) -> None:
+        self._fns = {}
+
+    # -- graph ------------------------------------------------------------------------------
+    def _x(self, x):
+        return np.asarray(x, dtype=np.int64 if self.problem.tokens else self.problem.dtype)
+
+    def _y(self, y):
+        return np.asarray(y, dtype=np.int64 if self.problem.model.head == "softmax_xent" else self.problem.dtype)
+
+    def _mode(self):
+        """The compilation mode handed to ``function`` (None: the library's default)."""
+        return None
+
+    @contextlib.contextmanager
+    def blas_ldflags(self, ldflags: str):
+        """Compile this instance's functions against another BLAS (``blas__ldflags``); for the BLAS probe."""
+        with self._library().config.change_flags(blas__ldflags=ldflags):
+            yield
+
+    def _compile_flags(self) -> dict:
+        """Library flags while building and compiling the graph."""
+        # constants the library makes while building and rewriting (1 - sigmoid, ...) take
+        # floatX: in float64 they would promote a float32 graph wherever the linker follows
+        # NumPy's rules (JAX)
+        return {"floatX": self.problem.dtype}
+
+    def _library_flags(self):
+        return self._lib.config.change_flags(**self._compile_flags())
+
+    def _function(self, which: str):
+        if which not in self._fns:
+            with self._library_flags():
+                self._fns[which] = self._compile(which)
+        return self._fns[which]
+
+    def _compile(self, which: str):
+        g, lib, mode = self._graph, self._lib, self._mode()
+        if which == "forward":
+            return lib.function([g.x], g.outputs, mode=mode)
+        if which == "grads":
+            return lib.function([g.x, g.y], [g.loss, *g.grads], mode=mode)
+        return lib.function([g.x, g.y, g.lr], g.loss, updates=g.updates, mode=mode)
+
+    def _build(self, lib) -> None:
+        pb, spec, p = self.problem, self.problem.model, self._shared
+        T, dtype, H = lib.tensor, pb.dtype, spec.hidden
+        const = lambda v: np.asarray(v, dtype=dtype)  # noqa: E731  (typed, so float32 stays float32)
+        steps = (pb.seq_len, pb.batch)
+        x = lib.input("x", "int64", steps) if pb.tokens else lib.input("x", dtype, (*steps, pb.input_size))
+        if spec.head == "softmax_xent":
+            y = lib.input("y", "int64", steps)
+        else:
+            y = lib.input("y", dtype, (*steps, pb.output_size))
+        lr = T.scalar("lr", dtype=dtype)
+        n_steps, n_batch = x.shape[0], x.shape[1]
+        n_rows = n_steps * n_batch
+        truncate = spec.bptt.k if spec.bptt.mode == "tail" else -1
+
+        if truncate > 0:
+            top = self._stacked_scan(lib, x, n_batch, truncate, const)
+        else:
+            top = self._hoisted_scans(lib, x, n_steps, n_batch, const)
+
+        z = T.dot(top.reshape((n_rows, H)), p["W_hy"])
+        if "b_y" in p:
+            z = z + p["b_y"]
+        n_out = pb.output_size
+        if spec.head == "softmax_xent":
+            # the max only shifts for stability; logsumexp does not depend on it
+            m = lib.disconnected_grad(z.max(axis=1, keepdims=True))
+            lse = T.log(T.exp(z - m).sum(axis=1)) + m.flatten()
+            picked = z.flatten()[T.arange(n_rows) * n_out + y.flatten()]
+            per_row = lse - picked
+            outputs = T.exp(z - lse.dimshuffle(0, "x"))
+        else:
+            outputs = T.tanh(z) if spec.output_act == "tanh" else z
+            diff = outputs - y.reshape((n_rows, n_out))
+            per_row = const(0.5) * (diff * diff).sum(axis=1)
+        per_step = per_row.reshape((n_steps, n_batch))
+        loss = per_step.sum() / T.cast(n_rows, dtype)
+        counted = per_step[-truncate:] if truncate > 0 else per_step
+        objective = counted.sum() / T.cast(n_batch, dtype)
+
+        params = [p[k] for k in self._names]
+        grads = lib.grad(objective, params)
+        if spec.clip is not None:
+            grads = [T.clip(g, const(-spec.clip), const(spec.clip)) for g in grads]
+        self._graph = SimpleNamespace(
+            x=x, y=y, lr=lr, loss=loss, grads=grads,
+            outputs=outputs.reshape((n_steps, n_batch, n_out)),
+            updates=[(v, v - lr * g) for v, g in zip(params, grads)])
+
+    def _layer_weights(self, layer: int) -> tuple:
+        """``(W_in, W_hh, bias or None, [p_i, p_f, p_o] or [])`` of one layer."""
+        spec, p = self.problem.model, self._shared
+        s = "" if layer == 0 else f"_{layer}"
+        if spec.kind == "elman":
+            return p["W_xh" + s], p["W_hh" + s], p.get("b_h" + s), []
+        peep = [p["p_i" + s], p["p_f" + s], p["p_o" + s]] if spec.peephole else []
+        return p["W_ih" + s], p["W_hh" + s], p.get("b" + s), peep
+
+    def _cell(self, lib, a_in, h_prev, c_prev, W_hh, peep, const):
+        """One step of one layer from ``a_in = x_t W_in + b``: ``(h, c)``, ``c`` None for Elman."""
+        spec, T, H = self.problem.model, lib.tensor, self.problem.model.hidden
+        a = a_in + T.dot(h_prev, W_hh)
+        if spec.kind == "elman":
+            if spec.activation == "tanh":
+                return T.tanh(a), None
+            if spec.activation == "sigmoid":
+                return lib.sigmoid(a), None
+            return T.switch(a > 0, a, const(0)), None  # derivative 0 at exactly 0, as in the reference
+        ai, af, ag, ao = a[:, :H], a[:, H:2 * H], a[:, 2 * H:3 * H], a[:, 3 * H:]  # gate order i, f, g, o
+        if peep:
+            ai = ai + peep[0] * c_prev
+            af = af + peep[1] * c_prev
+        i, f, g = lib.sigmoid(ai), lib.sigmoid(af), T.tanh(ag)
+        c = f * c_prev + i * g
+        if peep:
+            ao = ao + peep[2] * c
+        return lib.sigmoid(ao) * T.tanh(c), c
+
+    def _step_rows(self, lib, W, ids):
+        """``W[ids]`` for one step's token ids inside the scan."""
+        return W[ids]
+
+    def _hoisted_scans(self, lib, x, n_steps, n_batch, const):
+        """bptt full: each layer's input projection is one gather or GEMM, its scan only the recurrence."""
+        pb, spec, T = self.problem, self.problem.model, lib.tensor
+        H, lstm = spec.hidden, spec.kind == "lstm"
+        zeros = T.zeros((n_batch, H), dtype=pb.dtype)
+        inp = x
+        for layer in range(spec.layers):
+            W_in, W_hh, bias, peep = self._layer_weights(layer)
+            if layer == 0 and pb.tokens:
+                proj = W_in[x.flatten()]  # a row gather, never a one-hot product
+            else:
+                d_in = pb.input_size if layer == 0 else H
+                proj = T.dot(inp.reshape((n_steps * n_batch, d_in)), W_in)
+            if bias is not None:
+                proj = proj + bias
+            proj = proj.reshape((n_steps, n_batch, 4 * H if lstm else H))
+
+            if lstm:
+                def step(a_t, h_prev, c_prev, W_hh, *peep):
+                    return list(self._cell(lib, a_t, h_prev, c_prev, W_hh, peep, const))
+
+                inp = lib.scan(step, sequences=[proj], outputs_info=[zeros, zeros], non_sequences=[W_hh, *peep])[0]
+            else:
+                def step(a_t, h_prev, W_hh):
+                    return self._cell(lib, a_t, h_prev, None, W_hh, (), const)[0]
+
+                inp = lib.scan(step, sequences=[proj], outputs_info=[zeros], non_sequences=[W_hh])[0]
+        return inp
+
+    def _stacked_scan(self, lib, x, n_batch, truncate, const):
+        """bptt tail: one scan over every layer with the projections inside the step, as the tutorial.
+
+        Scan's gradient for a differentiable *sequence* under truncate_gradient has K rows
+        instead of T (in Theano and PyTensor alike), so the only sequence here is the data.
+        """
+        pb, spec, T = self.problem, self.problem.model, lib.tensor
+        lstm, n_layers = spec.kind == "lstm", spec.layers
+        per_layer = [self._layer_weights(layer) for layer in range(n_layers)]
+        weights = [w for W_in, W_hh, bias, peep in per_layer for w in (W_in, W_hh, bias, *peep) if w is not None]
+        n_state = n_layers * (2 if lstm else 1)
+
+        def step(x_t, *args):
+            states, rest = list(args[:n_state]), iter(args[n_state:])
+            inp, new = x_t, []
+            for layer, (_, _, bias, peep) in enumerate(per_layer):
+                W_in, W_hh = next(rest), next(rest)
+                b = next(rest) if bias is not None else None
+                pp = [next(rest) for _ in peep]
+                a_in = self._step_rows(lib, W_in, inp) if (layer == 0 and pb.tokens) else T.dot(inp, W_in)
+                if b is not None:
+                    a_in = a_in + b
+                h_prev, c_prev = (states[2 * layer], states[2 * layer + 1]) if lstm else (states[layer], None)
+                h, c = self._cell(lib, a_in, h_prev, c_prev, W_hh, pp, const)
+                new += [h, c] if lstm else [h]
+                inp = h
+            return new
+
+        zeros = T.zeros((n_batch, spec.hidden), dtype=pb.dtype)
+        outs = lib.scan(step, sequences=[x], outputs_info=[zeros] * n_state, non_sequences=weights,
+                        truncate_gradient=truncate)
+        return outs[n_state - 2 if lstm else n_state - 1]
+
+
+# -- Theano ------------------------------------------------------------------------------
+
+
+def theano_flags(dtype: str | None = None, threads: int | None = None) -> str:
+    """The ``THEANO_FLAGS`` this backend runs with: cache in the environment, BLAS choice, compiler."""
+    from backends import blas
+    from harness import envs
+
+    folder = envs.env_dir(ENVIRONMENT)
+    ldflags = blas.choice_for(blas.read_choice(folder), threads)["ldflags"]
+    flags = [f"base_compiledir={folder / 'cache'}", f"blas__ldflags={ldflags}"]
+    if dtype:
+        flags.append(f"floatX={dtype}")
+    cxx = shutil.which("g++")
+    if cxx:
+        flags.append(f"cxx={cxx}")
+    return ",".join(flags)
+
+
+def import_theano():
+    """Import theano the way this backend needs it: flags set, Cython scan extension off."""
+    if "theano" not in sys.modules:
+        # Theano-PyMC's Cython scan loop cannot be built against this numpy; without it
+        # scan runs its Python loop around the compiled C step
+        sys.modules["theano.scan.scan_perform_ext"] = None
+        os.environ["THEANO_FLAGS"] = merge_flags(theano_flags(), os.environ.get("THEANO_FLAGS"))
+        # expected when blas__ldflags is empty: numpy's BLAS through its C-API is the chosen path
+        logging.getLogger("theano.tensor.blas").setLevel(logging.ERROR)
+    import theano
+
+    return theano
+
+
+class TheanoBackend(ScanGraphBackend):
+    """Theano-PyMC 1.1.2 in its own environment, C code linked against the faster BLAS."""
+
+    name = "theano"
+    variants = ("default",)
+    environment = ENVIRONMENT
+    compile_heavy = True
+
+    def availability(self) -> tuple[bool, str]:
+        from harness import envs
+
+        if envs.current_env() == ENVIRONMENT:
+            if importlib.util.find_spec("theano") is None:
+                return False, "unavailable: theano is not installed in this environment"
+            return True, ""
+        if envs.env_python(ENVIRONMENT) is not None:
+            return True, ""
+        ok, why = envs.can_create(ENVIRONMENT)
+        if not ok:
+            return False, f"unavailable: {why}"
+        return True, "environment will be created on first use"
+
+    @classmethod
+    def environment_variables(cls, variant: str, threads: int, device: str, dtype: str) -> dict[str, str]:
+        return {"THEANO_FLAGS": theano_flags(dtype, threads)}
+
+    def versions(self) -> dict[str, str]:
+        from backends import blas
+        from harness import envs
+
+        choice = blas.read_choice(envs.env_dir(ENVIRONMENT))
+        out = {"numpy": np.__version__, "blas": blas.choice_for(choice)["choice"], "blas_probe": blas.describe(choice)}
+        if out["blas"] == "openblas":
+            out["blas_library"] = choice.get("library", "")
+        if "theano" in sys.modules:
+            out["theano"] = sys.modules["theano"].__version__
+        return out
+
+    def _library(self) -> SimpleNamespace:
+        theano = import_theano()
+        import theano.tensor as T
+        from theano.gradient import disconnected_grad
+        from theano.tensor.nnet import sigmoid
+
+        def scan(fn, **kwargs):
+            outputs, updates = theano.scan(fn, strict=True, **kwargs)
+            assert not updates, "the RNN step has no random state or shared updates"
+            return outputs if isinstance(outputs, list) else [outputs]
+
+        def tensor_input(name, dtype, shape):
+            return T.TensorType(dtype, (False,) * len(shape))(name)
+
+        return SimpleNamespace(tensor=T, shared=theano.shared, scan=scan, grad=theano.grad, config=theano.config,
+                               function=theano.function, sigmoid=sigmoid, disconnected_grad=disconnected_grad,
+                               input=tensor_input)

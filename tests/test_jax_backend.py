@@ -1,0 +1,172 @@
+"""The JAX backend against the reference: the conformance matrix, every variant, and x64 isolation."""
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax")
+
+import backends  # noqa: E402
+from backends.jax_backend import JaxBackend  # noqa: E402
+from harness.check import Case, all_cases, run_case  # noqa: E402
+from harness.spec import ModelSpec  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICK = all_cases(quick=True)
+_QUICK_KEYS = {(c.label, c.dtype) for c in QUICK}
+REST = [c for c in all_cases() if (c.label, c.dtype) not in _QUICK_KEYS]
+
+
+def _case_id(case: Case) -> str:
+    return f"{case.label} {case.dtype}"
+
+
+def _explain(res) -> str:
+    return f"{res.backend} {res.case} [{res.dtype}]: {res.status} {res.reason} {res.details.get('traceback', '')}"
+
+
+def _small(model: dict, tokens=True, dtype="float64", T=7, B=3) -> Case:
+    spec = ModelSpec.from_mapping({"hidden": 4, **model})
+    return Case(f"{spec.describe()} {'tokens' if tokens else 'dense'} B={B}", spec, tokens, 5, 6, T, B, dtype, seed=7)
+
+
+@pytest.mark.parametrize("case", QUICK, ids=_case_id)
+def test_quick_matrix_default_variant(case):
+    res = run_case(backends.create("jax"), case)
+    assert res.status == "pass", _explain(res)
+
+
+def _run_cases(cases: list[Case]) -> list[tuple[str, str, str]]:
+    backend = backends.create("jax")
+    return [(r.status, f"{r.case} [{r.dtype}]", r.reason) for r in (run_case(backend, c) for c in cases)]
+
+
+@pytest.mark.slow
+def test_rest_of_full_matrix_default_variant():
+    # Each case costs a few XLA compiles; the cases are shared out over the cores.
+    workers = max(1, min(2, os.cpu_count() or 1))
+    chunks = [REST[i::workers] for i in range(workers)]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = [r for chunk in pool.map(_run_cases, chunks) for r in chunk]
+    assert len(results) == len(REST)
+    bad = [r for r in results if r[0] != "pass"]
+    assert not bad, bad
+
+
+# One case per variant, different ones, so each loop form meets truncation lanes, tails and layers.
+VARIANT_CASES = {
+    "unroll=1": _small({"kind": "lstm", "peephole": True, "bptt": {"truncated": 2}, "layers": 2}, tokens=False),
+    "unroll=4": _small({"kind": "elman", "activation": "relu", "head": "mse", "bptt": {"tail": 3}, "layers": 2}),
+    "unroll=T": _small({"kind": "elman", "activation": "sigmoid", "bptt": {"truncated": 3}, "clip": 0.5}, dtype="float32"),
+    "python": _small({"kind": "lstm", "head": "mse", "output_act": "tanh", "bptt": {"truncated": 2}, "bias": False}),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANT_CASES))
+def test_other_variants(variant):
+    res = run_case(backends.create(f"jax:{variant}"), VARIANT_CASES[variant])
+    assert res.status == "pass", _explain(res)
+
+
+@pytest.mark.parametrize("model", [{"bptt": {"truncated": 1}, "layers": 2}, {"bptt": {"truncated": 6}}, {"bptt": {"tail": 1}}],
+                         ids=["truncated:1", "truncated:T-1", "tail:1"])
+def test_window_edges(model):
+    # T = 7: the shortest windows, and a window that spans the whole sequence (the full gradient).
+    res = run_case(backends.create("jax"), _small({"kind": "elman", **model}))
+    assert res.status == "pass", _explain(res)
+
+
+_X64_SCRIPT = """
+import json, sys
+import numpy as np
+print_ = {"jax_imported_by_module": None}
+import backends.jax_backend
+print_["jax_imported_by_module"] = "jax" in sys.modules
+import jax
+from harness.check import Case, initial_params, make_data, run_case
+from harness.spec import ModelSpec
+import backends
+spec = ModelSpec.from_mapping({"kind": "lstm", "hidden": 4, "bptt": {"truncated": 2}})
+case = lambda dtype: Case("x64", spec, True, 5, 6, 7, 3, dtype, seed=3)
+b = backends.create("jax")
+x64 = lambda: bool(jax.dtypes.canonicalize_dtype(np.float64) == np.float64)
+print_["x64_before"] = x64()
+c = case("float32")
+b.prepare(c.problem(), initial_params(c))
+print_["x64_after_float32"] = x64()
+print_["float64"] = run_case(b, case("float64")).status
+print_["x64_after_float64"] = x64()
+print_["float32_after"] = run_case(b, case("float32")).status
+c = case("float32")
+b.prepare(c.problem(), initial_params(c))
+x, y = make_data(c)
+loss, grads = b.loss_and_grads(x, y)
+b.sgd_step(x, y, 0.1)
+print_["grad_dtypes"] = sorted({str(g.dtype) for g in grads.values()})
+print_["param_dtypes"] = sorted({str(p.dtype) for p in b.get_params().values()})
+print_["loss_type"] = type(b.sgd_step(x, y, 0.1)).__name__
+print(json.dumps(print_))
+"""
+
+
+def test_float32_stays_float32_after_float64_in_one_process():
+    # A fresh process with the worker's environment for a float32 cell: x64 starts off.
+    env = dict(os.environ, **JaxBackend.environment_variables("default", 1, "cpu", "float32"))
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _X64_SCRIPT], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {
+        "jax_imported_by_module": False,
+        "x64_before": False,
+        "x64_after_float32": False,
+        "float64": "pass",
+        "x64_after_float64": True,
+        "float32_after": "pass",
+        "grad_dtypes": ["float32"],
+        "param_dtypes": ["float32"],
+        "loss_type": "float",
+    }
+
+
+def test_environment_variables_and_versions():
+    single = JaxBackend.environment_variables("default", 1, "cpu", "float64")
+    assert single["JAX_ENABLE_X64"] == "1" and single["JAX_PLATFORMS"] == "cpu"
+    assert "--xla_cpu_multi_thread_eigen=false" in single["XLA_FLAGS"]
+    multi = JaxBackend.environment_variables("default", 2, "cpu", "float32")
+    assert multi["JAX_ENABLE_X64"] == "0" and "XLA_FLAGS" not in multi
+    assert "JAX_PLATFORMS" not in JaxBackend.environment_variables("default", 1, "gpu", "float32")
+    v = JaxBackend().versions()
+    assert v["jax"] and v["jaxlib"] and "XLA_FLAGS" in v
+
+
+def test_availability_without_jax(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jax" else real(name, *a))
+    ok, why = JaxBackend().availability()
+    assert not ok and why == "unavailable: jax not installed (pip install 'rnn-harness[jax]')"
+
+
+def test_variants_and_registry():
+    assert JaxBackend.variants[0] == "default"
+    assert set(JaxBackend.variants) == {"default", "unroll=1", "unroll=4", "unroll=T", "python"}
+    assert backends.create("jax:unroll=T").full_name == "jax:unroll=T"
+    assert JaxBackend().availability() == (True, "")
+
+
+@pytest.mark.gpu
+def test_gpu_quick_matrix():
+    backend = backends.create("jax")
+    ok, why = backend.device_availability("gpu")
+    if not ok:
+        pytest.skip(why)
+    bad = [_explain(r) for r in (run_case(backend, c, device="gpu") for c in QUICK) if r.status != "pass"]
+    assert not bad, bad

@@ -1,0 +1,63 @@
+"""PyTensor with each linker against the reference, and the BLAS shim its C code links."""
+
+import ctypes
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+
+if importlib.util.find_spec("pytensor") is None:  # not importorskip: the backend sets its flags before importing
+    pytest.skip("pytensor is not installed", allow_module_level=True)
+
+import backends  # noqa: E402
+from backends import blas  # noqa: E402
+from harness.check import all_cases, run_case  # noqa: E402
+
+
+def test_blas_shim_forwards_to_openblas(tmp_path):
+    info = blas.build_shim(tmp_path, [p for p in sys.path if p.endswith("site-packages")])
+    if not info["ldflags"]:
+        pytest.skip(info["reason"])
+    assert info["ldflags"] == f"-L{tmp_path} -l{blas.SHIM_NAME}"
+    lib = ctypes.CDLL(str(tmp_path / f"lib{blas.SHIM_NAME}.so"))
+    rng = np.random.default_rng(0)
+    for dtype, routine in ((np.float32, lib.sgemm_), (np.float64, lib.dgemm_)):
+        a, b = rng.normal(size=(3, 5)).astype(dtype), rng.normal(size=(5, 4)).astype(dtype)
+        c = np.zeros((3, 4), dtype)
+        ct = ctypes.c_float if dtype == np.float32 else ctypes.c_double
+        i = lambda v: ctypes.byref(ctypes.c_int(v))  # noqa: E731
+        ptr = lambda arr: arr.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+        # column-major C^T = B^T A^T is row-major C = A B
+        routine(b"N", b"N", i(4), i(3), i(5), ctypes.byref(ct(1)), ptr(b), i(4), ptr(a), i(5),
+                ctypes.byref(ct(0)), ptr(c), i(4))
+        np.testing.assert_allclose(c, a @ b, rtol=1e-5)
+
+
+def test_truncated_is_unsupported_with_a_reason():
+    case = next(c for c in all_cases(quick=True) if "truncated" in c.label)
+    ok, why = backends.create("pytensor:c").supports(case.problem())
+    assert not ok and why.startswith("unsupported: bptt truncated")
+
+
+def _conformance(full_name: str, cases):
+    backend = backends.create(full_name)
+    ok, why = backend.availability()
+    if not ok:
+        pytest.skip(why)
+    results = [run_case(backend, case) for case in cases]
+    broken = [f"{r.status} {r.case} [{r.dtype}]: {r.reason}"
+              for r in results if r.status not in ("pass", "unsupported")]
+    assert not broken, "\n".join(broken)
+    unsupported = [r for r in results if r.status == "unsupported"]
+    assert all("truncated" in r.case for r in unsupported)
+    assert sum(r.status == "pass" for r in results) == sum("truncated" not in c.label for c in cases)
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["c", "numba", "jax"])
+def test_quick_conformance(variant):
+    if variant != "c":
+        pytest.importorskip(variant)
+    _conformance(f"pytensor:{variant}", all_cases(quick=True))

@@ -1,0 +1,78 @@
+"""Theano in its isolated environment: availability from the main one, and the quick
+conformance matrix run there through ``harness check``'s own path."""
+
+import os
+import sys
+
+import pytest
+
+from harness import envs
+from harness.errors import HarnessError
+
+
+def test_availability_never_imports_theano_here():
+    from backends.theano_backend import TheanoBackend
+
+    ok, why = TheanoBackend().availability()
+    assert "theano" not in sys.modules
+    exists = envs.env_python("theano") is not None
+    creatable, reason = envs.can_create("theano")
+    assert ok == (exists or creatable)
+    if exists:
+        assert why == ""
+    else:
+        assert why == ("environment will be created on first use" if creatable else f"unavailable: {reason}")
+
+
+def test_truncated_is_unsupported_without_theano():
+    from backends.theano_backend import TheanoBackend
+    from harness.check import all_cases
+
+    case = next(c for c in all_cases(quick=True) if "truncated" in c.label)
+    ok, why = TheanoBackend().supports(case.problem())
+    assert not ok and why.startswith("unsupported: bptt truncated")
+    full = next(c for c in all_cases(quick=True) if " full " in c.label)
+    assert TheanoBackend().supports(full.problem()) == (True, "")
+
+
+@pytest.fixture(scope="module")
+def theano_env():
+    if envs.env_python("theano") is None:
+        creatable, reason = envs.can_create("theano")
+        if not creatable:
+            pytest.skip(reason)
+    try:
+        return envs.ensure_env("theano")
+    except HarnessError as exc:
+        if os.environ.get("CI"):  # CI reaches PyPI: a failed build is a failure there
+            raise
+        pytest.skip(f"the theano environment could not be built here: {exc}")
+
+
+@pytest.mark.slow
+def test_quick_conformance_in_the_environment(theano_env):
+    from backends import blas
+    from harness.check import all_cases
+    from harness.conformance import run_conformance
+
+    results = run_conformance(["theano"], quick=True)
+    by_status = {}
+    for r in results:
+        by_status.setdefault(r.status, []).append(r)
+    broken = [f"{r.status} {r.case} [{r.dtype}]: {r.reason}"
+              for r in results if r.status not in ("pass", "unsupported")]
+    assert not broken, "\n".join(broken)
+
+    expected = {(c.label, c.dtype) for c in all_cases(quick=True)}
+    assert {(r.case, r.dtype) for r in results} == expected
+    unsupported = by_status.get("unsupported", [])
+    assert unsupported and all("truncated" in r.case for r in unsupported)
+    assert all(r.reason.startswith("unsupported: bptt truncated") for r in unsupported)
+    passed = by_status["pass"]
+    assert len(passed) + len(unsupported) == len(expected)
+    assert any("tail" in r.case for r in passed) and any("lstm" in r.case for r in passed)
+    assert all(r.worst_ratio <= 1.0 for r in passed)
+
+    choice = blas.read_choice(envs.env_dir("theano"))
+    assert choice is not None and choice["by_threads"]
+    assert blas.choice_for(choice)["choice"] in ("numpy", "openblas")
