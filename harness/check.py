@@ -109,6 +109,19 @@ def all_cases(quick: bool = False) -> list[Case]:
     return cases
 
 
+def representative_cases() -> list[Case]:
+    """A handful of cases covering every cell, head, bptt mode, input kind and dtype at least once
+    (with no pairs): what CI runs for backends whose every case costs a compile."""
+    cases = [c for c in all_cases(quick=True) if not c.label.startswith("realistic")]
+    wanted = {(i, v) for c in cases for i, v in enumerate(_factors(c)[:5])}
+    chosen: list[Case] = []
+    while wanted:
+        best = max(cases, key=lambda c: len({(i, v) for i, v in enumerate(_factors(c)[:5])} & wanted))
+        chosen.append(best)
+        wanted -= {(i, v) for i, v in enumerate(_factors(best)[:5])}
+    return sorted(chosen, key=cases.index)
+
+
 def _factors(case: Case) -> tuple:
     words = case.label.split()
     return (words[0], words[1], words[2], words[3], case.dtype, case.batch, case.model.layers, case.model.bias)
@@ -256,9 +269,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.check")
     ap.add_argument("--backend", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--representative", action="store_true", help="only representative_cases()")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
-    for res in check_backend(args.backend, quick=args.quick, device=args.device):
+    cases = representative_cases() if args.representative else None
+    for res in check_backend(args.backend, quick=args.quick, device=args.device, cases=cases):
         print(json.dumps(asdict(res)), flush=True)
     return 0
 

@@ -17,13 +17,15 @@ def default_backends() -> list[str]:
     return [r.full_name for r in backends.list_backends() if r.available]
 
 
-def _check_isolated(full_name: str, environment: str, quick: bool, device: str) -> list[CaseResult]:
+def _check_isolated(full_name: str, environment: str, quick: bool, device: str, representative: bool = False) -> list[CaseResult]:
     from harness import envs
 
     python = envs.ensure_env(environment)
     cmd = [str(python), "-m", "harness.check", "--backend", full_name, "--device", device]
     if quick:
         cmd.append("--quick")
+    if representative:
+        cmd.append("--representative")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=envs.worker_environ(environment))
     results = []
     for line in proc.stdout.splitlines():
@@ -35,8 +37,13 @@ def _check_isolated(full_name: str, environment: str, quick: bool, device: str) 
     return results
 
 
-def run_conformance(names: list[str] | None, quick: bool = False, device: str = "cpu", progress=None) -> list[CaseResult]:
-    """Check each ``name[:variant]`` (default: every available one); returns all case results."""
+def run_conformance(names: list[str] | None, quick: bool = False, device: str = "cpu", progress=None,
+                    representative: bool = False) -> list[CaseResult]:
+    """Check each ``name[:variant]`` (default: every available one); returns all case results.
+
+    ``quick`` runs the pairwise-covering subset, ``representative`` only a handful of cases."""
+    from harness.check import representative_cases
+
     import backends
 
     names = names or default_backends()
@@ -48,11 +55,12 @@ def run_conformance(names: list[str] | None, quick: bool = False, device: str = 
             progress.print(f"checking {full} ...", highlight=False)
         if cls.environment is not None:
             try:
-                results += _check_isolated(full, cls.environment, quick, device)
+                results += _check_isolated(full, cls.environment, quick, device, representative)
             except HarnessError as exc:
                 results.append(CaseResult(full, "*", "*", "unavailable", str(exc)))
             continue
-        results += list(check_backend(full, quick=quick, device=device))
+        cases = representative_cases() if representative else None
+        results += list(check_backend(full, quick=quick, device=device, cases=cases))
     return results
 
 

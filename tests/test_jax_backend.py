@@ -47,7 +47,7 @@ def _run_cases(cases: list[Case]) -> list[tuple[str, str, str]]:
     return [(r.status, f"{r.case} [{r.dtype}]", r.reason) for r in (run_case(backend, c) for c in cases)]
 
 
-@pytest.mark.slow
+@pytest.mark.fullmatrix
 def test_rest_of_full_matrix_default_variant():
     # Each case costs a few XLA compiles; the cases are shared out over the cores.
     workers = max(1, min(2, os.cpu_count() or 1))

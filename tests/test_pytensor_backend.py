@@ -12,7 +12,7 @@ if importlib.util.find_spec("pytensor") is None:  # not importorskip: the backen
 
 import backends  # noqa: E402
 from backends import blas  # noqa: E402
-from harness.check import all_cases, run_case  # noqa: E402
+from harness.check import all_cases, representative_cases, run_case  # noqa: E402
 
 
 def test_blas_shim_forwards_to_openblas(tmp_path):
@@ -52,10 +52,19 @@ def _conformance(full_name: str, cases):
     unsupported = [r for r in results if r.status == "unsupported"]
     assert all("truncated" in r.case for r in unsupported)
     assert sum(r.status == "pass" for r in results) == sum("truncated" not in c.label for c in cases)
+    assert any(r.status == "pass" for r in results)
     return results
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("variant", ["c", "numba", "jax"])
+def test_representative_conformance(variant):
+    if variant != "c":
+        pytest.importorskip(variant)
+    _conformance(f"pytensor:{variant}", representative_cases())
+
+
+@pytest.mark.fullmatrix
 @pytest.mark.parametrize("variant", ["c", "numba", "jax"])
 def test_quick_conformance(variant):
     if variant != "c":

@@ -50,6 +50,22 @@ def theano_env():
 
 
 @pytest.mark.slow
+def test_representative_conformance_in_the_environment(theano_env):
+    from harness.check import representative_cases
+    from harness.conformance import run_conformance
+
+    results = run_conformance(["theano"], representative=True)
+    broken = [f"{r.status} {r.case} [{r.dtype}]: {r.reason}"
+              for r in results if r.status not in ("pass", "unsupported")]
+    assert not broken, "\n".join(broken)
+    assert {(r.case, r.dtype) for r in results} == {(c.label, c.dtype) for c in representative_cases()}
+    assert all(r.status == "unsupported" for r in results if "truncated" in r.case)
+    passed = [r for r in results if r.status == "pass"]
+    assert any("tail" in r.case for r in passed) and any("lstm" in r.case for r in passed)
+    assert all(r.worst_ratio <= 1.0 for r in passed)
+
+
+@pytest.mark.fullmatrix
 def test_quick_conformance_in_the_environment(theano_env):
     from backends import blas
     from harness.check import all_cases
