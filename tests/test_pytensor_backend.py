@@ -61,7 +61,9 @@ def _conformance(full_name: str, cases):
 def test_representative_conformance(variant):
     if variant != "c":
         pytest.importorskip(variant)
-    _conformance(f"pytensor:{variant}", representative_cases())
+    cases = representative_cases()
+    # the Numba linker compiles each graph for ~80 s cold: CI checks one graph, harness check the rest
+    _conformance(f"pytensor:{variant}", cases[:1] if variant == "numba" else cases)
 
 
 @pytest.mark.fullmatrix
