@@ -42,6 +42,8 @@ def run_conformance(names: list[str] | None, quick: bool = False, device: str = 
     """Check each ``name[:variant]`` (default: every available one); returns all case results.
 
     ``quick`` runs the pairwise-covering subset, ``representative`` only a handful of cases."""
+    import setuptools  # noqa: F401  (before any distutils import; see tests/conftest.py)
+
     from harness.check import representative_cases
 
     import backends

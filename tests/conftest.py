@@ -5,6 +5,11 @@ from pathlib import Path
 
 import pytest
 
+# setuptools swaps in its own distutils when it is imported first; if some library imports
+# the standard library's distutils earlier in the same process (PyTensor's C linker, Theano),
+# a later setuptools import (torch.compile's inductor) fails its own consistency assertion.
+import setuptools  # noqa: E402,F401  (must come before any distutils import)
+
 TESTS = Path(__file__).resolve().parent
 FAKE = "ref=fake_backends:RefBackend,bad=fake_backends:BadBackend"
 
