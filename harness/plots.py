@@ -106,19 +106,34 @@ def _measured_ticks(axis, values) -> None:
     axis.set_major_formatter(lambda v, _: f"{int(round(v))}")
 
 
+def _grid(n_panels: int, max_cols: int, panel_w: float, panel_h: float):
+    """A figure of ``n_panels`` panels, at most ``max_cols`` to a row: ``(plt, sns, fig, axes)``."""
+    plt, sns = _setup()
+    ncol = min(max_cols, n_panels)
+    nrow = -(-n_panels // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(panel_w * ncol, panel_h * nrow), squeeze=False)
+    return plt, sns, fig, axes
+
+
+def _save(plt, fig, axes, n_panels: int, out: Path, **savefig) -> Path:
+    """Hide the unused panels, lay out, write ``out`` and free the figure."""
+    for ax in axes.flat[n_panels:]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110, **savefig)
+    plt.close(fig)
+    return out
+
+
 def plot_speedup(timings: pd.DataFrame, out: Path):
     """A panel per comparison group: a bar per backend with its 95% interval, the baseline at 1."""
     df = timings[(timings["status"] == "ok") & timings["speedup"].notna()].copy()
     if df.empty:
         return None
-    plt, sns = _setup()
     df["label"] = backend_label(df)
     df["panel"] = df.apply(group_label, axis=1) + " · " + df["workload"]
     panels = list(dict.fromkeys(df["panel"]))
-    ncol = min(3, len(panels))
-    nrow = -(-len(panels) // ncol)
-    n_backends = df["label"].nunique()
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.9 * ncol, (0.5 * n_backends + 1.9) * nrow), squeeze=False)
+    plt, sns, fig, axes = _grid(len(panels), 3, 4.9, 0.5 * df["label"].nunique() + 1.9)
     palette = _palette(sns, df["label"])
     for ax, panel in zip(axes.flat, panels):
         d = df[df["panel"] == panel].sort_values("speedup")
@@ -137,12 +152,7 @@ def plot_speedup(timings: pd.DataFrame, out: Path):
         ax.set_xlabel(f"speedup over {d['baseline'].iloc[0]} (bars: 95% CI)")
         for yi, s, r in zip(y, d["speedup"], right):
             ax.text(max(r, s) * 1.08, yi, f"{s:.3g}x", va="center", fontsize=9)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, axes, len(panels), out)
 
 
 def plot_loss_vs_time(curves: pd.DataFrame, out: Path):
@@ -152,13 +162,10 @@ def plot_loss_vs_time(curves: pd.DataFrame, out: Path):
     df = curves[curves["split"] == "eval"].copy()
     if df.empty:
         return None
-    plt, sns = _setup()
     df["label"] = backend_label(df)
     df["panel"] = df.apply(lambda r: f"{r['model']} H={r['hidden_size']} B={r['batch']} {r['dtype']} {r['task']}", axis=1)
     panels = list(dict.fromkeys(df["panel"]))
-    ncol = min(2, len(panels))
-    nrow = -(-len(panels) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(7 * ncol, 4.5 * nrow), squeeze=False)
+    plt, sns, fig, axes = _grid(len(panels), 2, 7, 4.5)
     palette = _palette(sns, df["label"])
     for ax, panel in zip(axes.flat, panels):
         d = df[df["panel"] == panel]
@@ -174,12 +181,7 @@ def plot_loss_vs_time(curves: pd.DataFrame, out: Path):
         ax.set_ylabel("evaluation loss")
         ax.set_title(panel, fontsize=10)
         ax.legend(fontsize=8)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, axes, len(panels), out)
 
 
 # Columns that, together with the backend, identify what a cell measures.
@@ -222,10 +224,7 @@ def plot_scaling(timings: pd.DataFrame, out: Path):
         panels += [(col, family, d) for family, d in lines.groupby("family", sort=False)]
     if not panels:
         return None
-    plt, sns = _setup()
-    ncol = min(3, len(panels))
-    nrow = -(-len(panels) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(6.2 * ncol, 4.6 * nrow), squeeze=False)
+    plt, sns, fig, axes = _grid(len(panels), 3, 6.2, 4.6)
     palette = _palette(sns, df["label"])
     for ax, (col, family, d) in zip(axes.flat, panels):
         for label, line in d.sort_values(col).groupby("label", sort=False):
@@ -238,12 +237,7 @@ def plot_scaling(timings: pd.DataFrame, out: Path):
         ax.set_ylabel("median time per call")
         ax.set_title(f"scaling with {col}\n{family}", fontsize=9)
         ax.legend(fontsize=8)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, axes, len(panels), out)
 
 
 def arithmetic_intensity(df: pd.DataFrame) -> pd.Series:
@@ -269,15 +263,12 @@ def plot_roofline(timings: pd.DataFrame, out: Path):
     df = timings[(timings["status"] == "ok") & timings["gflops"].notna()].copy()
     if df.empty:
         return None
-    plt, sns = _setup()
     df["label"] = backend_label(df)
     df["intensity"] = arithmetic_intensity(df)
     df["panel"] = df.apply(lambda r: f"{r['device'].upper()} · {r['dtype']} · {r['threads']} thread"
                            + ("s" if r["threads"] != 1 else ""), axis=1)
     panels = list(dict.fromkeys(df.sort_values(["device", "dtype", "threads"])["panel"]))
-    ncol = min(2, len(panels))
-    nrow = -(-len(panels) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(7.5 * ncol, 5.2 * nrow), squeeze=False)
+    plt, sns, fig, axes = _grid(len(panels), 2, 7.5, 5.2)
     labels = sorted(df["label"].unique())
     palette = _palette(sns, df["label"])
     markers = dict(zip(["forward", "train_step", "train"], ["o", "s", "^"]))
@@ -308,18 +299,13 @@ def plot_roofline(timings: pd.DataFrame, out: Path):
         ax.set_xlabel("arithmetic intensity of a step's matrix products (FLOP/byte, estimated)")
         ax.set_ylabel("achieved GFLOP/s")
         ax.set_title(panel, fontsize=10)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
     from matplotlib.lines import Line2D
 
     handles = [Line2D([], [], ls="", marker="o", color=palette[l], label=l) for l in labels]
     handles += [Line2D([], [], ls="", marker=markers[w], color="gray", label=w)
                 for w in markers if w in set(df["workload"])]
     fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9, frameon=False)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return out
+    return _save(plt, fig, axes, len(panels), out, bbox_inches="tight")
 
 
 def plot_threads_batch(timings: pd.DataFrame, out: Path):
@@ -334,15 +320,11 @@ def plot_threads_batch(timings: pd.DataFrame, out: Path):
               if g["threads"].nunique() >= 2 and g["batch"].nunique() >= 2]
     if not panels:
         return None
-    plt, sns = _setup()
     from matplotlib.colors import LogNorm
 
-    ncol = min(3, len(panels))
-    nrow = -(-len(panels) // ncol)
     n_batch = max(g["batch"].nunique() for _, g in panels)
     n_threads = max(g["threads"].nunique() for _, g in panels)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(max(4.8, 1.05 * n_batch + 2.6) * ncol, (0.55 * n_threads + 2.1) * nrow),
-                             squeeze=False)
+    plt, sns, fig, axes = _grid(len(panels), 3, max(4.8, 1.05 * n_batch + 2.6), 0.55 * n_threads + 2.1)
     for ax, ((label, problem), g) in zip(axes.flat, panels):
         pv = g.pivot_table(index="threads", columns="batch", values="per_example_s", aggfunc="median").sort_index()
         notes = pv.map(fmt_seconds)
@@ -354,12 +336,7 @@ def plot_threads_batch(timings: pd.DataFrame, out: Path):
         ax.set_xlabel("batch")
         ax.set_ylabel("threads")
         ax.tick_params(axis="y", rotation=0)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, axes, len(panels), out)
 
 
 def crossover_batch(cpu_best: pd.Series, gpu_best: pd.Series):
@@ -388,10 +365,7 @@ def plot_crossover(timings: pd.DataFrame, out: Path):
               if set(g["device"]) >= {"cpu", "gpu"} and g["batch"].nunique() >= 2]
     if not panels:
         return None
-    plt, sns = _setup()
-    ncol = min(2, len(panels))
-    nrow = -(-len(panels) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(7.5 * ncol, 5 * nrow), squeeze=False)
+    plt, sns, fig, axes = _grid(len(panels), 2, 7.5, 5)
     palette = _palette(sns, df["label"])
     for ax, (problem, g) in zip(axes.flat, panels):
         styles = {"cpu": iter(["-", "-.", (0, (1, 1)), (0, (3, 1, 1, 1, 1, 1))]),
@@ -421,12 +395,7 @@ def plot_crossover(timings: pd.DataFrame, out: Path):
         ax.set_ylabel("median time per example")
         ax.set_title(f"{problem}\n{note} (best backend per device)", fontsize=9)
         ax.legend(fontsize=8)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, axes, len(panels), out)
 
 
 def make_plots(run_dir) -> list[Path]:
