@@ -79,8 +79,12 @@ class Backend:
         """Reported loss and gradients of the objective, keyed like the parameters."""
         raise NotImplementedError
 
-    def sgd_step(self, x, y, lr: float) -> float:
-        """Forward + BPTT + SGD update in place; returns the loss before the update."""
+    def sgd_step(self, x, y, lr: float):
+        """Forward + BPTT + SGD update in place; returns the loss before the update.
+
+        The loss is a float, or a 0-d array that ``float()`` converts: an asynchronous
+        backend may hand back its device scalar instead of waiting for the step to finish.
+        """
         raise NotImplementedError
 
     def sync(self) -> None:
