@@ -37,8 +37,11 @@ SHAPES = {
     "wildml-trunc4": dict(model={"kind": "elman", "hidden": 100, "bias": False, "bptt": {"truncated": 4}},
                           tokens=True, D=8000, O=8000, T=20, B=1),
     "dense512": dict(model={"kind": "elman", "hidden": 512, "head": "mse"}, tokens=False, D=512, O=512, T=50, B=32),
+    "lstm256": dict(model={"kind": "lstm", "hidden": 256, "head": "mse"}, tokens=False, D=256, O=256, T=25, B=16),
 }
 THREAD_SETTINGS = {"single": SINGLE_THREAD_XLA_FLAGS, "multi": ""}
+# NumPy's BLAS stays on one thread in every process: the same yardstick under both XLA settings.
+YARDSTICK_THREADS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 LR = 0.005
 
 
@@ -116,7 +119,7 @@ def _run_child(setting: str, args, with_numpy: bool) -> dict:
     with tempfile.TemporaryDirectory() as cache:
         # an empty compilation cache per process, so "compile s" is a real compile
         env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_ENABLE_X64="0", XLA_FLAGS=THREAD_SETTINGS[setting],
-                   JAX_COMPILATION_CACHE_DIR=cache)
+                   JAX_COMPILATION_CACHE_DIR=cache, **YARDSTICK_THREADS)
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         cmd = [sys.executable, __file__, "--child", "--rounds", str(args.rounds), "--steps", str(args.steps),
                "--reference-steps", str(args.reference_steps),
@@ -149,13 +152,16 @@ def main(argv=None) -> None:
           f"float32; load average now {os.getloadavg()[0]:.2f} (per process: "
           + ", ".join(f"{r['load']:.1f}" for s in THREAD_SETTINGS for r in runs[s]) + ")")
     print(f"numpy backend: {'included' if with_numpy else 'left out (' + why + ')'}")
-    print(f"XLA settings: single = {THREAD_SETTINGS['single']!r}, multi = XLA's default thread pool")
+    print(f"XLA settings: single = {THREAD_SETTINGS['single']!r}, multi = XLA's default thread pool; "
+          f"NumPy: {YARDSTICK_THREADS}")
+    print("single/multi: median over neighbouring process pairs of the ratio of medians; "
+          "'/ref' divides each by the reference's median in its own process first")
     for shape_name in args.shapes:
         s = SHAPES[shape_name]
         print(f"\n{shape_name}: {s['model']} {'tokens' if s['tokens'] else 'dense'} D={s['D']} O={s['O']} T={s['T']} B={s['B']}")
         names = list(runs["single"][0]["shapes"][shape_name]["samples"])
         print(f"  {'contender':<14}" + "".join(f"{'med ms ' + st:>16}" for st in THREAD_SETTINGS)
-              + f"{'/unroll=1':>11}{'/reference':>12}{'single/multi':>14}{'compile s':>11}")
+              + f"{'/unroll=1':>11}{'/reference':>12}{'single/multi':>14}{'(/ref)':>8}{'compile s':>11}")
         for name in names:
             cols = []
             for st in THREAD_SETTINGS:
@@ -165,12 +171,16 @@ def main(argv=None) -> None:
                 return statistics.median(
                     statistics.median(r["shapes"][shape_name]["samples"][name])
                     / statistics.median(r["shapes"][shape_name]["samples"][other]) for r in runs[st])
-            pair = statistics.median(
-                statistics.median(a["shapes"][shape_name]["samples"][name]) / statistics.median(b["shapes"][shape_name]["samples"][name])
-                for a, b in zip(runs["single"], runs["multi"]))
+            def med(run, who):
+                return statistics.median(run["shapes"][shape_name]["samples"][who])
+
+            pairs = list(zip(runs["single"], runs["multi"]))
+            pair = statistics.median(med(a, name) / med(b, name) for a, b in pairs)
+            pair_ref = statistics.median((med(a, name) / med(a, "reference")) / (med(b, name) / med(b, "reference"))
+                                         for a, b in pairs)
             comp = runs["single"][0]["shapes"][shape_name]["compile_s"].get(name)
             print(f"  {name:<14}" + "".join(f"{c:16.3f}" for c in cols) + f"{ratio('jax:unroll=1'):11.2f}"
-                  f"{ratio('reference'):12.3f}{pair:14.2f}" + (f"{comp:11.2f}" if comp is not None else f"{'-':>11}"))
+                  f"{ratio('reference'):12.3f}{pair:14.2f}{pair_ref:8.2f}" + (f"{comp:11.2f}" if comp is not None else f"{'-':>11}"))
 
 
 if __name__ == "__main__":
