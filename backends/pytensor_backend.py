@@ -14,6 +14,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -101,6 +102,8 @@ class PytensorBackend(ScanGraphBackend):
             # float64 needs x64; but with x64 on, PyTensor's JAX sums of float32 return their
             # float64 accumulator (and scan then rejects the mixed carry), so follow the dtype
             jax.config.update("jax_enable_x64", problem.dtype == "float64")
+            # ... and, with x64 off, JAX warns each time that cast truncates to float32: intended
+            warnings.filterwarnings("ignore", message="Explicitly requested dtype float64", category=UserWarning)
         super().prepare(problem, params, device, threads)
 
     def _compile_flags(self) -> dict:

@@ -14,7 +14,6 @@ once its marker file is written, so an interrupted creation is simply redone.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
@@ -143,7 +142,10 @@ def _base_python(recipe: Recipe) -> str | None:
 
 
 def _has_pip() -> bool:
-    return importlib.util.find_spec("pip") is not None
+    # not importlib.util.find_spec("pip"): setuptools' distutils hook takes that lookup for
+    # pip starting up and switches itself off, and a later `import setuptools` (PyTensor's
+    # C compiler does one) then fails in this process
+    return any((Path(entry) / "pip" / "__init__.py").is_file() for entry in sys.path if entry)
 
 
 def can_create(name: str) -> tuple[bool, str]:
