@@ -224,12 +224,15 @@ def _set_path(mapping: dict, dotted: str, value) -> None:
 
 
 REPLACED_KEYS = {"sweep", "profiles"}  # a later document's own sweep/profiles replace the first one's
+# mappings that are one choice among alternatives ({truncated: K} or {tail: K}), so replaced whole
+REPLACED_LEAVES = {"bptt"}
 
 
 def _merge(base: dict, over: dict, top: bool = True) -> dict:
     out = dict(base)
     for k, v in over.items():
-        deep = isinstance(v, dict) and isinstance(out.get(k), dict) and not (top and k in REPLACED_KEYS)
+        deep = (isinstance(v, dict) and isinstance(out.get(k), dict) and not (top and k in REPLACED_KEYS)
+                and k not in REPLACED_LEAVES)
         out[k] = _merge(out[k], v, top=False) if deep else v
     return out
 

@@ -85,6 +85,13 @@ def test_later_documents_merge_over_the_first(fake_backends, write_config):
     assert cells[2].task.n_eval == 8 and cells[2].task.vocab == 20  # merged, not replaced
 
 
+def test_a_later_documents_bptt_replaces_the_first_ones(fake_backends, write_config):
+    first = BASE.replace("hidden: 8}", "hidden: 8, bptt: {truncated: 4}}")
+    text = first + "---\nmodel: {bptt: {tail: 3}}\n---\nmodel: {bptt: full}\n"
+    modes = [(c.problem.model.bptt.mode, c.problem.model.bptt.k) for c in load_config(write_config(text)).cells()]
+    assert modes == [("truncated", 4), ("tail", 3), ("full", None)]
+
+
 def test_error_in_a_later_document_names_it(fake_backends, write_config):
     with pytest.raises(HarnessError, match=r"document 2: model.hidden: expected a positive integer, got 0"):
         load_config(write_config(BASE + "---\nmodel: {hidden: 0}\n"))
