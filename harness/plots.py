@@ -177,7 +177,17 @@ def plot_loss_vs_time(curves: pd.DataFrame, out: Path):
         floor = d["loss_floor"].dropna() if "loss_floor" in d else []
         if len(floor):
             ax.axhline(float(floor.iloc[0]), color="gray", ls=":", lw=1, label=f"loss floor {float(floor.iloc[0]):.3g}")
-        ax.set_xlabel("training wall-clock (s, evaluation excluded)")
+        ends = d.groupby("cell_id")["wall_s"].max()
+        ends = ends[ends > 0]
+        if len(ends) > 1 and ends.max() > 8 * ends.min():
+            # the fastest curves would be squeezed against the axis: logarithmic beyond the first step
+            ax.set_xscale("symlog", linthresh=float(d.loc[d["wall_s"] > 0, "wall_s"].min()), linscale=0.3)
+            ax.xaxis.set_minor_locator(plt.NullLocator())
+            ax.xaxis.set_major_formatter(lambda v, _: f"{v:g}")
+            ax.set_xlim(0, float(ends.max()) * 1.3)
+            ax.set_xlabel("training wall-clock (s, evaluation excluded; log scale)")
+        else:
+            ax.set_xlabel("training wall-clock (s, evaluation excluded)")
         ax.set_ylabel("evaluation loss")
         ax.set_title(panel, fontsize=10)
         ax.legend(fontsize=8)
