@@ -38,7 +38,7 @@ def _load():
     from scipy.linalg import cython_blas
 
     capi = cython_blas.__pyx_capi__
-    _native.init_blas(capi["sgemm"], capi["dgemm"])
+    _native.init_blas(capi["sgemm"], capi["dgemm"], capi["sgemv"], capi["dgemv"])
     return _native
 
 
@@ -125,7 +125,8 @@ class NativeBackend(Backend):
         source = blas["config"] or "unknown BLAS"
         where = os.path.realpath(blas["library"]) if blas["library"] else "library not located: BLAS threads uncontrolled"
         out["blas"] = f"{source} via scipy.linalg.cython_blas ({where})"
-        out["gemm_routes"] = "few-row routes (SkylakeX kernels)" if blas["few_row_routes"] else "plain calls"
+        out["gemm_routes"] = ("few-row routes (SkylakeX kernels)" if blas["few_row_routes"] else "plain calls") + (
+            ", single rows by GEMV" if blas.get("gemv") else "")
         return out
 
     def prepare(self, problem: Problem, params: dict[str, np.ndarray], device: str = "cpu", threads: int = 1) -> None:

@@ -72,10 +72,12 @@ void* capsule_pointer(nb::handle cap) {
     return p;
 }
 
-void init_blas(nb::handle sgemm, nb::handle dgemm) {
+void init_blas(nb::handle sgemm, nb::handle dgemm, nb::handle sgemv, nb::handle dgemv) {
     BlasApi& api = blas();
     api.sgemm = reinterpret_cast<sgemm_t>(capsule_pointer(sgemm));
     api.dgemm = reinterpret_cast<dgemm_t>(capsule_pointer(dgemm));
+    api.sgemv = sgemv.is_none() ? nullptr : reinterpret_cast<sgemv_t>(capsule_pointer(sgemv));
+    api.dgemv = dgemv.is_none() ? nullptr : reinterpret_cast<dgemv_t>(capsule_pointer(dgemv));
     if (!api.set_num_threads) find_thread_controls(api);
 }
 
@@ -103,6 +105,7 @@ nb::dict blas_info() {
     d["config"] = api.config;
     d["threads"] = api.get_num_threads ? api.get_num_threads() : -1;
     d["few_row_routes"] = api.few_row_routes;
+    d["gemv"] = api.sgemv != nullptr && api.dgemv != nullptr;
     return d;
 }
 
@@ -306,7 +309,7 @@ void bind_net(nb::module_& m, const char* name) {
 
 NB_MODULE(_native, m) {
     m.doc() = "The native C++ RNN engine of rnn-harness (OpenMP + a BLAS handed in from SciPy).";
-    m.def("init_blas", &rnn::init_blas, "sgemm"_a, "dgemm"_a);
+    m.def("init_blas", &rnn::init_blas, "sgemm"_a, "dgemm"_a, "sgemv"_a = nb::none(), "dgemv"_a = nb::none());
     m.def("set_blas_threads", &rnn::set_blas_threads, "n"_a);
     m.def("blas_info", &rnn::blas_info);
     m.def("set_few_row_routes", &rnn::set_few_row_routes, "on"_a);

@@ -419,8 +419,9 @@ class Worker {
             if (cfg_.kind == Kind::Lstm) std::fill(w.C.begin(), w.C.begin() + (std::size_t)Bn * H, T(0));
         }
         // A W_hh too big for L2 is repacked by every per-step product, and OpenBLAS packs
-        // it 1.2-1.8x faster as a transposed operand (measured at 32 x 2048 x 512)
-        const bool transposed = !resident_ && Tn > 2;
+        // it 1.2-1.8x faster as a transposed operand (measured at 32 x 2048 x 512); a single
+        // row goes to GEMV, which streams W_hh as it is
+        const bool transposed = !resident_ && Tn > 2 && !(Bn == 1 && has_gemv(T(0)));
         if (transposed) transpose(tm, P + sl.W_hh, H, G, w.WhhT);
         tm.barrier();
         const bool par = tm.split((double)Bn * H * G, kParStep);
