@@ -151,6 +151,7 @@ class ScanGraphBackend(Backend):
         n_rows = n_steps * n_batch
         truncate = spec.bptt.k if spec.bptt.mode == "tail" else -1
 
+        self._token_rows = None  # layer 0's gathered rows W_in[x], when the scan takes them precomputed
         if truncate > 0:
             top = self._stacked_scan(lib, x, n_batch, truncate, const)
         else:
@@ -178,12 +179,23 @@ class ScanGraphBackend(Backend):
 
         params = [p[k] for k in self._names]
         grads = lib.grad(objective, params)
-        if spec.clip is not None:
-            grads = [T.clip(g, const(-spec.clip), const(spec.clip)) for g in grads]
+        steps = grads
+        if spec.clip is not None:  # clipping shapes the update only; loss_and_grads reports the gradient
+            steps = [T.clip(g, const(-spec.clip), const(spec.clip)) for g in grads]
+        updates = [(v, v - lr * g) for v, g in zip(params, steps)]
+        rows = self._token_rows
+        if rows is not None and spec.clip is None:
+            # Only the rows of W_in that x names change: the update increments them in place
+            # with their row gradients (duplicates accumulate) instead of building a dense
+            # (D, G) gradient and rewriting all of W_in every step.
+            W_in = self._layer_weights(0)[0]
+            others = [v for v in params if v is not W_in]
+            *g_others, g_rows = lib.grad(objective, others + [rows])
+            updates = [(v, v - lr * g) for v, g in zip(others, g_others)]
+            updates.append((W_in, T.inc_subtensor(W_in[x.flatten()], -lr * g_rows)))
         self._graph = SimpleNamespace(
             x=x, y=y, lr=lr, loss=loss, grads=grads,
-            outputs=outputs.reshape((n_steps, n_batch, n_out)),
-            updates=[(v, v - lr * g) for v, g in zip(params, grads)])
+            outputs=outputs.reshape((n_steps, n_batch, n_out)), updates=updates)
 
     def _layer_weights(self, layer: int) -> tuple:
         """``(W_in, W_hh, bias or None, [p_i, p_f, p_o] or [])`` of one layer."""
@@ -227,7 +239,7 @@ class ScanGraphBackend(Backend):
         for layer in range(spec.layers):
             W_in, W_hh, bias, peep = self._layer_weights(layer)
             if layer == 0 and pb.tokens:
-                proj = W_in[x.flatten()]  # a row gather, never a one-hot product
+                proj = self._token_rows = W_in[x.flatten()]  # a row gather, never a one-hot product
             else:
                 d_in = pb.input_size if layer == 0 else H
                 proj = T.dot(inp.reshape((n_steps * n_batch, d_in)), W_in)
