@@ -163,7 +163,8 @@ def plot_loss_vs_time(curves: pd.DataFrame, out: Path):
     if df.empty:
         return None
     df["label"] = backend_label(df)
-    df["panel"] = df.apply(lambda r: f"{r['model']} H={r['hidden_size']} B={r['batch']} {r['dtype']} {r['task']}", axis=1)
+    df["panel"] = df.apply(lambda r: f"{r['model']} H={r['hidden_size']} B={r['batch']} {r['dtype']} {r['task']}"
+                           + (f" bptt {r['bptt']}" if r.get("bptt", "full") != "full" else ""), axis=1)
     panels = list(dict.fromkeys(df["panel"]))
     plt, sns, fig, axes = _grid(len(panels), 2, 7, 4.5)
     palette = _palette(sns, df["label"])
