@@ -96,16 +96,18 @@ void gemm(bool ta, bool tb, int M, int N, int K, T alpha, const T* A, int lda, c
     lda = std::max(lda, 1);
     ldb = std::max(ldb, 1);
     ldc = std::max(ldc, 1);
-    if (M == 1 && has_gemv(alpha)) {
-        // One row (batch 1): a matrix-vector product. OpenBLAS's GEMM would pack all of B
-        // for it; at 1 x 1024 x 1024 the forward pass ran 3x slower than NumPy's GEMV.
+    if (M == 1 && !ta && has_gemv(alpha)) {
+        // One row of activations (batch 1): a matrix-vector product. OpenBLAS's GEMM would
+        // pack all of B for it; at 1 x 1024 x 1024 the forward pass ran 3x slower than
+        // NumPy's GEMV. Not for op(A) = A^T: there M = 1 is a weight gradient over all T*B
+        // rows (input size 1), a reduction too long for GEMV's float32 accumulation (the
+        // Sobel task's dW_xh at T*B = 4096 missed the conformance bound 1.3-3.5x).
         // Row-major B (K x N) is a column-major N x K matrix, so c = a B is gemv('N') on
         // it; op(B) = B^T (B row-major N x K, column-major K x N) is gemv('T').
-        const int inca = ta ? lda : 1;
         if (tb)
-            fortran_gemv('T', K, N, alpha, B, ldb, A, inca, beta, C);
+            fortran_gemv('T', K, N, alpha, B, ldb, A, 1, beta, C);
         else
-            fortran_gemv('N', N, K, alpha, B, ldb, A, inca, beta, C);
+            fortran_gemv('N', N, K, alpha, B, ldb, A, 1, beta, C);
         return;
     }
     const double work = (double)M * N * K;
