@@ -139,3 +139,28 @@ def test_async_is_timed_in_train_only_and_learns():
     assert np.isfinite(last) and last < 0.5 * first
     after = backend.get_params()
     assert set(after) == set(params) and not np.allclose(after["W_hh"], params["W_hh"])
+
+
+def test_single_input_weight_gradient_over_long_sequences_matches():
+    """Input size 1 makes dW_xh a one-row product reduced over all T*B rows (the Sobel
+    task); that sum must stay within the float32 bound, as the per-cell check demands."""
+    from harness.data import make_dataset
+    from harness.spec import TaskSpec
+
+    spec = ModelSpec.from_mapping({"kind": "elman", "hidden": 32, "head": "mse", "output_act": "tanh"})
+    task = TaskSpec.from_mapping({"kind": "sobel", "seq_len": 256, "height": 64, "n_sequences": 64, "n_eval": 8})
+    data = make_dataset(task, spec, 3, "float32")
+    x, y = data.batch(np.arange(16))
+    params = ref.init_params(spec, 1, 1, seed=3, dtype="float32")
+    backend = _native()
+    backend.prepare(Problem(spec, 1, 1, False, "float32", 16, 256), {k: v.copy() for k, v in params.items()})
+    backend.sgd_step(x, y, 0.005)
+    before = ref.params_like(params, np.float64)
+    _, want = ref.sgd_step(spec, before, x, y, 0.005)
+    rtol, atol = check.TOLERANCES["float32"]
+    eps = float(np.finfo(np.float32).eps)
+    got = backend.get_params()
+    for k in want:
+        ratio, name = check.compare(f"update of {k}", np.asarray(got[k], np.float64) - before[k], want[k] - before[k],
+                                    rtol, atol, floor=4 * eps * np.abs(before[k]))
+        assert ratio <= 1, name
