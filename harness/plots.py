@@ -46,7 +46,12 @@ def backend_label(df: pd.DataFrame) -> pd.Series:
 
 def group_label(row, omit: tuple[str, ...] = ()) -> str:
     """A short, readable name for a comparison group; ``omit`` drops fields a plot puts on an axis."""
-    bits = [row["model"], f"H={row['hidden_size']}", f"T={row['seq_len']}"]
+    model = row["model"]
+    if str(row.get("peephole")) == "True":  # a bool, a numpy bool or missing (NaN)
+        model += "+peephole"
+    if model == "elman" and row.get("activation") not in (None, "tanh"):
+        model += f"-{row['activation']}"
+    bits = [model, f"H={row['hidden_size']}", f"T={row['seq_len']}"]
     if "batch" not in omit:
         bits.append(f"B={row['batch']}")
     bits.append(row["dtype"])
@@ -57,6 +62,8 @@ def group_label(row, omit: tuple[str, ...] = ()) -> str:
         bits.append("GPU")
     if row.get("bptt") and row["bptt"] != "full":
         bits.append(row["bptt"])
+    if (row.get("layers") or 1) > 1:
+        bits.append(f"L={row['layers']}")
     return " ".join(str(b) for b in bits)
 
 
@@ -170,6 +177,9 @@ def plot_loss_vs_time(curves: pd.DataFrame, out: Path):
     palette = _palette(sns, df["label"])
     for ax, panel in zip(axes.flat, panels):
         d = df[df["panel"] == panel]
+        if d["threads"].nunique() > 1:  # one line per backend and thread count
+            d = d.assign(label=d["label"] + " " + d["threads"].astype(str) + " thr")
+            palette.update(_palette(sns, d["label"]))
         sns.lineplot(data=d, x="wall_s", y="loss", hue="label", marker="o", ax=ax, estimator=None, units="cell_id",
                      palette=palette)
         target = d["target_loss"].dropna()
@@ -350,6 +360,36 @@ def plot_threads_batch(timings: pd.DataFrame, out: Path):
     return _save(plt, fig, axes, len(panels), out)
 
 
+def plot_train_tradeoff(timings: pd.DataFrame, out: Path):
+    """Training time against the loss reached, a marker per backend x threads x batch (parallel minibatch)."""
+    df = timings[(timings["status"] == "ok") & (timings["workload"] == "train")].copy()
+    df = df[df["train_s"].notna() & df["final_loss"].notna()]
+    if df.empty or len(df[["threads", "batch"]].drop_duplicates()) < 2:
+        return None
+    df["label"] = backend_label(df)
+    df["problem"] = df.apply(lambda r: group_label(r, omit=("batch", "threads")), axis=1)
+    panels = list(dict.fromkeys(df["problem"]))
+    plt, sns, fig, axes = _grid(len(panels), 2, 7.5, 5)
+    palette = _palette(sns, df["label"])
+    shapes = dict(zip(sorted(df["threads"].unique()), "osD^vP*X"))
+    for ax, problem in zip(axes.flat, panels):
+        d = df[df["problem"] == problem]
+        for (label, threads), g in d.groupby(["label", "threads"], sort=False):
+            g = g.sort_values("batch")
+            ax.plot(g["train_s"], g["final_loss"], marker=shapes[threads], ls=":", lw=0.8, color=palette[label],
+                    label=f"{label}, {threads} thread" + ("s" if threads != 1 else ""))
+            for _, r in g.iterrows():
+                ax.annotate(f"B={r['batch']}", (r["train_s"], r["final_loss"]), textcoords="offset points",
+                            xytext=(4, 3), fontsize=7, color=palette[label])
+        ax.set_xscale("log")
+        _seconds_axis(ax.xaxis)
+        ax.set_xlabel("training time for the run's examples (evaluation excluded)")
+        ax.set_ylabel("final evaluation loss")
+        ax.set_title(f"{problem}\ntime against loss reached, per backend, threads and batch", fontsize=9)
+        ax.legend(fontsize=8)
+    return _save(plt, fig, axes, len(panels), out)
+
+
 def crossover_batch(cpu_best: pd.Series, gpu_best: pd.Series):
     """Smallest batch from which the GPU is faster at every measured larger batch; None if never."""
     both = pd.concat({"cpu": cpu_best, "gpu": gpu_best}, axis=1).dropna().sort_index()
@@ -423,5 +463,6 @@ def make_plots(run_dir) -> list[Path]:
         plot_roofline(run.timings, plots / "roofline.png"),
         plot_threads_batch(run.timings, plots / "threads_batch.png"),
         plot_crossover(run.timings, plots / "crossover.png"),
+        plot_train_tradeoff(run.timings, plots / "train_tradeoff.png"),
     ]
     return [p for p in made if p is not None]

@@ -28,6 +28,7 @@ PLOT_CAPTIONS = {
                     "the line is the GEMM peak measured at the start of the run.",
     "threads_batch.png": "Time per example over threads x batch.",
     "crossover.png": "CPU and GPU time per example against batch size; the dotted line marks where the GPU starts to win.",
+    "train_tradeoff.png": "Training time for the run's examples against the loss reached, per backend, threads and batch.",
 }
 FAILED = ("error", "timeout", "oom", "diverged", "mismatch")
 

@@ -39,8 +39,8 @@ backends: [ref, 'ref:slow', 'bad:raise', 'bad:unsupported']
 model: {kind: elman, hidden: 16}
 task: {kind: lm_markov, vocab: 30, seq_len: 8, n_sequences: 64, n_eval: 16}
 workloads: [train]
-batch: [4]
-threads: [1]
+batch: [4, 8]
+threads: [1, 2]
 device: [cpu]
 backends: [ref, 'ref:slow']
 train: {epochs: 2, lr: 0.1, eval_every: 32, target_loss: 3.0, patience: 2}
@@ -54,7 +54,8 @@ workloads: [train_step]
 batch: [2]
 backends: [ref, 'ref:slow']
 """
-ALL_PLOTS = {"speedup.png", "loss_vs_time.png", "scaling.png", "roofline.png", "threads_batch.png", "crossover.png"}
+ALL_PLOTS = {"speedup.png", "loss_vs_time.png", "scaling.png", "roofline.png", "threads_batch.png", "crossover.png",
+             "train_tradeoff.png"}
 
 
 def _seconds(cell) -> float:
