@@ -80,7 +80,12 @@ class PytensorBackend(ScanGraphBackend):
 
     @classmethod
     def environment_variables(cls, variant: str, threads: int, device: str, dtype: str) -> dict[str, str]:
-        return {"PYTENSOR_FLAGS": pytensor_flags(dtype), "NUMBA_CACHE_DIR": str(cache_dir() / "numba")}
+        env = {"PYTENSOR_FLAGS": pytensor_flags(dtype), "NUMBA_CACHE_DIR": str(cache_dir() / "numba")}
+        if variant == "jax":  # XLA on the threads asked for (its Eigen pool would take every core)
+            from backends.jax_backend import JaxBackend
+
+            env.update(JaxBackend.environment_variables("default", threads, device, dtype))
+        return env
 
     def versions(self) -> dict[str, str]:
         out = {"numpy": np.__version__}

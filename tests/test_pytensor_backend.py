@@ -72,3 +72,13 @@ def test_quick_conformance(variant):
     if variant != "c":
         pytest.importorskip(variant)
     _conformance(f"pytensor:{variant}", all_cases(quick=True))
+
+
+def test_jax_linker_runs_xla_on_the_threads_asked_for():
+    from backends.jax_backend import SINGLE_THREAD_XLA_FLAGS
+    from backends.pytensor_backend import PytensorBackend
+
+    one = PytensorBackend.environment_variables("jax", 1, "cpu", "float32")
+    assert one["XLA_FLAGS"] == SINGLE_THREAD_XLA_FLAGS and one["JAX_PLATFORMS"] == "cpu"
+    assert "XLA_FLAGS" not in PytensorBackend.environment_variables("jax", 2, "cpu", "float32")
+    assert "XLA_FLAGS" not in PytensorBackend.environment_variables("c", 1, "cpu", "float32")
