@@ -43,6 +43,16 @@ class WorkerFailure(Exception):
         self.status = status
 
 
+def worker_cpus(threads: int) -> list[int]:
+    """The cores a worker with ``threads`` threads is confined to: the first ``threads`` of
+    the runner's own, or none (no confinement) when more threads than cores are asked for."""
+    try:
+        mine = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return []
+    return mine[:threads] if threads <= len(mine) else []
+
+
 def worker_environment(cell_backend: str, device: str, dtype: str, threads: int, extra: dict[str, str]) -> tuple[str | None, dict]:
     """The isolated environment name and the full process environment for one worker."""
     import backends
@@ -54,6 +64,9 @@ def worker_environment(cell_backend: str, device: str, dtype: str, threads: int,
     for var in THREAD_VARS:
         env[var] = str(threads)
     env["HARNESS_THREADS"] = str(threads)
+    cpus = worker_cpus(threads)
+    if cpus:
+        env["HARNESS_CPUS"] = ",".join(map(str, cpus))
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU cell must not quietly use a GPU
     env.update(cls.environment_variables(variant or cls.variants[0], threads, device, dtype))
@@ -71,7 +84,7 @@ class Worker:
         self.proc = subprocess.Popen([python, "-m", "harness.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, env=env, cwd=str(PROJECT_ROOT), start_new_session=True)
         self.buf = b""
-        self.env = {k: env[k] for k in env if k in THREAD_VARS or k.startswith(("MALLOC_", "XLA_", "THEANO", "PYTENSOR", "JAX_", "CUDA_"))}
+        self.env = {k: env[k] for k in env if k in THREAD_VARS or k.startswith(("MALLOC_", "XLA_", "THEANO", "PYTENSOR", "JAX_", "CUDA_", "HARNESS_CPUS"))}
 
     def stderr_tail(self, n: int = 20) -> str:
         self.stderr.flush()

@@ -20,7 +20,13 @@ import sys
 import time
 import traceback
 
-import numpy as np
+# A cell with `threads: N` runs on N cores: the runner names them, and they are set before
+# any library starts a thread pool (XLA's, for one, sizes its pool from the cores it may
+# use and ignores the thread variables).
+if os.environ.get("HARNESS_CPUS"):
+    os.sched_setaffinity(0, {int(c) for c in os.environ["HARNESS_CPUS"].split(",")})
+
+import numpy as np  # noqa: E402
 
 
 def peak_rss_mb() -> float:

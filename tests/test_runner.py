@@ -144,3 +144,17 @@ def test_run_json_summarises_cell_verification(fake_backends, write_config, tmp_
     conf = run.meta["conformance"]
     assert conf["ref"]["verified_cells"] == 1 and conf["ref"]["mismatches"] == 0 and conf["ref"]["worst_ratio"] < 1
     assert conf["bad:wrong"]["mismatches"] == 1 and conf["bad:wrong"]["worst_ratio"] > 1
+
+
+def test_a_worker_runs_on_as_many_cores_as_its_threads(fake_backends):
+    from harness.runner import worker_cpus, worker_environment
+
+    mine = sorted(os.sched_getaffinity(0))
+    _, env = worker_environment("ref", "cpu", "float32", 1, {})
+    assert env["HARNESS_CPUS"] == str(mine[0])
+    assert worker_cpus(len(mine)) == mine
+    assert worker_cpus(len(mine) + 1) == []  # oversubscribed on purpose: left alone
+    code = "import os, harness.worker; print(sorted(os.sched_getaffinity(0)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, HARNESS_CPUS=str(mine[-1])), cwd=Path(harness.__file__).parent.parent)
+    assert out.stdout.strip() == str([mine[-1]])
