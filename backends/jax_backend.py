@@ -291,8 +291,10 @@ class JaxBackend(Backend):
     """JAX/XLA: jitted ``lax.scan`` recurrence, ``value_and_grad`` BPTT, SGD update in the same executable.
 
     ``default`` runs ``lax.scan(unroll=1)``, the rolled loop. Per ``sgd_step``, relative to
-    ``unroll=1``, measured interleaved in one process with single-threaded XLA, float32
-    (``benchmarks/measure_jax_unroll.py --reps 3 --rounds 20``; unroll=4 / unroll=T / python):
+    ``unroll=1``, measured interleaved in one process with XLA's Eigen pool off, float32
+    (``benchmarks/measure_jax_unroll.py --reps 3 --rounds 20``; unroll=4 / unroll=T / python;
+    before the harness confined workers to their cores, so XLA could still use up to two,
+    alike for every variant):
 
     * LSTM hidden 256, batch 16, T 25, dense: 1.12 / 1.08 / 1.08 (compile 1.8 / 7.6 / 8.0 s vs 0.7 s)
     * Elman hidden 512, batch 32, T 50, dense: 1.04 / 0.97 / 0.97 (compile 0.8 / 1.8 / 2.0 s vs 0.4 s)
