@@ -2,7 +2,7 @@
 
 Worker-safe (numpy + the backend only), because backends that live in an
 isolated environment run this module there: ``python -m harness.check --backend
-theano --json`` prints one JSON object per case.
+theano`` prints one JSON object per case.
 """
 
 from __future__ import annotations
