@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from backends.theano_backend import ScanGraphBackend, merge_flags
+from backends.theano_backend import ScanGraphBackend, graph_compiler_flags, merge_flags
 
 _MODES = {"c": None, "numba": "NUMBA", "jax": "JAX"}
 _NEEDS = {"c": None, "numba": "numba", "jax": "jax"}
@@ -43,13 +43,7 @@ def blas_ldflags() -> tuple[str, str]:
 
 def pytensor_flags(dtype: str | None = None) -> str:
     """The ``PYTENSOR_FLAGS`` this backend runs with: persistent compiledir, BLAS, compiler."""
-    flags = [f"base_compiledir={cache_dir()}", f"blas__ldflags={blas_ldflags()[0]}"]
-    if dtype:
-        flags.append(f"floatX={dtype}")
-    cxx = shutil.which("g++")
-    if cxx:
-        flags.append(f"cxx={cxx}")
-    return ",".join(flags)
+    return graph_compiler_flags(cache_dir(), blas_ldflags()[0], dtype)
 
 
 def _import_pytensor():

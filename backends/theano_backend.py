@@ -296,6 +296,17 @@ class ScanGraphBackend(Backend):
 # -- Theano ------------------------------------------------------------------------------
 
 
+def graph_compiler_flags(compiledir, ldflags: str, dtype: str | None) -> str:
+    """Theano's and PyTensor's shared flags: compile cache folder, BLAS, floatX, C++ compiler."""
+    flags = [f"base_compiledir={compiledir}", f"blas__ldflags={ldflags}"]
+    if dtype:
+        flags.append(f"floatX={dtype}")
+    cxx = shutil.which("g++")
+    if cxx:
+        flags.append(f"cxx={cxx}")
+    return ",".join(flags)
+
+
 def theano_flags(dtype: str | None = None, threads: int | None = None) -> str:
     """The ``THEANO_FLAGS`` this backend runs with: cache in the environment, BLAS choice, compiler."""
     from backends import blas
@@ -303,13 +314,7 @@ def theano_flags(dtype: str | None = None, threads: int | None = None) -> str:
 
     folder = envs.env_dir(ENVIRONMENT)
     ldflags = blas.choice_for(blas.read_choice(folder), threads)["ldflags"]
-    flags = [f"base_compiledir={folder / 'cache'}", f"blas__ldflags={ldflags}"]
-    if dtype:
-        flags.append(f"floatX={dtype}")
-    cxx = shutil.which("g++")
-    if cxx:
-        flags.append(f"cxx={cxx}")
-    return ",".join(flags)
+    return graph_compiler_flags(folder / "cache", ldflags, dtype)
 
 
 def import_theano():
