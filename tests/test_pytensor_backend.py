@@ -34,6 +34,20 @@ def test_blas_shim_forwards_to_openblas(tmp_path):
         np.testing.assert_allclose(c, a @ b, rtol=1e-5)
 
 
+def test_blas_choice_is_looked_up_by_thread_count_and_described_unambiguously():
+    choice = {"by_threads": {
+        "1": {"choice": "openblas", "ldflags": "-lx", "median_ms": {"numpy": 7.8, "openblas": 5.3}},
+        "2": {"choice": "numpy", "ldflags": "", "median_ms": {"numpy": 30.0, "openblas": 108.0}},
+    }}
+    assert blas.choice_for(choice, threads=1)["choice"] == "openblas"
+    assert blas.choice_for(choice, threads=2)["choice"] == "numpy"
+    assert blas.choice_for(choice, threads=8)["choice"] == "numpy"  # the largest count measured below it
+    assert blas.choice_for(None, threads=1) == {"choice": "numpy", "ldflags": ""}
+    assert blas.describe(choice) == (
+        "1 thread(s): openblas (OpenBLAS 5.3 ms, numpy's BLAS 7.8 ms per step); "
+        "2 thread(s): numpy (OpenBLAS 108.0 ms, numpy's BLAS 30.0 ms per step)")
+
+
 def test_truncated_is_unsupported_with_a_reason():
     case = next(c for c in all_cases(quick=True) if "truncated" in c.label)
     ok, why = backends.create("pytensor:c").supports(case.problem())

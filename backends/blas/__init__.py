@@ -111,6 +111,6 @@ def describe(choice: dict | None) -> str:
     parts = []
     for threads, entry in sorted(((choice or {}).get("by_threads") or {}).items(), key=lambda kv: int(kv[0])):
         med = entry.get("median_ms")
-        timing = f" ({med['numpy']:.1f} vs {med['openblas']:.1f} ms)" if med else ""
+        timing = f" (OpenBLAS {med['openblas']:.1f} ms, numpy's BLAS {med['numpy']:.1f} ms per step)" if med else ""
         parts.append(f"{threads} thread(s): {entry['choice']}{timing}")
     return "; ".join(parts) or "numpy"
