@@ -164,3 +164,29 @@ def test_single_input_weight_gradient_over_long_sequences_matches():
         ratio, name = check.compare(f"update of {k}", np.asarray(got[k], np.float64) - before[k], want[k] - before[k],
                                     rtol, atol, floor=4 * eps * np.abs(before[k]))
         assert ratio <= 1, name
+
+
+@pytest.mark.parametrize("kind", ["elman", "lstm"])
+def test_fused_update_of_deep_products_rounds_once(kind):
+    """Fused SGD (no clipping) writes -lr * grad straight into the weights. Over T*B = 4096
+    rows BLAS adds its product in K panels, and adding each one into the weights rounds it
+    at the size of a weight: the update must instead match the unfused step (gradient
+    buffer, then one subtraction, taken here by a clip too large to act) within one ulp."""
+    spec = {"kind": kind, "hidden": 48}
+    problem = _problem(spec, tokens=False, D=16, O=8, T=64, B=64, dtype="float32")
+    unfused = Problem(ModelSpec.from_mapping(spec | {"clip": 1e30}), 16, 8, False, "float32", 64, 64, "cpu",
+                      "train_step")
+    params = ref.init_params(problem.model, 16, 8, seed=5, dtype="float32")
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(64, 64, 16)).astype(np.float32), rng.integers(0, 8, size=(64, 64))
+    got = {}
+    for p in (problem, unfused):
+        backend = _native()
+        backend.prepare(p, {k: v.copy() for k, v in params.items()}, threads=2)
+        backend.sgd_step(x, y, 0.01)
+        got[p.model.clip] = backend.get_params()
+        backend.close()
+    fused, plain = got[None], got[1e30]
+    for k, v in plain.items():
+        ulps = np.abs(fused[k].astype(np.float64) - v) / np.spacing(np.abs(v))
+        assert ulps.max() <= 1, f"{k}: {ulps.max():.0f} ulp from the unfused update"
