@@ -76,9 +76,12 @@ constexpr std::size_t kAlign = 16;  // elements: 64 bytes for float
 // so each panel rounds at the size of the weight instead of the size of its update. At
 // K = 10112 (LSTM 500, T 80, B 128: 27 panels) the float32 update came within 4% of its
 // bound, where every other backend stays near 9%. Deeper products than this go through a
-// scratch gradient and one update; up to it (a few panels) the extra pass over the weight
-// cost more than it saved: 3-4% of the step at vocab 2000, hidden 100, K = 320.
-constexpr int kFuseDepth = 1024;
+// scratch gradient and one update. Up to it (one or two panels) the rounding stays at the
+// other backends' level, and there the extra pass over the weight would cost 3-4% of the
+// step (vocab 2000, hidden 100, K = 320). At K = 512 (frame differences, T 16, B 32)
+// fusing leaves the check at 0.21 of the bound against NumPy's 0.10, at K = 1024 (Sobel,
+// T 64, B 16) at 0.26.
+constexpr int kFuseDepth = 512;
 constexpr std::size_t kResidentBytes = 1 << 20;  // half of a 2 MiB per-core L2
 
 template <class T>
