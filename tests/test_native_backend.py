@@ -174,8 +174,7 @@ def test_fused_update_of_deep_products_rounds_once(kind):
     buffer, then one subtraction, taken here by a clip too large to act) within one ulp."""
     spec = {"kind": kind, "hidden": 48}
     problem = _problem(spec, tokens=False, D=16, O=8, T=64, B=64, dtype="float32")
-    unfused = Problem(ModelSpec.from_mapping(spec | {"clip": 1e30}), 16, 8, False, "float32", 64, 64, "cpu",
-                      "train_step")
+    unfused = _problem(spec | {"clip": 1e30}, tokens=False, D=16, O=8, T=64, B=64, dtype="float32")
     params = ref.init_params(problem.model, 16, 8, seed=5, dtype="float32")
     rng = np.random.default_rng(2)
     x, y = rng.normal(size=(64, 64, 16)).astype(np.float32), rng.integers(0, 8, size=(64, 64))
