@@ -46,6 +46,9 @@ def run_cmd(
     resume: Annotated[Optional[Path], typer.Option("--resume", help="Finish an interrupted run in this folder.")] = None,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Apply a named profile from the config's `profiles:` (e.g. full).")] = None,
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip drawing plots.")] = False,
+    executor_opt: Annotated[str, typer.Option("--executor", help="local (default: one group at a time here), dask (an existing cluster, --scheduler) or dask-local (a local cluster, --workers).")] = "local",
+    scheduler: Annotated[Optional[str], typer.Option("--scheduler", help="Address of the Dask scheduler for --executor dask.")] = None,
+    workers: Annotated[Optional[int], typer.Option("--workers", help="Worker processes of the --executor dask-local cluster (default 2), each on its own cores.")] = None,
 ):
     """Run configs: every cell in fresh workers, results and plots in a folder per config."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -55,6 +58,7 @@ def run_cmd(
     from harness.runner import Runner, finish_meta, new_run_meta
 
     try:
+        executor = _executor(executor_opt, scheduler, workers)
         if resume is not None:
             if len(configs) > 1:
                 raise HarnessError("--resume takes one config (the one the run was started with)")
@@ -80,7 +84,7 @@ def run_cmd(
                    TextColumn("eta"), TimeRemainingColumn()]
         try:
             with Progress(*columns, console=err_console, transient=False) as progress:
-                Runner(cfg, store, console=err_console).run(progress)
+                Runner(cfg, store, console=err_console).run(progress, executor)
         except KeyboardInterrupt:
             finish_meta(store, interrupted=True)
             err_console.print(f"interrupted: finished cells are saved; continue with "
@@ -93,6 +97,27 @@ def run_cmd(
         _print_summary(store)
         if not no_plots:
             _draw(store.path)
+
+
+def _executor(kind: str, scheduler: str | None, workers: int | None):
+    """The executor object for ``--executor`` (None: the local sequential runner)."""
+    from harness.distributed import DaskExecutor
+
+    if kind == "local":
+        if scheduler or workers:
+            raise HarnessError("--scheduler and --workers go with --executor dask / dask-local")
+        return None
+    if kind == "dask":
+        if not scheduler:
+            raise HarnessError("--executor dask needs --scheduler ADDRESS (e.g. tcp://head-node:8786)")
+        return DaskExecutor(scheduler=scheduler)
+    if kind == "dask-local":
+        if scheduler:
+            raise HarnessError("--executor dask-local starts its own cluster; --scheduler goes with --executor dask")
+        if workers is not None and workers < 1:
+            raise HarnessError(f"--workers: expected a positive integer, got {workers}")
+        return DaskExecutor(n_workers=workers or 2)
+    raise HarnessError(f"--executor: expected local, dask or dask-local, got {kind!r}")
 
 
 def _draw(path: Path):

@@ -82,10 +82,15 @@ def steal_share(before: dict, after: dict) -> float | None:
     return round((after.get("steal", 0) - before.get("steal", 0)) / total, 4) if total > 0 else None
 
 
+def host_name() -> str:
+    """The name each result row records as the host it ran on."""
+    return platform.node() or "localhost"
+
+
 def machine_info() -> dict:
     """CPU, cores, memory, BLAS, GPU and current load."""
     return {
-        "hostname": platform.node(),
+        "hostname": host_name(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu_model": _cpu_model(),

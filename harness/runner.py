@@ -186,6 +186,7 @@ def _base_row(cell: Cell) -> dict:
         "output_size": p.output_size, "threads": cell.threads, "bptt": str(m.bptt), "layers": m.layers,
         "activation": m.activation if m.kind == "elman" else "lstm", "head": m.head, "output_act": m.output_act,
         "peephole": m.peephole, "bias": m.bias, "tokens": p.tokens, "sweep": json.dumps(cell.point, default=str),
+        "host": machine.host_name(),
     }
 
 
@@ -204,25 +205,40 @@ class Runner:
             self.console.print(text, highlight=False)
 
     # -- running ---------------------------------------------------------------------
-    def run(self, progress=None) -> None:
+    def pending_groups(self) -> list[list[Cell]]:
+        """The comparison groups still to run (all of them, or those a resumed run lacks)."""
         cells = self.config.cells()
         done = self.store.done_cells()
         groups = [list(g) for _, g in groupby(cells, key=lambda c: c.group_key)]
         todo = [g for g in groups if not all(c.cell_id in done for c in g)]
         if len(todo) < len(groups):
             self._say(f"resuming: {len(groups) - len(todo)} of {len(groups)} comparison groups already done")
-        self._measure_gemm_peaks()
+        return todo
+
+    def run(self, progress=None, executor=None) -> None:
+        """Run every pending group here, one at a time, or hand them to ``executor``
+        (an object with ``run(runner, groups, progress, task_id)``, e.g. the Dask one)."""
+        todo = self.pending_groups()
         task_id = progress.add_task("cells", total=sum(len(g) for g in todo)) if progress else None
+        if executor is not None:
+            executor.run(self, todo, progress, task_id)
+            return
+        self._measure_gemm_peaks()
+        self.store.meta.setdefault("hosts", {})[machine.host_name()] = {
+            "machine": self.store.meta.get("machine"), "gemm_peak_gflops": self.gemm_peaks}
         for group in todo:
-            outcomes = self._run_group(group, progress, task_id)
-            rows, curves = self._rows(outcomes)
+            rows, curves = self.run_group(group, progress, task_id)
             self.store.add(rows, curves)
             if progress is not None:
                 progress.advance(task_id, len(group))
 
-    def _measure_gemm_peaks(self) -> None:
+    def run_group(self, group: list[Cell], progress=None, task_id=None) -> tuple[list[dict], list[dict]]:
+        """Time one comparison group side by side and return its result rows and curve points."""
+        return self._rows(self._run_group(group, progress, task_id))
+
+    def _measure_gemm_peaks(self, cells: list[Cell] | None = None) -> None:
         """The machine's GEMM peak per dtype and thread count, for roofline and %-of-peak figures."""
-        for dtype, threads in dict.fromkeys((c.problem.dtype, c.threads) for c in self.config.cells()):
+        for dtype, threads in dict.fromkeys((c.problem.dtype, c.threads) for c in (cells or self.config.cells())):
             key = f"{dtype}|threads={threads}"
             if key not in self.gemm_peaks:
                 _, env = worker_environment("numpy", "cpu", dtype, threads, self.config.raw.env)

@@ -1,0 +1,225 @@
+"""Running a config's comparison groups on a Dask cluster (``harness run --executor dask``).
+
+The unit of distribution is a comparison group, never a single cell: the cells of a group
+are timed side by side in interleaved rounds, so they must share one host. On a Dask
+worker a group runs exactly as it does locally (:meth:`Runner.run_group`: a fresh worker
+subprocess per cell, the same verification and timing), and its rows stream back into the
+one run folder as groups finish.
+
+What a Dask worker must declare (``dask worker ADDRESS --nthreads 1 --resources "cores=N"``,
+plus ``GPU=1`` on a GPU host): ``cores`` is how many cores its timed groups may use, and a
+group asks for as many as its largest ``threads``; a group with a GPU cell also asks for
+``GPU``. One thread per worker means one group at a time, so two timed groups never share a
+worker's cores. ``--executor dask-local --workers N`` starts such a cluster on this machine,
+each worker confined to its own slice of the cores.
+
+A worker that dies mid-group: the scheduler hands the group to another worker once
+(``distributed.scheduler.allowed-failures``, set to 1 for the local cluster); a group that
+still fails is recorded with status ``error`` and the reason, never silently lost.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from harness.errors import HarnessError
+
+#: a group whose worker dies is handed to another worker this many times before it is recorded as failed
+GROUP_RETRIES = 1
+
+
+def _import_distributed():
+    try:
+        import distributed
+    except ImportError as exc:
+        raise HarnessError(f"the dask executors need dask.distributed ({exc}); install it with "
+                           "pip install 'rnn-harness[dask]'") from None
+    return distributed
+
+
+def group_resources(group) -> dict[str, int]:
+    """The Dask worker resources one comparison group needs: its cores, and a GPU if any cell uses one."""
+    need = {"cores": max(c.threads for c in group)}
+    if any(c.problem.device == "gpu" for c in group):
+        need["GPU"] = 1
+    return need
+
+
+def unmet_need(need: dict[str, int], offers: list[dict[str, float]]) -> str | None:
+    """Why no worker can take a group needing ``need`` (None when one can)."""
+    if any(all(offer.get(k, 0) >= v for k, v in need.items()) for offer in offers):
+        return None
+    wanted = ", ".join(f"{k}={v}" for k, v in need.items())
+    seen = "; ".join(", ".join(f"{k}={v:g}" for k, v in sorted(o.items())) or "none" for o in offers) or "no workers"
+    return f"unavailable: no Dask worker declares the resources this group needs ({wanted}); workers declare: {seen}"
+
+
+class _MemoryStore:
+    """What a :class:`Runner` writes into on a Dask worker: its run.json fragment (versions,
+    worker variables, conformance), sent back to the client with the rows."""
+
+    def __init__(self):
+        self.meta: dict = {}
+
+    def done_cells(self) -> set[str]:
+        return set()
+
+
+_HOST_PEAKS: dict[str, float] = {}  # GEMM peaks this worker process measured (per dtype and threads)
+
+
+def _pin_to_worker_cpus() -> None:
+    """Confine this task's thread (and the worker subprocesses it starts) to the Dask worker's cores."""
+    try:
+        from distributed import get_worker
+
+        cpus = getattr(get_worker(), "harness_cpus", None)
+    except (ImportError, ValueError):
+        cpus = None
+    if cpus:
+        os.sched_setaffinity(0, set(cpus))
+
+
+def run_group_task(config, group) -> dict:
+    """Run one comparison group on this (Dask worker's) host; returns its rows and run.json fragment."""
+    from harness import machine
+    from harness.runner import Runner
+
+    _pin_to_worker_cpus()
+    store = _MemoryStore()
+    runner = Runner(config, store)
+    runner.gemm_peaks.update(_HOST_PEAKS)
+    runner._measure_gemm_peaks(group)
+    _HOST_PEAKS.update(runner.gemm_peaks)
+    rows, curves = runner.run_group(group)
+    meta = dict(store.meta)
+    meta.pop("gemm_peak_gflops", None)  # kept per host instead
+    return {"rows": rows, "curves": curves, "meta": meta, "host": machine.host_name(),
+            "machine": machine.machine_info(), "gemm_peak_gflops": dict(runner.gemm_peaks)}
+
+
+def merge_fragment(meta: dict, result: dict) -> None:
+    """Fold one group's run.json fragment into the run's: versions, worker variables, conformance, hosts."""
+    frag = result["meta"]
+    meta.setdefault("versions", {}).update(frag.get("versions", {}))
+    meta.setdefault("worker_env", {}).update(frag.get("worker_env", {}))
+    for backend, entry in frag.get("conformance", {}).items():
+        mine = meta.setdefault("conformance", {}).setdefault(
+            backend, {"verified_cells": 0, "mismatches": 0, "worst_ratio": 0.0, "bound": entry.get("bound")})
+        mine["verified_cells"] += entry["verified_cells"]
+        mine["mismatches"] += entry["mismatches"]
+        mine["worst_ratio"] = max(mine["worst_ratio"], entry["worst_ratio"])
+    host = meta.setdefault("hosts", {}).setdefault(result["host"], {"machine": result["machine"], "gemm_peak_gflops": {}})
+    host["machine"] = result["machine"]
+    host["gemm_peak_gflops"].update(result["gemm_peak_gflops"])
+
+
+def _cpu_slices_plugin(slices: list[list[int]]):
+    """A Dask worker plugin giving each local worker its own slice of this machine's cores."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class CpuSlices(WorkerPlugin):
+        name = "harness-cpu-slices"
+
+        def setup(self, worker):
+            index = int(worker.name) if str(worker.name).isdigit() else 0
+            worker.harness_cpus = slices[index % len(slices)]
+
+    return CpuSlices()
+
+
+def cpu_slices(n_workers: int) -> list[list[int]]:
+    """This process's cores split into ``n_workers`` disjoint, contiguous slices (at least one core each)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if n_workers > len(cpus):
+        raise HarnessError(f"--workers {n_workers}: this machine lets the harness use {len(cpus)} cores, and each "
+                           "local Dask worker needs a core of its own so timed groups never share one")
+    per = len(cpus) // n_workers
+    return [cpus[i * per:(i + 1) * per] for i in range(n_workers)]
+
+
+@dataclass
+class DaskExecutor:
+    """Hands comparison groups to a Dask cluster: an existing one (``scheduler`` address) or a local one."""
+
+    scheduler: str | None = None
+    n_workers: int | None = None  # a LocalCluster of this many worker processes when no scheduler is given
+    _cluster: object = field(default=None, repr=False)
+
+    def _connect(self):
+        distributed = _import_distributed()
+        import dask
+
+        if self.scheduler:
+            try:
+                return distributed.Client(self.scheduler, timeout="30s")
+            except (OSError, TimeoutError) as exc:
+                raise HarnessError(f"--scheduler {self.scheduler}: cannot reach the Dask scheduler: {exc}") from None
+        slices = cpu_slices(self.n_workers or 2)
+        with dask.config.set({"distributed.scheduler.allowed-failures": GROUP_RETRIES}):
+            self._cluster = distributed.LocalCluster(
+                n_workers=len(slices), threads_per_worker=1, processes=True, dashboard_address=None,
+                resources={"cores": len(slices[0])}, silence_logs=40)
+        client = distributed.Client(self._cluster)
+        client.register_plugin(_cpu_slices_plugin(slices))
+        return client
+
+    def run(self, runner, groups, progress=None, task_id=None) -> None:
+        """Run ``groups`` on the cluster, adding each group's rows to ``runner.store`` as it finishes."""
+        distributed = _import_distributed()
+        client = self._connect()
+        futures = {}
+        try:
+            offers = [w.get("resources", {}) for w in client.scheduler_info()["workers"].values()]
+            for i, group in enumerate(groups):
+                need = group_resources(group)
+                why = unmet_need(need, offers)
+                if why is not None:
+                    self._record_failed(runner, group, "unavailable", why)
+                    self._advance(progress, task_id, group, len(futures))
+                    continue
+                fut = client.submit(run_group_task, runner.config, group, resources=need, pure=False,
+                                    key=f"harness-group-{i}-{os.urandom(4).hex()}")
+                futures[fut] = group
+            pending = len(futures)
+            for fut in distributed.as_completed(list(futures)):
+                group = futures[fut]
+                pending -= 1
+                try:
+                    result = fut.result()
+                except Exception as exc:  # the group's worker died twice, or the task itself failed
+                    where = getattr(getattr(exc, "last_worker", None), "address", None)
+                    detail = f" (last on {where})" if where else ""
+                    self._record_failed(runner, group, "error", f"the Dask task running this group failed{detail}: "
+                                                               f"{type(exc).__name__}: {exc}")
+                else:
+                    merge_fragment(runner.store.meta, result)
+                    runner.store.add(result["rows"], result["curves"])
+                self._advance(progress, task_id, group, pending)
+            # groups finished in any order; keep the table in the config's order, as a local run has it
+            order = {cell.cell_id: i for i, cell in enumerate(runner.config.cells())}
+            runner.store.timings.sort(key=lambda row: order.get(row["cell_id"], len(order)))
+            runner.store.save()
+        finally:
+            for fut in futures:
+                fut.cancel()
+            client.close()
+            if self._cluster is not None:
+                self._cluster.close()
+                self._cluster = None
+
+    @staticmethod
+    def _record_failed(runner, group, status: str, reason: str) -> None:
+        from harness.runner import Outcome
+
+        rows, curves = runner._rows([Outcome(cell, status, reason) for cell in group])
+        for row in rows:
+            row["host"] = None  # it ran nowhere to completion
+        runner.store.add(rows, curves)
+
+    @staticmethod
+    def _advance(progress, task_id, group, pending: int) -> None:
+        if progress is not None:
+            progress.update(task_id, description=f"dask: {pending} groups queued or running")
+            progress.advance(task_id, len(group))
