@@ -148,3 +148,20 @@ def test_executor_options_are_checked_before_anything_runs(tmp_path, args, messa
     assert result.exit_code == 2
     assert message in result.output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_resume_through_dask_redoes_no_finished_group(tmp_path):
+    cfg = _config(tmp_path)
+    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+    runner = Runner(cfg, store)
+    first = runner.pending_groups()[0]
+    store.add(*runner.run_group(first))  # as if the run was interrupted after one group
+    before = {r["cell_id"]: list(r["samples_s"]) for r in store.timings}
+    resumed = RunStore.open(tmp_path / "run")
+    Runner(cfg, resumed).run(None, DaskExecutor(n_workers=2))
+    run = load_run(tmp_path / "run")
+    assert len(run.timings) == len(cfg.cells())
+    for cell_id, samples in before.items():  # the finished group was not run again
+        row = run.timings[run.timings["cell_id"] == cell_id].iloc[0]
+        assert list(row["samples_s"]) == samples
