@@ -91,6 +91,7 @@ class TorchBackend(Backend):
         cudnn = cuda and torch.backends.cudnn.is_available()
         out["torch_cudnn"] = str(torch.backends.cudnn.version()) if cudnn else "none"
         out["torch_mkldnn"] = str(torch.backends.mkldnn.is_available())
+        out["tf32"] = "off (matmul and cuDNN; prepare() switches it off)"
         return out
 
     # -- the work -------------------------------------------------------------------

@@ -166,8 +166,27 @@ def _print_summary(store):
         comp = f"{r['compile_s']:.2f}" if pd.notna(r.get("compile_s")) else "-"
         table.add_row("  " + escape(r["label"]), r["status"], med, sp, comp, escape(note))
     console.print(table)
+    _print_device_ratios(df)
     for w in spread_warnings(store.timings):
         err_console.print(f"[yellow]noisy:[/] {escape(w)}", highlight=False)
+
+
+def _print_device_ratios(timings):
+    """A run with CPU and GPU cells: each backend's GPU speedup over its own CPU time, per batch."""
+    from harness.devices import gpu_over_cpu
+    from harness.plots import backend_label, group_label
+
+    ratios = gpu_over_cpu(timings)
+    if ratios.empty:
+        return
+    table = Table(title="GPU over CPU, same backend (CPU median / GPU median; above 1 the GPU is faster)")
+    for col in ("backend", "problem", "batch", "CPU", "GPU", "GPU speedup"):
+        table.add_column(col, justify="left" if col in ("backend", "problem") else "right")
+    for label, (_, r) in zip(backend_label(ratios), ratios.iterrows()):
+        problem = f"{r['workload']} {group_label(r, omit=('batch', 'threads', 'device'))}"
+        table.add_row(escape(label), escape(problem), str(r["batch"]), f"{r['cpu_median_s'] * 1e3:.3g} ms ({r['cpu_threads']} thr)",
+                      f"{r['gpu_median_s'] * 1e3:.3g} ms", f"{r['gpu_speedup']:.3g}x")
+    console.print(table)
 
 
 @app.command("plot")
@@ -227,7 +246,7 @@ def list_cmd(json_out: Annotated[bool, typer.Option("--json", help="Machine-read
         table.add_column(col)
     for r in rows:
         table.add_row(r.full_name, "yes" if r.available else "no", ",".join(r.devices), r.environment or "main",
-                      r.reason)
+                      escape(r.reason))  # reasons hold install hints like 'rnn-harness[halide]', not markup
     console.print(table)
 
 
@@ -274,13 +293,13 @@ def _print_check(results, verbose: bool):
     for name, rs in by_backend.items():
         for r in rs:
             if r.status in ("fail", "error", "unavailable") or (verbose and r.status == "pass"):
-                console.print(f"  {r.status:<11} {name}  {r.case} [{r.dtype}]  {r.reason or r.worst}", highlight=False)
+                console.print(escape(f"  {r.status:<11} {name}  {r.case} [{r.dtype}]  {r.reason or r.worst}"), highlight=False)
         reasons = Counter(r.reason for r in rs if r.status == "unsupported")
         for reason, n in sorted(reasons.items()):
-            console.print(f"  unsupported {name}  {n} case(s): {reason}", highlight=False)
+            console.print(escape(f"  unsupported {name}  {n} case(s): {reason}"), highlight=False)
         bounds = {r.bound for r in rs if r.status in ("pass", "fail") and r.reason and r.bound}
         for b in sorted(bounds):
-            console.print(f"  note        {name}  used looser bound {b}", highlight=False)
+            console.print(escape(f"  note        {name}  used looser bound {b}"), highlight=False)
 
 
 @env_app.command("create")

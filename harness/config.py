@@ -66,7 +66,7 @@ class RawConfig(_Strict):
     batch: IntOrList = 1
     threads: IntOrList = 1
     backends: list[str] = Field(..., min_length=1)
-    baseline: Optional[str] = None
+    baseline: Optional[Union[str, dict[str, str]]] = None  # one name, or one per device {cpu: ..., gpu: ...}
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
     device: StrOrList = "cpu"
     timing: TimingConfig = Field(default_factory=TimingConfig)
@@ -156,8 +156,17 @@ class RunConfig:
         return self.raw.name
 
     @property
+    def baselines(self) -> dict[str, str]:
+        """The baseline of each device the first document times on."""
+        return device_baselines(self.raw)
+
+    @property
     def baseline(self) -> str:
-        return self.raw.baseline or self.raw.backends[0]
+        """The baseline's name, or ``cpu: a, gpu: b`` when the devices have different ones."""
+        names = self.baselines
+        if len(set(names.values())) == 1:
+            return next(iter(names.values()))
+        return ", ".join(f"{device}: {name}" for device, name in names.items())
 
     @property
     def backends(self) -> list[str]:
@@ -167,11 +176,12 @@ class RunConfig:
         """Every cell, grouped: cells of one comparison group are adjacent, baseline first."""
         cells = []
         for r, points in self.parts:
-            baseline = r.baseline or r.backends[0]
-            order = [baseline] + [b for b in r.backends if b != baseline]
+            baselines = device_baselines(r)
             for point, device, dtype, workload, batch, threads in itertools.product(
                 points, r.device, r.dtype, r.workloads, r.batch, r.threads
             ):
+                baseline = baselines[device]
+                order = [baseline] + [b for b in r.backends if b != baseline]
                 task = point["task"]
                 d_in, d_out = task.sizes()
                 prob = Problem(point["model"], d_in, d_out, task.tokens, dtype, batch, task.seq_len, device, workload)
@@ -179,6 +189,32 @@ class RunConfig:
                     cells.append(Cell(b, prob, task, threads, point["values"], point["train"].model_dump(),
                                       point["timing"].model_dump(), baseline, dict(r.env)))
         return cells
+
+
+def device_baselines(raw: RawConfig) -> dict[str, str]:
+    """The baseline of each device of ``raw``: the one named for it, else the configured one if it
+    runs on that device, else the first configured backend that does (a GPU group of a mixed run
+    gets a GPU baseline instead of a baseline that cannot run there)."""
+    named = raw.baseline if isinstance(raw.baseline, dict) else {}
+    default = raw.baseline if isinstance(raw.baseline, str) else raw.backends[0]
+    out = {}
+    for device in raw.device:
+        if device in named:
+            out[device] = named[device]
+            continue
+        candidates = [default] + [b for b in raw.backends if b != default]
+        out[device] = next((b for b in candidates if device in _devices_of(b)), default)
+    return out
+
+
+def _devices_of(full_name: str) -> tuple[str, ...]:
+    """The devices a backend implements (none when it cannot be imported here)."""
+    import backends as registry
+
+    try:
+        return registry.backend_class(registry.split_name(full_name)[0]).devices
+    except HarnessError:
+        return ()
 
 
 def _loc(loc) -> str:
@@ -279,12 +315,28 @@ def load_config(path: str | Path, backends_override: list[str] | None = None, pr
     return RunConfig(parts, path, docs)
 
 
+def _check_baseline(raw: RawConfig, name: str, where: str) -> str:
+    """A baseline's canonical name; it must be one of the configured backends."""
+    import backends as registry
+
+    try:
+        name = registry.validate_name(name)
+    except HarnessError as exc:
+        raise HarnessError(f"{where}: {exc}") from None
+    if name not in raw.backends:
+        raise HarnessError(f"{where}: expected one of the configured backends ({', '.join(raw.backends)}), got {name!r}")
+    return name
+
+
 def _load_part(source: dict, path: str, backends_override: list[str] | None):
     import backends as registry
 
     if backends_override:
         source = {**source, "backends": backends_override}
-        if source.get("baseline") not in backends_override:
+        named = source.get("baseline")
+        if isinstance(named, dict):  # keep the per-device baselines that are still in the list
+            source["baseline"] = {d: b for d, b in named.items() if b in backends_override} or None
+        elif named not in backends_override:
             source["baseline"] = backends_override[0]
     try:
         raw = RawConfig.model_validate(source)
@@ -298,13 +350,13 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None):
             raise HarnessError(f"{path}: backends[{i}]: {exc}") from None
     if len(set(raw.backends)) != len(raw.backends):
         raise HarnessError(f"{path}: backends: each backend may appear once")
-    if raw.baseline is not None:
-        try:
-            raw.baseline = registry.validate_name(raw.baseline)
-        except HarnessError as exc:
-            raise HarnessError(f"{path}: baseline: {exc}") from None
-        if raw.baseline not in raw.backends:
-            raise HarnessError(f"{path}: baseline: expected one of the configured backends ({', '.join(raw.backends)}), got {raw.baseline!r}")
+    if isinstance(raw.baseline, dict):
+        for device in raw.baseline:
+            if device not in raw.device:
+                raise HarnessError(f"{path}: baseline.{device}: expected a device the config runs on ({', '.join(raw.device)})")
+        raw.baseline = {d: _check_baseline(raw, b, f"{path}: baseline.{d}") for d, b in raw.baseline.items()}
+    elif raw.baseline is not None:
+        raw.baseline = _check_baseline(raw, raw.baseline, f"{path}: baseline")
     if raw.timing.max_time_s < raw.timing.min_time_s:
         raise HarnessError(f"{path}: timing.max_time_s: expected at least timing.min_time_s ({raw.timing.min_time_s}), got {raw.timing.max_time_s}")
 

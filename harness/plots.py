@@ -279,6 +279,25 @@ def arithmetic_intensity(df: pd.DataFrame) -> pd.Series:
     return pd.Series(flops / moved, index=df.index)
 
 
+def _gpu_roofs(ax, d: pd.DataFrame) -> None:
+    """The GPU's other roofs: its TF32 GEMM rate (dashed) and its memory bandwidth's slope."""
+    import numpy as np
+
+    tf32 = d["gpu_tf32_gflops"].dropna() if "gpu_tf32_gflops" in d else pd.Series(dtype=float)
+    if len(tf32):
+        ax.axhline(float(tf32.iloc[0]), color="black", lw=1, ls="--")
+        ax.text(0.01, float(tf32.iloc[0]), f" TF32 GEMM {float(tf32.iloc[0]):.3g} GFLOP/s (not used: TF32 off)",
+                transform=ax.get_yaxis_transform(), va="bottom", ha="left", fontsize=8)
+    bandwidth = d["gpu_bandwidth_gbs"].dropna() if "gpu_bandwidth_gbs" in d else pd.Series(dtype=float)
+    if len(bandwidth):
+        bw = float(bandwidth.iloc[0])
+        x = np.geomspace(*ax.get_xlim(), 50)
+        roof = d["gemm_peak_gflops"].dropna()
+        y = np.minimum(bw * x, float(roof.iloc[0])) if len(roof) else bw * x  # the roofline's sloped part
+        ax.plot(x, y, color="black", lw=1, ls=":")
+        ax.text(x[0], bw * x[0], f" memory {bw:.3g} GB/s", va="bottom", ha="left", fontsize=8, rotation=20)
+
+
 def plot_roofline(timings: pd.DataFrame, out: Path):
     """Achieved GFLOP/s per cell against arithmetic intensity, under the GEMM peak measured at run start."""
     df = timings[(timings["status"] == "ok") & timings["gflops"].notna()].copy()
@@ -299,17 +318,22 @@ def plot_roofline(timings: pd.DataFrame, out: Path):
             ax.scatter(g["intensity"], g["gflops"], color=palette[label], marker=markers.get(workload, "o"),
                        s=46, edgecolor="white", linewidth=0.6, zorder=3)
         peaks = d["gemm_peak_gflops"].dropna()
-        # the peak is a CPU GEMM measured with NumPy; it is no roof for GPU cells
-        peak = float(peaks.iloc[0]) if len(peaks) and d["device"].iloc[0] == "cpu" else None
+        # a CPU panel's roof is NumPy's GEMM, a GPU panel's cuBLAS's (measured at run start)
+        peak = float(peaks.iloc[0]) if len(peaks) else None
+        gpu = d["device"].iloc[0] == "gpu"
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_ylim(float(d["gflops"].min()) / 3, max(float(d["gflops"].max()), peak or 0) * 2)
+        top = max([float(d["gflops"].max()), peak or 0] + ([float(d["gpu_tf32_gflops"].max())] if gpu and "gpu_tf32_gflops" in d and d["gpu_tf32_gflops"].notna().any() else []))
+        ax.set_ylim(float(d["gflops"].min()) / 3, top * 2)
         ax.set_xlim(float(d["intensity"].min()) / 2, float(d["intensity"].max()) * 2)
         _number_axis(ax.xaxis)
         _number_axis(ax.yaxis)
+        if gpu:
+            _gpu_roofs(ax, d)
         if peak is not None:
             ax.axhline(peak, color="black", lw=1.3)
-            ax.text(0.01, peak, f" GEMM peak {peak:.3g} GFLOP/s (NumPy, 1024\u00b3)", transform=ax.get_yaxis_transform(),
+            what = "cuBLAS, TF32 off" if gpu else "NumPy, 1024\u00b3"
+            ax.text(0.01, peak, f" GEMM peak {peak:.3g} GFLOP/s ({what})", transform=ax.get_yaxis_transform(),
                     va="bottom", ha="left", fontsize=8)
             share = ax.twinx()
             share.set_yscale("log")
@@ -405,7 +429,10 @@ def crossover_batch(cpu_best: pd.Series, gpu_best: pd.Series):
 
 
 def plot_crossover(timings: pd.DataFrame, out: Path):
-    """Time per example against batch for CPU and GPU cells of the same problem, with the crossover marked."""
+    """Per problem, two panels: time per example against batch for CPU and GPU cells, with the
+    crossover marked; and each backend's GPU-over-CPU speedup against batch (same backend)."""
+    from harness.devices import gpu_over_cpu
+
     df = timings[(timings["status"] == "ok") & (timings["workload"] != "train")].copy()
     if df.empty or not {"cpu", "gpu"} <= set(df["device"]):
         return None
@@ -416,9 +443,10 @@ def plot_crossover(timings: pd.DataFrame, out: Path):
               if set(g["device"]) >= {"cpu", "gpu"} and g["batch"].nunique() >= 2]
     if not panels:
         return None
-    plt, sns, fig, axes = _grid(len(panels), 2, 7.5, 5)
+    plt, sns, fig, axes = _grid(2 * len(panels), 2, 7.5, 5)
     palette = _palette(sns, df["label"])
-    for ax, (problem, g) in zip(axes.flat, panels):
+    for i, (problem, g) in enumerate(panels):
+        ax, ratio_ax = axes.flat[2 * i], axes.flat[2 * i + 1]
         styles = {"cpu": iter(["-", "-.", (0, (1, 1)), (0, (3, 1, 1, 1, 1, 1))]),
                   "gpu": iter(["--", (0, (5, 2, 1, 2)), (0, (8, 2))])}
         combos = g[["device", "threads"]].drop_duplicates().sort_values(["device", "threads"])
@@ -446,7 +474,28 @@ def plot_crossover(timings: pd.DataFrame, out: Path):
         ax.set_ylabel("median time per example")
         ax.set_title(f"{problem}\n{note} (best backend per device)", fontsize=9)
         ax.legend(fontsize=8)
-    return _save(plt, fig, axes, len(panels), out)
+        _plot_device_ratio(ratio_ax, gpu_over_cpu(g.drop(columns=["label"])), palette, problem)
+    return _save(plt, fig, axes, 2 * len(panels), out)
+
+
+def _plot_device_ratio(ax, ratios: pd.DataFrame, palette, problem: str) -> None:
+    """Each backend's CPU median over its own GPU median, against batch; 1 marks a tie."""
+    if ratios.empty:
+        ax.text(0.5, 0.5, "no backend timed on both devices", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return
+    ratios = ratios.assign(label=backend_label(ratios))
+    for label, line in ratios.groupby("label", sort=False):
+        line = line.sort_values("batch")
+        ax.plot(line["batch"], line["gpu_speedup"], marker="s", color=palette.get(label), label=label)
+    ax.axhline(1.0, color="gray", lw=1, ls=":")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _measured_ticks(ax.xaxis, ratios["batch"])
+    ax.set_xlabel("batch")
+    ax.set_ylabel("GPU speedup over the same backend on CPU")
+    ax.set_title(f"{problem}\nabove 1: the GPU is faster (CPU at its fastest thread count)", fontsize=9)
+    ax.legend(fontsize=8)
 
 
 def make_plots(run_dir) -> list[Path]:

@@ -247,6 +247,24 @@ def _results_section(timings: pd.DataFrame) -> list:
     return out
 
 
+def _devices_section(timings: pd.DataFrame) -> list:
+    """Each backend's GPU time against its own CPU time, per problem and batch (runs with both devices)."""
+    from harness.devices import gpu_over_cpu
+    from harness.plots import group_label
+
+    ratios = gpu_over_cpu(timings)
+    if ratios.empty:
+        return []
+    ratios = ratios.assign(label=_labels(ratios))
+    rows = [[r["label"], f"{r['workload']} · {group_label(r, omit=('batch', 'threads', 'device'))}", str(r["batch"]),
+             f"{fmt_time(r['cpu_median_s'])} ({r['cpu_threads']} thr)", fmt_time(r["gpu_median_s"]),
+             f"{r['gpu_speedup']:.3g}x"] for _, r in ratios.iterrows()]
+    return [Heading(2, "GPU over CPU, same backend"),
+            Para("Each backend's median on the CPU (its fastest thread count) over its median on the GPU, "
+                 "for the same problem and batch: above 1, the GPU is faster."),
+            Table(["backend", "problem", "batch", "CPU", "GPU", "GPU speedup"], rows, right={2, 3, 4, 5})]
+
+
 def _plots_section(plots: list[Path], note: str) -> list:
     out: list = [Heading(2, "Plots")]
     if note:
@@ -318,6 +336,7 @@ def build_report(run_dir, plots: list[Path] | None = None, plot_note: str = "") 
         plots = sorted((Path(run_dir) / "plots").glob("*.png"), key=_plot_order)
     blocks = (_run_section(run.meta, run.timings, Path(run_dir)) + _machine_section(run.meta) + _versions_section(run.meta)
               + _conformance_section(run.meta, run.timings) + _results_section(run.timings)
+              + _devices_section(run.timings)
               + _plots_section(plots, plot_note) + _failures_section(run.timings)
               + _training_section(run.timings, run.curves))
     return title, blocks

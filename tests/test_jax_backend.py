@@ -157,7 +157,7 @@ def test_availability_without_jax(monkeypatch):
 
 def test_variants_and_registry():
     assert JaxBackend.variants[0] == "default"
-    assert set(JaxBackend.variants) == {"default", "unroll=1", "unroll=4", "unroll=T", "python"}
+    assert set(JaxBackend.variants) == {"default", "unroll=1", "unroll=4", "unroll=T", "python", "autotune"}
     assert backends.create("jax:unroll=T").full_name == "jax:unroll=T"
     assert JaxBackend().availability() == (True, "")
 
