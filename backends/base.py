@@ -101,3 +101,23 @@ class Backend:
 def unsupported(why: str) -> tuple[bool, str]:
     """The one way to say no: ``(False, "unsupported: <why>")``."""
     return False, f"unsupported: {why}"
+
+
+def screen(backend: Backend, problem: Problem) -> tuple[str, str]:
+    """Whether ``backend`` can run ``problem`` here: ``("ok", "")``, ``("unavailable", why)`` when
+    this machine lacks it (library, device) or ``("unsupported", why)`` when the backend does.
+
+    The one screening, in the order availability -> device -> supports; cheap (no heavy import)."""
+    ok, why = backend.availability()
+    if not ok:
+        return "unavailable", why
+    if problem.device not in backend.devices:
+        return "unsupported", f"unsupported: {backend.full_name} has no {problem.device} implementation"
+    if problem.device != "cpu":
+        ok, why = backend.device_availability(problem.device)
+        if not ok:
+            return "unavailable", why
+    ok, why = backend.supports(problem)
+    if not ok:
+        return "unsupported", why
+    return "ok", ""

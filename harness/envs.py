@@ -63,6 +63,12 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
+# The variables that size the thread pools of BLAS, OpenMP and friends: a worker gets all of them
+# set to its cell's thread count.
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "NUMBA_NUM_THREADS")
+
+
 def home() -> Path:
     """The folder the harness owns for environments and caches."""
     root = os.environ.get("HARNESS_HOME")
@@ -285,7 +291,7 @@ def create_env(name: str, force: bool = False, progress=None) -> Path:
             why = "its recipe changed" if _stale(name) else "rebuilding"
             say(f"removing the old environment at {target} ({why})")
             shutil.rmtree(target)
-        started = time.perf_counter()
+        started = time.monotonic()
         try:
             py = _make_and_install(name, recipe, target, say)
             if recipe.check:
@@ -299,7 +305,7 @@ def create_env(name: str, force: bool = False, progress=None) -> Path:
             shutil.rmtree(target, ignore_errors=True)
             raise HarnessError(f"could not create environment {name!r}: {exc}") from None
         marker = {"name": name, "packages": versions, "recipe": list(recipe.packages), "python": str(py),
-                  "created_s": round(time.perf_counter() - started, 1)}
+                  "created_s": round(time.monotonic() - started, 1)}
         (target / MARKER).write_text(json.dumps(marker, indent=2))
         say(f"ready in {marker['created_s']:.0f} s")
         return py

@@ -23,16 +23,16 @@ from pathlib import Path
 
 import numpy as np
 
-from harness import envs, machine
+from harness import envs, machine, measure, protocol
 from harness.config import Cell, RunConfig
 from harness.errors import HarnessError
 from harness.results import RunStore
-from harness.timing import Stats, paired_speedup
+from harness.timing import SPREAD_LIMIT, Stats, paired_speedup, spread
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
-               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "NUMBA_NUM_THREADS")
 OOM_MARKERS = ("MemoryError", "std::bad_alloc", "out of memory", "OutOfMemory", "RESOURCE_EXHAUSTED")
+# Plumbing every worker gets; not part of a cell's recorded environment.
+PLUMBING_VARS = ("PYTHONUNBUFFERED",)
 
 
 class WorkerFailure(Exception):
@@ -53,17 +53,16 @@ def worker_cpus(threads: int) -> list[int]:
     return mine[:threads] if threads <= len(mine) else []
 
 
-def worker_environment(cell_backend: str, device: str, dtype: str, threads: int, extra: dict[str, str]) -> tuple[str | None, dict]:
-    """The isolated environment name and the full process environment for one worker."""
+def worker_settings(cell_backend: str, device: str, dtype: str, threads: int, extra: dict[str, str]) -> tuple[str | None, dict]:
+    """The isolated environment name and the variables the runner and the backend set for one worker
+    (the cell's ``env``, the thread count, the cores, the device, the backend's own flags)."""
     import backends
 
     name, variant = backends.split_name(cell_backend)
     cls = backends.backend_class(name)
-    env = envs.worker_environ(cls.environment)
-    env.update(extra)
-    for var in THREAD_VARS:
+    env = dict(extra)
+    for var in envs.THREAD_VARS:
         env[var] = str(threads)
-    env["HARNESS_THREADS"] = str(threads)
     cpus = worker_cpus(threads)
     if cpus:
         env["HARNESS_CPUS"] = ",".join(map(str, cpus))
@@ -74,66 +73,145 @@ def worker_environment(cell_backend: str, device: str, dtype: str, threads: int,
     return cls.environment, env
 
 
-class Worker:
-    """A worker subprocess and its JSON line protocol, with timeouts."""
+def worker_environment(cell_backend: str, device: str, dtype: str, threads: int, extra: dict[str, str]) -> tuple[str | None, dict]:
+    """The isolated environment name and the full process environment for one worker."""
+    environment, settings = worker_settings(cell_backend, device, dtype, threads, extra)
+    return environment, {**envs.worker_environ(environment), **settings}
 
-    def __init__(self, environment: str | None, env: dict, label: str):
+
+def memory_limit_mb() -> float | None:
+    """The memory this process tree may use: its cgroup's limit, else the machine's RAM."""
+    try:
+        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if text != "max":
+            return int(text) / 2**20
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _oom_kills() -> int | None:
+    """The kernel's count of OOM kills in this cgroup (cgroup v2), or None where unknown."""
+    try:
+        for line in Path("/sys/fs/cgroup/memory.events").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def classify_exit(code: int, tail: str, peak_rss_mb: float | None, limit_mb: float | None,
+                  oom_killed: bool = False) -> WorkerFailure:
+    """The failure of a worker that exited with ``code`` (negative: killed by that signal).
+
+    ``oom`` only with evidence: an out-of-memory message in its stderr, or SIGKILL (what the
+    kernel's OOM killer sends) together with the kernel's OOM-kill count having risen
+    (``oom_killed``) or a peak RSS of at least 90% of the memory limit. A SIGKILL without such
+    evidence came from someone else (a user, a supervisor) and is reported as such."""
+    if any(m in tail for m in OOM_MARKERS):
+        return WorkerFailure("oom", f"worker exited with code {code}; out of memory\n{tail}")
+    if code < 0:
+        sig = -code
+        try:
+            signame = signal.Signals(sig).name
+        except ValueError:
+            signame = f"signal {sig}"
+        near_limit = peak_rss_mb is not None and limit_mb is not None and peak_rss_mb >= 0.9 * limit_mb
+        if sig == signal.SIGKILL and (oom_killed or near_limit):
+            rss = f", peak RSS {peak_rss_mb:.0f} of {limit_mb:.0f} MB" if near_limit else ", the kernel reports an OOM kill"
+            return WorkerFailure("oom", f"worker killed by {signame}{rss}; out of memory\n{tail}")
+        return WorkerFailure("error", f"worker killed by signal {sig} ({signame})\n{tail}")
+    return WorkerFailure("error", f"worker exited with code {code}\n{tail}")
+
+
+class WorkerProcess:
+    """A worker subprocess, talked to through :mod:`harness.protocol`, with timeouts."""
+
+    def __init__(self, environment: str | None, env: dict, label: str, recorded: dict | None = None):
         python = str(envs.ensure_env(environment)) if environment else sys.executable
         self.label = label
         self.stderr = tempfile.TemporaryFile()
+        self.stray: list[str] = []  # stdout lines that were not replies (kept for the error tail)
+        self.peak_rss_mb: float | None = None
+        self.oom_kills = _oom_kills()
         self.proc = subprocess.Popen([python, "-m", "harness.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, env=env, cwd=str(PROJECT_ROOT), start_new_session=True)
         self.buf = b""
-        self.env = {k: env[k] for k in env if k in THREAD_VARS or k.startswith(("MALLOC_", "XLA_", "THEANO", "PYTENSOR", "JAX_", "CUDA_", "HARNESS_CPUS"))}
+        self.env = {k: v for k, v in (env if recorded is None else recorded).items() if k not in PLUMBING_VARS}
 
     def stderr_tail(self, n: int = 20) -> str:
+        """The last ``n`` lines the worker wrote to stderr, after any stray stdout lines."""
         self.stderr.flush()
         self.stderr.seek(0)
-        lines = self.stderr.read().decode("utf-8", "replace").strip().splitlines()
+        lines = self.stray[-n:] + self.stderr.read().decode("utf-8", "replace").strip().splitlines()
         return "\n".join(lines[-n:])
 
-    def request(self, msg: dict, timeout_s: float) -> dict:
+    def request(self, req: protocol.Request, timeout_s: float) -> protocol.Reply:
+        """Send one request and wait for its reply; WorkerFailure on an error, a death or a timeout."""
         try:
-            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            self.proc.stdin.write((protocol.encode_request(req) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             raise self._died() from None
         deadline = time.monotonic() + timeout_s
         fd = self.proc.stdout.fileno()
-        while b"\n" not in self.buf:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.kill()
-                raise WorkerFailure("timeout", f"no answer to {msg['cmd']!r} within {timeout_s:g} s\n{self.stderr_tail()}")
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if not ready:
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                raise self._died()
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        reply = json.loads(line)
-        if "diverged" in reply:
-            raise WorkerFailure("diverged", reply["diverged"])
-        if "error" in reply:
-            text = reply["error"]
-            status = "oom" if any(m in text for m in OOM_MARKERS) else "error"
-            raise WorkerFailure(status, f"{text}\n{reply.get('traceback', '')}".strip())
+        while True:
+            while b"\n" not in self.buf:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self.kill()
+                    raise WorkerFailure("timeout", f"no answer to {req.cmd!r} within {timeout_s:g} s\n{self.stderr_tail()}")
+                ready, _, _ = select.select([fd], [], [], remaining)
+                if not ready:
+                    continue
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    raise self._died()
+                self.buf += chunk
+            line, _, self.buf = self.buf.partition(b"\n")
+            text = line.decode("utf-8", "replace")
+            reply = protocol.decode_reply(text)
+            if reply is not None:
+                break
+            self.stray.append(text)
+        self.peak_rss_mb = reply.peak_rss_mb
+        if reply.status == "diverged":
+            raise WorkerFailure("diverged", reply.error)
+        if reply.status != "ok":
+            status = "oom" if any(m in reply.error for m in OOM_MARKERS) else "error"
+            raise WorkerFailure(status, f"{reply.error}\n{reply.traceback}".strip())
         return reply
 
     def _died(self) -> WorkerFailure:
-        try:
-            code = self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+        code = self._reap(10.0)
+        if code is None:
             self.kill()
             code = self.proc.returncode
-        tail = self.stderr_tail()
-        if code == -signal.SIGKILL or any(m in tail for m in OOM_MARKERS):
-            return WorkerFailure("oom", f"worker killed (exit {code}); likely out of memory\n{tail}")
-        return WorkerFailure("error", f"worker exited with code {code}\n{tail}")
+        before, after = self.oom_kills, _oom_kills()
+        oom_killed = before is not None and after is not None and after > before
+        return classify_exit(code, self.stderr_tail(), self.peak_rss_mb, memory_limit_mb(), oom_killed)
+
+    def _reap(self, timeout_s: float) -> int | None:
+        """Wait for the worker's exit and take its peak RSS from the kernel's record of it."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+            except ChildProcessError:  # already reaped
+                return self.proc.poll()
+            if pid:
+                self.proc.returncode = os.waitstatus_to_exitcode(status)
+                self.peak_rss_mb = max(self.peak_rss_mb or 0.0, usage.ru_maxrss / 1024.0)
+                return self.proc.returncode
+            time.sleep(0.01)
+        return None
 
     def kill(self) -> None:
+        """Kill the worker and everything it started."""
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -142,9 +220,10 @@ class Worker:
             self.proc.wait()
 
     def close(self) -> None:
+        """Ask the worker to quit; kill it when it does not."""
         if self.proc.poll() is None:
             try:
-                self.request({"cmd": "quit"}, 10)
+                self.request(protocol.Quit(), 10)
                 self.proc.wait(timeout=10)
             except (WorkerFailure, subprocess.TimeoutExpired):
                 pass
@@ -197,14 +276,39 @@ class Runner:
         self.store = store
         self.console = console
         self.gemm_peaks: dict[str, float] = dict(store.meta.get("gemm_peak_gflops", {}))
+        self._live: set[WorkerProcess] = set()  # every worker started and not yet closed
 
     # -- progress helpers ----------------------------------------------------------
     def _say(self, text: str) -> None:
         if self.console is not None:
             self.console.print(text, highlight=False)
 
+    # -- workers ---------------------------------------------------------------------
+    def _spawn(self, environment: str | None, env: dict, label: str, recorded: dict | None = None) -> WorkerProcess:
+        worker = WorkerProcess(environment, env, label, recorded)
+        self._live.add(worker)
+        return worker
+
+    def _close(self, worker: WorkerProcess) -> None:
+        self._live.discard(worker)
+        worker.close()
+
+    def _kill_all(self) -> None:
+        """Kill every worker still running (an interrupt at any phase must leave none behind)."""
+        while self._live:
+            worker = self._live.pop()
+            worker.kill()
+            worker.stderr.close()
+
     # -- running ---------------------------------------------------------------------
     def run(self, progress=None) -> None:
+        """Run every comparison group not yet in the store, storing each as it finishes."""
+        try:
+            self._run(progress)
+        finally:
+            self._kill_all()
+
+    def _run(self, progress) -> None:
         cells = self.config.cells()
         done = self.store.done_cells()
         groups = [list(g) for _, g in groupby(cells, key=lambda c: c.group_key)]
@@ -222,71 +326,65 @@ class Runner:
 
     def _measure_gemm_peaks(self) -> None:
         """The machine's GEMM peak per dtype and thread count, for roofline and %-of-peak figures."""
-        for dtype, threads in dict.fromkeys((c.problem.dtype, c.threads) for c in self.config.cells()):
+        for dtype, threads, extra in {(c.problem.dtype, c.threads): (c.problem.dtype, c.threads, c.env)
+                                      for c in self.config.cells()}.values():
             key = f"{dtype}|threads={threads}"
             if key not in self.gemm_peaks:
-                _, env = worker_environment("numpy", "cpu", dtype, threads, self.config.raw.env)
-                w = Worker(None, env, "gemm-peak")
+                _, env = worker_environment("numpy", "cpu", dtype, threads, extra)
+                w = self._spawn(None, env, "gemm-peak")
                 try:
-                    self.gemm_peaks[key] = w.request({"cmd": "gemm_peak", "dtype": dtype, "n": 1024}, 120)["gflops"]
+                    self.gemm_peaks[key] = w.request(protocol.GemmPeak(dtype, 1024), 120)["gflops"]
                 except WorkerFailure as exc:
                     self._say(f"warning: GEMM peak measurement failed: {exc}")
                 finally:
-                    w.close()
+                    self._close(w)
         self.store.meta["gemm_peak_gflops"] = self.gemm_peaks
 
     def _screen(self, cell: Cell) -> Outcome | None:
         """Availability and support, decided in this process without importing heavy libraries."""
         import backends
+        from backends.base import screen
 
         try:
-            b = backends.create(cell.backend)
-            ok, why = b.availability()
-            if ok and cell.problem.device != "cpu":
-                ok, why = b.device_availability(cell.problem.device)
+            status, why = screen(backends.create(cell.backend), cell.problem)
         except HarnessError as exc:
             return Outcome(cell, "unavailable", str(exc))
-        if not ok:
-            return Outcome(cell, "unavailable", why)
-        ok, why = b.supports(cell.problem)
-        if not ok:
-            return Outcome(cell, "unsupported", why)
-        return None
+        return None if status == "ok" else Outcome(cell, status, why)
 
-    def _start(self, cell: Cell, describe) -> tuple[Worker | None, Outcome]:
+    def _start(self, cell: Cell, describe) -> tuple[WorkerProcess | None, Outcome]:
         outcome = Outcome(cell)
         p = cell.problem
         try:
-            environment, env = worker_environment(cell.backend, p.device, p.dtype, cell.threads, cell.env)
+            environment, settings = worker_settings(cell.backend, p.device, p.dtype, cell.threads, cell.env)
             if environment and envs.env_python(environment) is None:
                 describe(f"creating isolated environment {environment!r} (first use)")
-            worker = Worker(environment, env, cell.backend)
+            env = {**envs.worker_environ(environment), **settings}
+            worker = self._spawn(environment, env, cell.backend, recorded=settings)
         except HarnessError as exc:
             outcome.status, outcome.error = "unavailable", str(exc)
             return None, outcome
         outcome.worker_env = worker.env
-        timeout = cell.timing["timeout_s"]
+        timing = cell.timing
         try:
             describe(f"{cell.backend}: starting")
-            init = worker.request({"cmd": "init", "backend": cell.backend, "problem": p.to_mapping(),
-                                   "task": cell.task.to_mapping(), "seed": self.config.raw.seed,
-                                   "threads": cell.threads, "lr": cell.train["lr"]}, timeout)
+            init = worker.request(protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed,
+                                                cell.threads, cell.train.lr), timing.timeout_s)
             outcome.versions, outcome.data_meta = init.get("versions"), init.get("data_meta")
             describe(f"{cell.backend}: compiling / warming up")
             # training must start from the shared initial parameters: compile only, no warm steps
-            n_warm = 0 if p.workload == "train" else cell.timing["warmup"]
-            warm = worker.request({"cmd": "warmup", "n": n_warm}, timeout)
-            outcome.compile_s, outcome.peak_rss_mb = warm["compile_s"], warm["peak_rss_mb"]
-            if p.workload != "train" and cell.timing["verify"]:
+            n_warm = 0 if p.workload == "train" else timing.warmup
+            warm = worker.request(protocol.WarmUp(n_warm), timing.timeout_s)
+            outcome.compile_s, outcome.peak_rss_mb = warm["compile_s"], warm.peak_rss_mb
+            if p.workload != "train" and timing.verify:
                 describe(f"{cell.backend}: verifying against the reference")
-                outcome.verify = worker.request({"cmd": "verify"}, timeout)
+                outcome.verify = worker.request(protocol.Verify(), timing.timeout_s).body
                 if not outcome.verify["ok"]:
                     v = outcome.verify
                     raise WorkerFailure("mismatch", f"does not match the reference on this cell: {v['worst']} "
                                                     f"off by {v['ratio']:.3g}x the bound {v['bound']}")
         except WorkerFailure as exc:
             outcome.status, outcome.error = exc.status, str(exc)
-            worker.close()
+            self._close(worker)
             return None, outcome
         return worker, outcome
 
@@ -299,7 +397,7 @@ class Runner:
                 progress.update(task_id, description=f"{label} · {text}")
 
         outcomes: dict[str, Outcome] = {}
-        workers: dict[str, Worker] = {}
+        workers: dict[str, WorkerProcess] = {}
         try:
             for cell in group:
                 screened = self._screen(cell)
@@ -317,7 +415,7 @@ class Runner:
                 self._interleave(group, workers, outcomes, describe)
         finally:
             for w in workers.values():
-                w.close()
+                self._close(w)
         return [outcomes[c.cell_id] for c in group]
 
     def _train_cell(self, cell: Cell, describe) -> Outcome:
@@ -326,52 +424,54 @@ class Runner:
             return outcome
         try:
             describe(f"{cell.backend}: training")
-            budget = cell.train.get("time_budget_s")
-            timeout = cell.timing["timeout_s"] + (3 * budget if budget else 0)
-            result = worker.request({"cmd": "train", "train": {**cell.train, "seed": self.config.raw.seed}}, timeout)
-            outcome.train = result
+            budget = cell.train.time_budget_s
+            timeout = cell.timing.timeout_s + (3 * budget if budget else 0)
+            result = worker.request(protocol.Train(protocol.TrainSettings.of(cell.train, cell.seed)), timeout)
+            outcome.train = result.body
             outcome.samples = result["step_samples"]
-            outcome.peak_rss_mb = result["peak_rss_mb"]
+            outcome.peak_rss_mb = result.peak_rss_mb
             if result["status"] != "ok":
                 outcome.status, outcome.error = result["status"], str(result["stop"])
         except WorkerFailure as exc:
             outcome.status, outcome.error = exc.status, str(exc)
         finally:
-            worker.close()
+            self._close(worker)
         return outcome
 
-    def _interleave(self, group, workers: dict[str, Worker], outcomes: dict[str, Outcome], describe) -> None:
-        timing = group[0].timing
-        round_s = timing["round_s"] or max(0.005, timing["min_time_s"] / timing["min_rounds"])
+    def _interleave(self, group, workers: dict[str, WorkerProcess], outcomes: dict[str, Outcome], describe) -> None:
+        """Rounds of the group's warmed workers in turn until the stop rule is satisfied."""
+        policy = measure.TimingPolicy.of(group[0].timing)
+        rule = measure.stop_rule(policy)
+        base = next((c.cell_id for c in group if c.backend == group[0].baseline), None)
         inner, samples = {}, {cid: [] for cid in workers}
         alive = dict(workers)
 
         def fail(cid, exc):
             outcomes[cid].status, outcomes[cid].error = exc.status, str(exc)
-            alive.pop(cid).close()
+            self._close(alive.pop(cid))
 
         for cid, w in list(alive.items()):
             try:
-                inner[cid] = w.request({"cmd": "calibrate", "target_s": round_s}, timing["timeout_s"])["inner"]
+                inner[cid] = w.request(protocol.Calibrate(policy.target_round_s), policy.timeout_s)["inner"]
             except WorkerFailure as exc:
                 fail(cid, exc)
-        start = time.monotonic()
-        cap = timing["max_time_s"] * max(1, len(alive))
+        start = measure.clock_ns()
         n_round = 0
-        while alive:
+
+        def done() -> bool:
+            return rule.done({c: samples[c] for c in alive}, {c: inner[c] for c in alive},
+                             base if base in alive else None, measure.elapsed_s(start))
+
+        while alive and not done():
             n_round += 1
             describe(f"round {n_round} ({', '.join(c.backend for c in group if c.cell_id in alive)})")
             for cid in list(alive):
                 try:
-                    reply = alive[cid].request({"cmd": "rounds", "n": 1, "inner": inner[cid]}, timing["timeout_s"])
+                    reply = alive[cid].request(protocol.Rounds(1, inner[cid]), policy.timeout_s)
                     samples[cid] += reply["samples"]
-                    outcomes[cid].peak_rss_mb = reply["peak_rss_mb"]
+                    outcomes[cid].peak_rss_mb = reply.peak_rss_mb
                 except WorkerFailure as exc:
                     fail(cid, exc)
-            enough = all(len(samples[c]) >= timing["min_rounds"]
-                         and sum(samples[c]) * inner[c] >= timing["min_time_s"] for c in alive)
-            if enough or time.monotonic() - start >= cap:
-                break
         for cid in workers:
             outcomes[cid].samples = samples[cid]
 
@@ -386,7 +486,8 @@ class Runner:
         for o in outcomes:
             row = _base_row(o.cell)
             p = o.cell.problem
-            stats = Stats.of(o.samples or [])
+            # a failed cell's partial samples are kept, but summarised by nothing: no median of a broken run
+            stats = Stats.of(o.samples if o.status == "ok" and o.samples else [])
             row.update(status=o.status, error=o.error[-4000:] if o.error else "", compile_s=o.compile_s,
                        peak_rss_mb=o.peak_rss_mb, **stats.as_dict(), baseline=base_name,
                        samples_s=[float(s) for s in (o.samples or [])])
@@ -415,7 +516,7 @@ class Runner:
                 for c in t["curve"]:
                     curves.append({k: row[k] for k in ("cell_id", "group", "backend", "variant", "device", "model",
                                                        "task", "dtype", "batch", "hidden_size", "threads", "bptt")}
-                                  | c | {"time_to_target_s": t["time_to_target_s"], "target_loss": o.cell.train.get("target_loss"),
+                                  | c | {"time_to_target_s": t["time_to_target_s"], "target_loss": o.cell.train.target_loss,
                                          "loss_floor": row.get("loss_floor")})
             rows.append(row)
         return rows, curves
@@ -456,18 +557,8 @@ def finish_meta(store: RunStore, interrupted: bool = False) -> None:
     store.save()
 
 
-def summarise(timings) -> list[dict]:
-    """Per comparison group and backend: median, speedup and interval, status (for the console table)."""
-    out = []
-    for row in timings:
-        out.append({k: row.get(k) for k in ("group", "backend", "variant", "workload", "status", "median_s", "iqr_s",
-                                            "speedup", "speedup_lo", "speedup_hi", "compile_s", "time_to_target_s",
-                                            "final_loss", "error")})
-    return out
-
-
 def spread_warnings(timings) -> list[str]:
-    """Cells whose interquartile range exceeds 10% of the median: their figures deserve less trust."""
+    """Cells whose interquartile range exceeds SPREAD_LIMIT of the median: their figures deserve less trust."""
     import pandas as pd
 
     from harness.plots import backend_label, group_label
@@ -479,7 +570,7 @@ def spread_warnings(timings) -> list[str]:
     warn = []
     for _, r in df.iterrows():
         if r.get("status") == "ok" and r.get("median_s") and pd.notna(r.get("iqr_s")) and r.get("workload") != "train":
-            rel = r["iqr_s"] / r["median_s"]
-            if np.isfinite(rel) and rel > 0.10:
+            rel = spread(r["iqr_s"], r["median_s"])
+            if np.isfinite(rel) and rel > SPREAD_LIMIT:
                 warn.append(f"{r['label']} ({r['workload']} {group_label(r)}): IQR is {rel:.0%} of the median")
     return warn

@@ -1,5 +1,5 @@
 """Statistics of timing samples and of paired speedups. The one timing loop lives in
-:mod:`harness.worker` (it runs next to the backend); this module only summarises."""
+:mod:`harness.measure`; this module only summarises."""
 
 from __future__ import annotations
 
@@ -32,10 +32,14 @@ class Stats:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    @property
-    def spread(self) -> float:
-        """IQR relative to the median: above ~0.1 the median deserves less trust."""
-        return self.iqr_s / self.median_s if self.median_s else float("nan")
+
+
+SPREAD_LIMIT = 0.10  # an IQR above this share of the median makes the median less trustworthy
+
+
+def spread(iqr_s: float, median_s: float) -> float:
+    """The IQR relative to the median (NaN without a median)."""
+    return iqr_s / median_s if median_s else float("nan")
 
 
 def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
