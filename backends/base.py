@@ -108,16 +108,25 @@ def screen(backend: Backend, problem: Problem) -> tuple[str, str]:
     this machine lacks it (library, device) or ``("unsupported", why)`` when the backend does.
 
     The one screening, in the order availability -> device -> supports; cheap (no heavy import)."""
-    ok, why = backend.availability()
-    if not ok:
-        return "unavailable", why
-    if problem.device not in backend.devices:
-        return "unsupported", f"unsupported: {backend.full_name} has no {problem.device} implementation"
-    if problem.device != "cpu":
-        ok, why = backend.device_availability(problem.device)
-        if not ok:
-            return "unavailable", why
+    status, why = screen_device(backend, problem.device)
+    if status != "ok":
+        return status, why
     ok, why = backend.supports(problem)
     if not ok:
         return "unsupported", why
+    return "ok", ""
+
+
+def screen_device(backend: Backend, device: str) -> tuple[str, str]:
+    """The first two steps of :func:`screen`: the backend's availability here, then ``device``:
+    ``unsupported`` when the backend has no implementation for it, ``unavailable`` when this machine lacks it."""
+    ok, why = backend.availability()
+    if not ok:
+        return "unavailable", why
+    if device not in backend.devices:
+        return "unsupported", f"unsupported: {backend.full_name} has no {device} implementation"
+    if device != "cpu":
+        ok, why = backend.device_availability(device)
+        if not ok:
+            return "unavailable", why
     return "ok", ""
