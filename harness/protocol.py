@@ -14,8 +14,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
-# A prefix no library prints by accident: the ASCII record separator and a tag.
-REPLY_PREFIX = "\x1eharness-reply "
+# A prefix no library prints by accident (plain ASCII: str.splitlines would split at a control character).
+REPLY_PREFIX = "@@harness-reply@@ "
 
 
 @dataclass(frozen=True)

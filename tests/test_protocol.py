@@ -1,0 +1,52 @@
+"""The worker protocol: messages round-trip through their JSON form, and replies are framed."""
+
+import io
+
+import pytest
+
+from harness import protocol
+from harness.worker import serve
+
+
+@pytest.mark.parametrize("req", [
+    protocol.Init("numpy", {"model": {"kind": "elman"}}, {"kind": "random"}, 3, 2, 0.01),
+    protocol.WarmUp(2), protocol.Verify(), protocol.Calibrate(0.05), protocol.Rounds(1, 40),
+    protocol.Train(protocol.TrainSettings(2, 0.1, 50, 3.3, 2, None, False, 7)),
+    protocol.Check("theano", "cpu", True, False), protocol.GemmPeak("float32", 256), protocol.Quit(),
+])
+def test_every_request_round_trips(req):
+    assert protocol.decode_request(protocol.encode_request(req)) == req
+
+
+def test_train_settings_come_from_the_config_without_defaults_of_their_own():
+    from harness.config import TrainConfig
+
+    cfg = TrainConfig(epochs=3, patience=4)
+    s = protocol.TrainSettings.of(cfg, seed=11)
+    assert (s.epochs, s.patience, s.lr, s.seed) == (3, 4, cfg.lr, 11)
+    assert cfg.patience == 4 and TrainConfig().patience == protocol.TrainSettings.of(TrainConfig(), 0).patience
+
+
+def test_replies_are_framed_and_other_lines_are_not_replies():
+    line = protocol.encode_reply(protocol.Reply("ok", {"inner": 3}, peak_rss_mb=10.0))
+    reply = protocol.decode_reply(line)
+    assert reply.status == "ok" and reply["inner"] == 3 and reply.peak_rss_mb == 10.0
+    assert protocol.decode_reply('{"status": "ok", "body": {}}') is None  # unframed JSON is stray output
+    assert protocol.decode_reply("hello") is None
+    with pytest.raises(protocol.ProtocolError):
+        protocol.decode_reply(protocol.REPLY_PREFIX + "{broken")
+    with pytest.raises(protocol.ProtocolError):
+        protocol.decode_request('{"cmd": "dance"}')
+
+
+def test_the_server_answers_errors_and_stays_alive():
+    inp = io.StringIO("\n".join([protocol.encode_request(protocol.Rounds(1, 1)), '{"cmd": "dance"}',
+                                 protocol.encode_request(protocol.GemmPeak("float32", 64)),
+                                 protocol.encode_request(protocol.Quit()),
+                                 protocol.encode_request(protocol.Verify())]) + "\n")
+    out = io.StringIO()
+    serve(inp, out)
+    replies = [protocol.decode_reply(line) for line in out.getvalue().splitlines()]
+    assert [r.status for r in replies] == ["error", "error", "ok", "ok"]  # nothing answered after quit
+    assert "before init" in replies[0].error and "not a request" in replies[1].error
+    assert replies[2]["gflops"] > 0 and all(r.peak_rss_mb > 0 for r in replies)
