@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import measure
 from harness.errors import HarnessError
 
 MARKER = "harness-env.json"
@@ -246,7 +247,7 @@ def _probe_blas(name: str, recipe: Recipe, target: Path, py: Path, say, rounds: 
         env.update(OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
         samples: dict[str, list[float]] = {"numpy": [], "openblas": []}
         for r in range(rounds):
-            for key in ("numpy", "openblas") if r % 2 == 0 else ("openblas", "numpy"):
+            for key in measure.round_order(["numpy", "openblas"], r):
                 out = _run([str(py), "-m", "backends.blas.probe", "--backend", recipe.blas_probe,
                             "--ldflags", f"{key}={flags[key]}"], "BLAS probe", env=env)
                 samples[key].append(json.loads(out.strip().splitlines()[-1])["median_ms"][key])

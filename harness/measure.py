@@ -60,13 +60,17 @@ def time_interleaved(calls: dict[str, Callable[[], object]], n_rounds: int, inne
     """Rounds of several calls taken in turn (A B C, then C B A, ...): per key, seconds per call of each round.
 
     Alternating the order cancels a drift of the machine and any advantage of going first."""
-    keys = list(calls)
     syncs = syncs or {}
-    samples: dict[str, list[float]] = {k: [] for k in keys}
+    samples: dict[str, list[float]] = {k: [] for k in calls}
     for r in range(n_rounds):
-        for k in keys if r % 2 == 0 else keys[::-1]:
+        for k in round_order(list(calls), r):
             samples[k] += time_rounds(calls[k], syncs.get(k, _no_sync), 1, inner)
     return samples
+
+
+def round_order(keys: list, r: int) -> list:
+    """The order of round ``r`` of interleaved contenders: as given on even rounds, reversed on odd ones."""
+    return keys if r % 2 == 0 else keys[::-1]
 
 
 def best_rate(call: Callable[[], object], work: float, seconds: float) -> float:
