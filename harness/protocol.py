@@ -20,10 +20,10 @@ REPLY_PREFIX = "@@harness-reply@@ "
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """A ``train`` cell's settings, as the config resolved them (no defaults here: the config owns them)."""
+    """A ``train`` cell's settings, as the config resolved them (no defaults here: the config owns them).
+    The learning rate is the cell's, sent once with ``init``."""
 
     epochs: int
-    lr: float
     eval_every: int
     target_loss: float | None
     patience: int

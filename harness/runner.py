@@ -8,23 +8,19 @@ and the speedup comes from paired rounds with a bootstrap interval.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from itertools import groupby
-from pathlib import Path
 
-import numpy as np
-
-from harness import envs, machine, measure, protocol
+from harness import envs, machine, measure, protocol, schema
 from harness.client import (WorkerFailure, WorkerProcess, classify_exit, worker_cpus,  # noqa: F401
                             worker_environment, worker_settings)
 from harness.config import Cell, RunConfig
 from harness.errors import HarnessError
 from harness.results import RunStore
-from harness.timing import SPREAD_LIMIT, Stats, paired_speedup, spread
+from harness.timing import Stats, paired_speedup
 
 @dataclass
 class Outcome:
@@ -41,26 +37,6 @@ class Outcome:
     train: dict | None = None
     worker_env: dict | None = None
     verify: dict | None = None
-
-
-def _base_row(cell: Cell) -> dict:
-    import backends
-
-    p, m = cell.problem, cell.problem.model
-    name, variant = backends.split_name(cell.backend)
-    if variant is None:
-        try:
-            variant = backends.backend_class(name).variants[0]
-        except HarnessError:  # a backend that cannot even be imported here
-            variant = "default"
-    return {
-        "cell_id": cell.cell_id, "group": cell.group_key, "backend": name, "variant": variant,
-        "device": p.device, "model": m.kind, "task": cell.task.kind, "workload": p.workload, "dtype": p.dtype,
-        "batch": p.batch, "seq_len": p.seq_len, "input_size": p.input_size, "hidden_size": m.hidden,
-        "output_size": p.output_size, "threads": cell.threads, "bptt": str(m.bptt), "layers": m.layers,
-        "activation": m.activation if m.kind == "elman" else "lstm", "head": m.head, "output_act": m.output_act,
-        "peephole": m.peephole, "bias": m.bias, "tokens": p.tokens, "sweep": json.dumps(cell.point, default=str),
-    }
 
 
 class Runner:
@@ -279,7 +255,7 @@ class Runner:
         rows, curves = [], []
         versions = self.store.meta.setdefault("versions", {})
         for o in outcomes:
-            row = _base_row(o.cell)
+            row = schema.cell_columns(o.cell)
             p = o.cell.problem
             # a failed cell's partial samples are kept, but summarised by nothing: no median of a broken run
             stats = Stats.of(o.samples if o.status == "ok" and o.samples else [])
@@ -309,8 +285,7 @@ class Runner:
                 evals = [c["loss"] for c in t["curve"] if c["split"] == "eval"]
                 row["final_loss"] = evals[-1] if evals else None
                 for c in t["curve"]:
-                    curves.append({k: row[k] for k in ("cell_id", "group", "backend", "variant", "device", "model",
-                                                       "task", "dtype", "batch", "hidden_size", "threads", "bptt")}
+                    curves.append({k: row[k] for k in schema.CURVE_ID_COLUMNS}
                                   | c | {"time_to_target_s": t["time_to_target_s"], "target_loss": o.cell.train.target_loss,
                                          "loss_floor": row.get("loss_floor")})
             rows.append(row)
@@ -350,22 +325,3 @@ def finish_meta(store: RunStore, interrupted: bool = False) -> None:
     statuses = meta.get("cells", {})
     meta["summary"] = {s: sum(1 for v in statuses.values() if v == s) for s in sorted(set(statuses.values()))}
     store.save()
-
-
-def spread_warnings(timings) -> list[str]:
-    """Cells whose interquartile range exceeds SPREAD_LIMIT of the median: their figures deserve less trust."""
-    import pandas as pd
-
-    from harness.plots import backend_label, group_label
-
-    df = pd.DataFrame(timings)
-    if df.empty:
-        return []
-    df["label"] = backend_label(df)
-    warn = []
-    for _, r in df.iterrows():
-        if r.get("status") == "ok" and r.get("median_s") and pd.notna(r.get("iqr_s")) and r.get("workload") != "train":
-            rel = spread(r["iqr_s"], r["median_s"])
-            if np.isfinite(rel) and rel > SPREAD_LIMIT:
-                warn.append(f"{r['label']} ({r['workload']} {group_label(r)}): IQR is {rel:.0%} of the median")
-    return warn

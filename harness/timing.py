@@ -63,3 +63,22 @@ def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0) -> tuple[
     ratios = np.median(b[idx], axis=1) / np.median(o[idx], axis=1)
     lo, hi = np.percentile(ratios, [2.5, 97.5])
     return point, float(lo), float(hi)
+
+
+def spread_warnings(timings) -> list[str]:
+    """Cells whose interquartile range exceeds SPREAD_LIMIT of the median: their figures deserve less trust."""
+    import pandas as pd
+
+    from harness.labels import backend_label, group_label
+
+    df = pd.DataFrame(timings)
+    if df.empty:
+        return []
+    df["label"] = backend_label(df)
+    warn = []
+    for _, r in df.iterrows():
+        if r.get("status") == "ok" and r.get("median_s") and pd.notna(r.get("iqr_s")) and r.get("workload") != "train":
+            rel = spread(r["iqr_s"], r["median_s"])
+            if np.isfinite(rel) and rel > SPREAD_LIMIT:
+                warn.append(f"{r['label']} ({r['workload']} {group_label(r)}): IQR is {rel:.0%} of the median")
+    return warn

@@ -148,7 +148,7 @@ class CellState:
         B = self.problem.batch
         N = self.data.n_sequences
         rng = np.random.default_rng(cfg.seed)
-        lr = float(cfg.lr)
+        lr = self.lr  # the starting rate; halved on a rising evaluation loss when asked
         target = cfg.target_loss
         curve, steps = [], []
         step_clock = measure.Stopwatch(self.backend.sync)
