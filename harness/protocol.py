@@ -11,14 +11,14 @@ Worker-safe: standard library only, so it runs in isolated environments on numpy
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 # A prefix no library prints by accident (plain ASCII: str.splitlines would split at a control character).
 REPLY_PREFIX = "@@harness-reply@@ "
 
 
-@dataclass(frozen=True)
+@dataclass
 class TrainSettings:
     """A ``train`` cell's settings, as the config resolved them (no defaults here: the config owns them).
     The learning rate is the cell's, sent once with ``init``."""
@@ -38,14 +38,14 @@ class TrainSettings:
 
 
 # -- requests ---------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass
 class Request:
     """A message to the worker; ``cmd`` names it on the wire."""
 
     cmd: ClassVar[str] = ""
 
 
-@dataclass(frozen=True)
+@dataclass
 class Init(Request):
     """Build the cell: its backend, data and initial parameters."""
 
@@ -58,7 +58,7 @@ class Init(Request):
     lr: float
 
 
-@dataclass(frozen=True)
+@dataclass
 class WarmUp(Request):
     """Compile (timed as ``compile_s``), then ``n`` untimed calls."""
 
@@ -66,14 +66,14 @@ class WarmUp(Request):
     n: int
 
 
-@dataclass(frozen=True)
+@dataclass
 class Verify(Request):
     """This cell's own next step against the reference."""
 
     cmd: ClassVar[str] = "verify"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Calibrate(Request):
     """Time one call; answer the inner loop count that makes a round last ``round_s``."""
 
@@ -81,7 +81,7 @@ class Calibrate(Request):
     round_s: float
 
 
-@dataclass(frozen=True)
+@dataclass
 class Rounds(Request):
     """``n`` timed rounds of ``inner`` calls each."""
 
@@ -90,7 +90,7 @@ class Rounds(Request):
     inner: int
 
 
-@dataclass(frozen=True)
+@dataclass
 class Train(Request):
     """SGD epochs from the shared initial parameters, with a loss curve."""
 
@@ -102,7 +102,7 @@ class Train(Request):
         return cls(TrainSettings(**body["settings"]))
 
 
-@dataclass(frozen=True)
+@dataclass
 class Check(Request):
     """Conformance of one backend against the reference (``harness check``), in the worker's environment."""
 
@@ -113,7 +113,7 @@ class Check(Request):
     representative: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass
 class GemmPeak(Request):
     """The machine's best GFLOP/s of an ``n`` x ``n`` x ``n`` NumPy GEMM."""
 
@@ -122,7 +122,7 @@ class GemmPeak(Request):
     n: int
 
 
-@dataclass(frozen=True)
+@dataclass
 class Quit(Request):
     """End the worker."""
 
@@ -132,9 +132,14 @@ class Quit(Request):
 REQUESTS: dict[str, type[Request]] = {c.cmd: c for c in (Init, WarmUp, Verify, Calibrate, Rounds, Train, Check, GemmPeak, Quit)}
 
 
+def _fields(obj) -> dict:
+    # shallow on purpose: dataclasses.asdict deep-copies every list, which a round's reply pays for
+    return obj.__dict__
+
+
 def encode_request(req: Request) -> str:
     """The request's JSON line (without the newline)."""
-    return json.dumps({"cmd": req.cmd, **asdict(req)})
+    return json.dumps({"cmd": req.cmd, **req.__dict__}, default=_fields)
 
 
 def decode_request(line: str) -> Request:
@@ -144,9 +149,7 @@ def decode_request(line: str) -> Request:
         cls = REQUESTS[body.pop("cmd")]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ProtocolError(f"not a request: {line[:200]!r} ({exc})") from None
-    if hasattr(cls, "from_json"):
-        return cls.from_json(body)
-    return cls(**body)
+    return cls.from_json(body) if cls is Train else cls(**body)
 
 
 # -- replies ----------------------------------------------------------------------------
@@ -171,7 +174,7 @@ class Reply:
 
 def encode_reply(reply: Reply) -> str:
     """The reply's framed line (without the newline)."""
-    return REPLY_PREFIX + json.dumps(asdict(reply))
+    return REPLY_PREFIX + json.dumps(reply.__dict__)
 
 
 def decode_reply(line: str) -> Reply | None:

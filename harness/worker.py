@@ -228,32 +228,39 @@ def check(req: protocol.Check) -> list[dict]:
     return [asdict(r) for r in check_backend(req.backend, quick=req.quick, device=req.device, cases=cases)]
 
 
+def _init(cell, req: protocol.Init) -> tuple[CellState, dict]:
+    cell = CellState(req)
+    return cell, {"versions": cell.backend.versions(), "python": sys.version.split()[0], "data_meta": cell.data.meta}
+
+
+def _rounds(cell: CellState, req: protocol.Rounds) -> dict:
+    samples = cell.rounds(req.n, req.inner)
+    return {"samples": samples, "loss": None if cell.last_loss is None else float(cell.last_loss)}
+
+
+# requests that need no cell, and requests to the cell: cmd -> what answers it
+_SERVICES = {
+    "init": _init,
+    "quit": lambda cell, req: (cell, {}),
+    "gemm_peak": lambda cell, req: (cell, {"gflops": gemm_peak(req.dtype, req.n)}),
+    "check": lambda cell, req: (cell, {"results": check(req)}),
+}
+_CELL_REQUESTS = {
+    "warmup": lambda cell, req: cell.warmup(req.n),
+    "verify": lambda cell, req: cell.verify(),
+    "calibrate": lambda cell, req: cell.calibrate(req.round_s),
+    "rounds": _rounds,
+    "train": lambda cell, req: cell.train(req.settings),
+}
+
+
 def handle(cell: CellState | None, req: protocol.Request) -> tuple[CellState | None, dict]:
     """Carry out one request; the (possibly new) cell state and the reply's body."""
-    if isinstance(req, protocol.Init):
-        cell = CellState(req)
-        return cell, {"versions": cell.backend.versions(), "python": sys.version.split()[0],
-                      "data_meta": cell.data.meta}
-    if isinstance(req, protocol.Quit):
-        return cell, {}
-    if isinstance(req, protocol.GemmPeak):
-        return cell, {"gflops": gemm_peak(req.dtype, req.n)}
-    if isinstance(req, protocol.Check):
-        return cell, {"results": check(req)}
+    if req.cmd in _SERVICES:
+        return _SERVICES[req.cmd](cell, req)
     if cell is None:
         raise RuntimeError(f"{req.cmd!r} before init")
-    if isinstance(req, protocol.WarmUp):
-        return cell, cell.warmup(req.n)
-    if isinstance(req, protocol.Verify):
-        return cell, cell.verify()
-    if isinstance(req, protocol.Calibrate):
-        return cell, cell.calibrate(req.round_s)
-    if isinstance(req, protocol.Rounds):
-        samples = cell.rounds(req.n, req.inner)
-        return cell, {"samples": samples, "loss": None if cell.last_loss is None else float(cell.last_loss)}
-    if isinstance(req, protocol.Train):
-        return cell, cell.train(req.settings)
-    raise RuntimeError(f"unknown request {req.cmd!r}")
+    return cell, _CELL_REQUESTS[req.cmd](cell, req)
 
 
 def serve(inp, out) -> None:

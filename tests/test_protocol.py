@@ -50,3 +50,13 @@ def test_the_server_answers_errors_and_stays_alive():
     assert [r.status for r in replies] == ["error", "error", "ok", "ok"]  # nothing answered after quit
     assert "before init" in replies[0].error and "not a request" in replies[1].error
     assert replies[2]["gflops"] > 0 and all(r.peak_rss_mb > 0 for r in replies)
+
+
+def test_each_document_of_a_config_brings_its_own_seed(write_config):
+    from harness.config import load_config
+
+    path = write_config("name: two\nseed: 4\nmodel: {kind: elman, hidden: 4}\ntask: {kind: random, vocab: 5, seq_len: 3}\n"
+                        "backends: [numpy]\n---\nseed: 9\nbatch: [2]\n")
+    cells = load_config(path).cells()
+    assert [(c.problem.batch, c.seed) for c in cells] == [(1, 4), (2, 9)]
+    assert cells[0].timing.min_rounds == cells[1].timing.min_rounds and cells[0].train.patience == 2
