@@ -72,6 +72,7 @@ import numpy as np
 
 from backends.base import Backend, unsupported
 from harness.spec import Problem
+from harness.spec import layer_suffix as _sfx
 
 # tanh(a) = a * sum_k c_k a^(2k) for |a| < _TANH_SMALL: the first term left out is 2e-9 relative there
 _TANH_SERIES = (1.0, -1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925)
@@ -85,10 +86,6 @@ _WGRAD_ROWS = 64
 _BATCH_TILE = 4
 #: compiled pipelines kept per backend instance (the conformance check reuses structures)
 _CACHE_SIZE = 8
-
-
-def _sfx(layer: int) -> str:
-    return "" if layer == 0 else f"_{layer}"
 
 
 def _param_shapes(problem: Problem) -> dict[str, tuple[int, ...]]:

@@ -52,6 +52,7 @@ import numpy as np
 
 from backends.base import Backend
 from harness.spec import Problem
+from harness.spec import layer_suffix as _sfx
 
 #: the unroll the ``default`` variant passes to ``lax.scan`` (why: JaxBackend's docstring)
 DEFAULT_UNROLL = 1
@@ -85,10 +86,6 @@ def _use_compilation_cache(jax) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
-def _sfx(layer: int) -> str:
-    return "" if layer == 0 else f"_{layer}"
-
-
 def _build(problem: Problem, unroll: int, python_loop: bool):
     """The pure functions of one problem: ``forward(p, x)``, ``loss_and_grads(p, x, y)`` and ``step(p, x, y, lr)``."""
     import jax
@@ -99,12 +96,8 @@ def _build(problem: Problem, unroll: int, python_loop: bool):
     dtype = jnp.dtype(problem.dtype)
     lstm = spec.kind == "lstm"
     sg = lax.stop_gradient
-    mode, K = spec.bptt.mode, spec.bptt.k
-    # Windows that cover the whole sequence are the full gradient.
-    if mode == "truncated" and K >= T - 1:
-        mode = "full"
-    if mode == "tail" and K >= T:
-        mode = "full"
+    bptt = spec.bptt.effective(T)
+    mode, K = bptt.mode, bptt.k
     n_lanes = K + 1 if mode == "truncated" else 1
 
     act = {"tanh": jnp.tanh, "relu": jax.nn.relu, "sigmoid": jax.nn.sigmoid}[spec.activation]

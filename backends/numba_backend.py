@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.base import Backend, unsupported
+from harness.spec import layer_suffix
 
 # codes the kernels branch on (module-level ints are compile-time constants for Numba)
 _ELMAN, _LSTM = 0, 1
@@ -586,11 +587,12 @@ def _compiled():
 
 def _lanes(bptt, T: int) -> tuple[int, int, int]:
     """``(lo, lanes, reset)``: first step that gets gradient, open windows at once, whether they close."""
+    bptt = bptt.effective(T)
     if bptt.mode == "tail":
-        return max(0, T - bptt.k), 1, 0
-    if bptt.mode == "truncated" and bptt.k + 1 < T:
+        return T - bptt.k, 1, 0
+    if bptt.mode == "truncated":
         return 0, bptt.k + 1, 1
-    return 0, 1, 0  # full, or windows that all reach step 0
+    return 0, 1, 0
 
 
 @dataclass
@@ -644,7 +646,7 @@ class NumbaBackend(Backend):
         def get(name, shape):
             return np.array(params[name], dtype=dt, order="C") if name in params else np.zeros(shape, dt)
 
-        sfx = [""] + [f"_{l}" for l in range(1, L)]
+        sfx = [layer_suffix(l) for l in range(L)]
         self._W0 = get(win, None)
         self._Wr = np.stack([get(win + s, None) for s in sfx[1:]]) if L > 1 else np.zeros((0, H, G), dt)
         self._Whh = np.stack([get("W_hh" + s, None) for s in sfx])
@@ -674,7 +676,7 @@ class NumbaBackend(Backend):
         """Parameter name -> (index into the stacked arrays, index within it)."""
         names = {}
         for l in range(spec.layers):
-            s = "" if l == 0 else f"_{l}"
+            s = layer_suffix(l)
             names[win + s] = (0, ()) if l == 0 else (1, (l - 1,))
             names["W_hh" + s] = (2, (l,))
             names[bias + s] = (3, (l,))

@@ -18,10 +18,7 @@ import numpy as np
 
 from backends.base import Backend, unsupported
 from harness.spec import Problem
-
-
-def _sfx(layer: int) -> str:
-    return "" if layer == 0 else f"_{layer}"
+from harness.spec import layer_suffix as _sfx
 
 
 def _sigmoid_(a: np.ndarray) -> None:
@@ -92,11 +89,11 @@ class _Buffers:
 
     def __init__(self, net: "_Fast", T: int, B: int):
         spec = net.spec
-        mode, K = spec.bptt.mode, spec.bptt.k
-        # truncated K >= T-1 and tail K >= T reach back to the start: the full gradient
-        self.truncated = mode == "truncated" and K < T - 1
+        bptt = spec.bptt.effective(T)
+        mode, K = bptt.mode, bptt.k
+        self.truncated = mode == "truncated"
         self.S = K + 1 if self.truncated else 1
-        self.t0 = max(0, T - K) if mode == "tail" else 0
+        self.t0 = T - K if mode == "tail" else 0
         self.T, self.B = T, B
         N, O = T * B, net.problem.output_size
         for layer in net.layers:

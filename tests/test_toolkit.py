@@ -1,0 +1,18 @@
+"""The shared rules backends lean on: parameter names per layer, the effective BPTT window."""
+
+from harness.spec import Bptt, ModelSpec, layer_suffix
+
+
+def test_layer_suffix_spells_the_parameter_names():
+    assert [layer_suffix(i) for i in range(3)] == ["", "_1", "_2"]
+    names = ModelSpec(kind="lstm", hidden=3, layers=2, peephole=True).param_names()
+    assert "W_ih" in names and "W_hh_1" in names and "p_o_1" in names
+
+
+def test_a_window_as_long_as_the_sequence_is_full_bptt():
+    T = 10
+    assert Bptt("truncated", 9).effective(T) == Bptt("full", None)
+    assert Bptt("truncated", 8).effective(T) == Bptt("truncated", 8)
+    assert Bptt("tail", 10).effective(T) == Bptt("full", None)
+    assert Bptt("tail", 9).effective(T) == Bptt("tail", 9)
+    assert Bptt("full", None).effective(T) == Bptt("full", None)
