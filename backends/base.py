@@ -42,13 +42,19 @@ class Backend:
 
     def device_availability(self, device: str) -> tuple[bool, str]:
         """Whether ``device`` can be used here; backends with a GPU path override this."""
-        if device not in self.devices:
-            return False, f"unsupported: {self.full_name} has no {device} implementation"
-        return True, ""
+        return self.supports_device(device)
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
-        """``(True, "")`` or ``(False, "unsupported: <why>")`` for this problem."""
-        return True, ""
+        """``(True, "")`` or ``(False, "unsupported: <why>")`` for this problem; by default, any problem
+        on one of :attr:`devices`. An override starts with ``self.supports_device(problem.device)``."""
+        return self.supports_device(problem.device)
+
+    def supports_device(self, device: str) -> tuple[bool, str]:
+        """Whether :attr:`devices` lists ``device`` (the one spelling of that refusal)."""
+        if device in self.devices:
+            return True, ""
+        where = "the CPU only" if self.devices == ("cpu",) else f"{', '.join(self.devices)} only"
+        return unsupported(f"{self.full_name} runs on {where} (device {device})")
 
     def tolerance(self, problem: Problem) -> tuple[float, float, str] | None:
         """Looser conformance bounds ``(rtol, atol_of_max, why)``, or None for SPEC.md's."""
@@ -123,8 +129,9 @@ def screen_device(backend: Backend, device: str) -> tuple[str, str]:
     ok, why = backend.availability()
     if not ok:
         return "unavailable", why
-    if device not in backend.devices:
-        return "unsupported", f"unsupported: {backend.full_name} has no {device} implementation"
+    ok, why = backend.supports_device(device)
+    if not ok:
+        return "unsupported", why
     if device != "cpu":
         ok, why = backend.device_availability(device)
         if not ok:

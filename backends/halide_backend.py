@@ -719,8 +719,9 @@ class HalideBackend(Backend):
     def supports(self, problem: Problem) -> tuple[bool, str]:
         """The Elman cell with full BPTT on the CPU, any head, activation, bias, depth and clip."""
         spec = problem.model
-        if problem.device != "cpu":
-            return unsupported(f"{self.full_name} runs on the CPU only (device {problem.device})")
+        ok, why = self.supports_device(problem.device)
+        if not ok:
+            return ok, why
         if spec.kind != "elman":
             return unsupported(f"{self.full_name} implements the elman cell only, not {spec.kind}")
         if spec.bptt.mode != "full":

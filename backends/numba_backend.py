@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.base import Backend, unsupported
+from backends.base import Backend
 from harness.spec import layer_suffix
 
 # codes the kernels branch on (module-level ints are compile-time constants for Numba)
@@ -629,9 +629,7 @@ class NumbaBackend(Backend):
 
     def supports(self, problem) -> tuple[bool, str]:
         """Every SPEC.md model, head, bptt mode and dtype, on the CPU."""
-        if problem.device != "cpu":
-            return unsupported("numba backend runs on the CPU only")
-        return True, ""
+        return self.supports_device(problem.device)
 
     def prepare(self, problem, params, device="cpu", threads=1) -> None:
         """Copy the parameters into layer-stacked arrays; BLAS threads come from the worker's environment."""

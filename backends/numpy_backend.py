@@ -589,8 +589,9 @@ class NumpyBackend(Backend):
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
         """Every SPEC.md option for ``fast``; the tutorial's model only for ``wildml``."""
-        if problem.device != "cpu":
-            return unsupported(f"{self.full_name} runs on the CPU only (device {problem.device})")
+        ok, why = self.supports_device(problem.device)
+        if not ok:
+            return ok, why
         if problem.dtype not in ("float32", "float64"):
             return unsupported(f"{self.full_name} computes in float32 or float64, not {problem.dtype}")
         if self.variant == "wildml":

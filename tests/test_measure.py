@@ -71,7 +71,7 @@ def test_screening_says_who_lacks_the_device():
 
     gpu = Problem(ModelSpec(kind="elman", hidden=4), 5, 5, True, "float32", 3, 4, "gpu", "train_step")
     cpu = Problem(ModelSpec(kind="elman", hidden=4), 5, 5, True, "float32", 3, 4, "cpu", "train_step")
-    assert screen(CpuOnly(), gpu) == ("unsupported", "unsupported: cpu-only has no gpu implementation")
+    assert screen(CpuOnly(), gpu) == ("unsupported", "unsupported: cpu-only runs on the CPU only (device gpu)")
     assert screen(NoGpuHere(), gpu) == ("unavailable", "unavailable: no GPU on this machine")
     assert screen(NoGpuHere(), cpu) == ("ok", "")
     assert screen(Picky(), cpu) == ("unsupported", "unsupported: batch 3")
