@@ -27,7 +27,8 @@ def _check_isolated(full_name: str, environment: str, quick: bool, device: str, 
     from harness.config import DEFAULT_ENV
 
     n_cases = len(representative_cases() if representative else all_cases(quick))
-    environment, env = worker_environment(full_name, device, "float32", threads, DEFAULT_ENV)
+    # dtype None: the check runs float32 and float64 cases in one process, so no flag may pin one
+    environment, env = worker_environment(full_name, device, None, threads, DEFAULT_ENV)
     worker = WorkerProcess(environment, env, f"check {full_name}")
     try:
         reply = worker.request(protocol.Check(full_name, device, quick, representative), CASE_TIMEOUT_S * max(1, n_cases))

@@ -60,3 +60,19 @@ def test_each_document_of_a_config_brings_its_own_seed(write_config):
     cells = load_config(path).cells()
     assert [(c.problem.batch, c.seed) for c in cells] == [(1, 4), (2, 9)]
     assert cells[0].timing.min_rounds == cells[1].timing.min_rounds and cells[0].train.patience == 2
+
+
+def test_check_of_an_isolated_backend_runs_in_a_worker(fake_backends, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    from harness import conformance, envs
+    from harness.check import representative_cases
+
+    monkeypatch.setattr(envs, "ensure_env", lambda name, progress=None: Path(sys.executable))
+    results = conformance._check_isolated("ref", "an-isolated-env", quick=False, device="cpu", representative=True)
+    assert len(results) == len(representative_cases())
+    assert {r.status for r in results} == {"pass"} and all(r.backend == "ref" for r in results)
+    monkeypatch.setattr(conformance, "CASE_TIMEOUT_S", 1e-4)  # a check that outlives its time is stopped
+    (late,) = conformance._check_isolated("ref", "an-isolated-env", quick=False, device="cpu", representative=True)
+    assert late.status == "error" and "timeout" in late.reason
