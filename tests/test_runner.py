@@ -242,3 +242,12 @@ def test_an_interrupt_at_any_phase_leaves_no_worker_behind(fake_backends, write_
     for pid in set(started):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_recorded_worker_variables_are_those_the_run_sets(fake_backends, write_config, tmp_path, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--from-the-calling-shell")  # inherited, not set by the run
+    run = _run(write_config(STEP + "backends: [ref]\nenv: {MY_SETTING: '7'}\n" + FAST_TIMING), tmp_path / "run")
+    env = run.meta["worker_env"]["ref"]
+    assert env["MY_SETTING"] == "7" and env["MALLOC_TRIM_THRESHOLD_"] and env["OMP_NUM_THREADS"] == "1"
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and "HARNESS_CPUS" in env
+    assert "XLA_FLAGS" not in env and "PATH" not in env and "PYTHONUNBUFFERED" not in env
