@@ -117,7 +117,10 @@ def classify_exit(code: int, tail: str, peak_rss_mb: float | None, limit_mb: flo
 
 
 class WorkerProcess:
-    """A worker subprocess, talked to through :mod:`harness.protocol`, with timeouts."""
+    """A worker subprocess, talked to through :mod:`harness.protocol`, with timeouts.
+
+    ``env`` is its whole process environment; ``recorded`` the part of it the run chose
+    (see :func:`worker_settings`), kept as ``.env`` for run.json."""
 
     def __init__(self, environment: str | None, env: dict, label: str, recorded: dict | None = None):
         python = str(envs.ensure_env(environment)) if environment else sys.executable
@@ -129,7 +132,8 @@ class WorkerProcess:
         self.proc = subprocess.Popen([python, "-m", "harness.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, env=env, cwd=str(PROJECT_ROOT), start_new_session=True)
         self.buf = b""
-        self.env = {k: v for k, v in (env if recorded is None else recorded).items() if k not in PLUMBING_VARS}
+        # what the run set for this worker (recorded with the cell), not what it inherited
+        self.env = {k: v for k, v in (recorded or {}).items() if k not in PLUMBING_VARS}
 
     def stderr_tail(self, n: int = 20) -> str:
         """The last ``n`` lines the worker wrote to stderr, after any stray stdout lines."""

@@ -15,12 +15,14 @@ from datetime import datetime, timezone
 from itertools import groupby
 
 from harness import envs, machine, measure, protocol, schema
+# the worker client's names, importable from here as they always were
 from harness.client import (WorkerFailure, WorkerProcess, classify_exit, worker_cpus,  # noqa: F401
                             worker_environment, worker_settings)
 from harness.config import Cell, RunConfig
 from harness.errors import HarnessError
 from harness.results import RunStore
 from harness.timing import Stats, paired_speedup
+
 
 @dataclass
 class Outcome:
