@@ -775,24 +775,18 @@ class HalideBackend(Backend):
         import halide as hl
 
         p = self.problem
-        if p.tokens:
-            x = np.ascontiguousarray(x, dtype=np.int32)
-            if x.size and (x.min() < 0 or x.max() >= p.input_size):
-                raise IndexError(f"token ids must lie in [0, {p.input_size})")
-        else:
-            x = np.ascontiguousarray(x, dtype=p.dtype)
+        x = p.cast_inputs(x, np.int32)
+        if p.tokens and x.size and (x.min() < 0 or x.max() >= p.input_size):
+            raise IndexError(f"token ids must lie in [0, {p.input_size})")
         return x, hl.Buffer(x)
 
     def _y(self, y):
         import halide as hl
 
         p = self.problem
-        if p.model.head == "softmax_xent":
-            y = np.ascontiguousarray(y, dtype=np.int32)
-            if y.size and (y.min() < 0 or y.max() >= p.output_size):
-                raise IndexError(f"class ids must lie in [0, {p.output_size})")
-        else:
-            y = np.ascontiguousarray(y, dtype=p.dtype)
+        y = p.cast_targets(y, np.int32)
+        if p.model.head == "softmax_xent" and y.size and (y.min() < 0 or y.max() >= p.output_size):
+            raise IndexError(f"class ids must lie in [0, {p.output_size})")
         return y, hl.Buffer(y)
 
     def _step(self, x, y, lr: float) -> float:

@@ -452,12 +452,8 @@ class JaxBackend(Backend):
         }
 
     def _data(self, x, y=None):
-        dtype = self.problem.dtype
-        x = np.asarray(x, np.int32 if self.problem.tokens else dtype)
-        if y is None:
-            return x, None
-        y = np.asarray(y, np.int32 if self.problem.model.head == "softmax_xent" else dtype)
-        return x, y
+        x = self.problem.cast_inputs(x, np.int32)
+        return x, (None if y is None else self.problem.cast_targets(y, np.int32))
 
     def _executable(self, which: str, data: tuple):
         """The executable of ``which`` for these data shapes, compiled on first use."""

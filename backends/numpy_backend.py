@@ -127,13 +127,9 @@ class _Fast:
 
     # -- inputs and buffers ----------------------------------------------------------
     def _inputs(self, x, y=None):
-        x = np.asarray(x)
-        if not self.problem.tokens:
-            x = np.asarray(x, dtype=self.dtype)
+        x = self.problem.cast_inputs(x)
         if y is not None:
-            y = np.asarray(y)
-            if self.spec.head == "mse":
-                y = np.asarray(y, dtype=self.dtype)
+            y = self.problem.cast_targets(y)
         T, B = x.shape[:2]
         if self.buf is None or (self.buf.T, self.buf.B) != (T, B):
             self.buf = _Buffers(self, T, B)

@@ -281,6 +281,20 @@ class Problem:
         d["model"] = ModelSpec.from_mapping(d["model"])
         return cls(**d)
 
+    def cast_inputs(self, x, ids=None):
+        """``x`` (T, B[, D]) as a step reads it, C-contiguous: token ids (as ``ids``, or their own integer
+        dtype when None), or dense rows in the problem's dtype."""
+        import numpy as np
+
+        return np.ascontiguousarray(x, ids if self.tokens else self.dtype)
+
+    def cast_targets(self, y, ids=None):
+        """``y`` as a head reads it, C-contiguous: class ids for softmax_xent (as ``ids``, or their own
+        integer dtype when None), target rows in the problem's dtype for mse."""
+        import numpy as np
+
+        return np.ascontiguousarray(y, ids if self.model.head == "softmax_xent" else self.dtype)
+
     def flops_forward(self) -> float:
         """GEMM FLOPs of one forward pass over the whole batch and sequence (SPEC.md)."""
         m, d, h, o = self.model, self.input_size, self.model.hidden, self.output_size
