@@ -57,11 +57,6 @@ def backend_class(name: str):
         raise HarnessError(f"unavailable: backend {name!r} failed to import: {type(exc).__name__}: {exc}") from exc
 
 
-def known_variants(name: str) -> tuple[str, ...]:
-    """Variants of a backend, without importing its heavy library."""
-    return backend_class(name).variants
-
-
 def validate_name(full: str) -> str:
     """Check ``name[:variant]`` against the registry; returns the canonical full name."""
     name, variant = split_name(full)

@@ -42,13 +42,19 @@ class Backend:
 
     def device_availability(self, device: str) -> tuple[bool, str]:
         """Whether ``device`` can be used here; backends with a GPU path override this."""
-        if device not in self.devices:
-            return False, f"unsupported: {self.full_name} has no {device} implementation"
-        return True, ""
+        return self.supports_device(device)
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
-        """``(True, "")`` or ``(False, "unsupported: <why>")`` for this problem."""
-        return True, ""
+        """``(True, "")`` or ``(False, "unsupported: <why>")`` for this problem; by default, any problem
+        on one of :attr:`devices`. An override starts with ``self.supports_device(problem.device)``."""
+        return self.supports_device(problem.device)
+
+    def supports_device(self, device: str) -> tuple[bool, str]:
+        """Whether :attr:`devices` lists ``device`` (the one spelling of that refusal)."""
+        if device in self.devices:
+            return True, ""
+        where = "the CPU only" if self.devices == ("cpu",) else f"{', '.join(self.devices)} only"
+        return unsupported(f"{self.full_name} runs on {where} (device {device})")
 
     def tolerance(self, problem: Problem) -> tuple[float, float, str] | None:
         """Looser conformance bounds ``(rtol, atol_of_max, why)``, or None for SPEC.md's."""
@@ -101,3 +107,33 @@ class Backend:
 def unsupported(why: str) -> tuple[bool, str]:
     """The one way to say no: ``(False, "unsupported: <why>")``."""
     return False, f"unsupported: {why}"
+
+
+def screen(backend: Backend, problem: Problem) -> tuple[str, str]:
+    """Whether ``backend`` can run ``problem`` here: ``("ok", "")``, ``("unavailable", why)`` when
+    this machine lacks it (library, device) or ``("unsupported", why)`` when the backend does.
+
+    The one screening, in the order availability -> device -> supports; cheap (no heavy import)."""
+    status, why = screen_device(backend, problem.device)
+    if status != "ok":
+        return status, why
+    ok, why = backend.supports(problem)
+    if not ok:
+        return "unsupported", why
+    return "ok", ""
+
+
+def screen_device(backend: Backend, device: str) -> tuple[str, str]:
+    """The first two steps of :func:`screen`: the backend's availability here, then ``device``:
+    ``unsupported`` when the backend has no implementation for it, ``unavailable`` when this machine lacks it."""
+    ok, why = backend.availability()
+    if not ok:
+        return "unavailable", why
+    ok, why = backend.supports_device(device)
+    if not ok:
+        return "unsupported", why
+    if device != "cpu":
+        ok, why = backend.device_availability(device)
+        if not ok:
+            return "unavailable", why
+    return "ok", ""

@@ -72,6 +72,7 @@ import numpy as np
 
 from backends.base import Backend, unsupported
 from harness.spec import Problem
+from harness.spec import layer_suffix as _sfx
 
 # tanh(a) = a * sum_k c_k a^(2k) for |a| < _TANH_SMALL: the first term left out is 2e-9 relative there
 _TANH_SERIES = (1.0, -1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925)
@@ -85,10 +86,6 @@ _WGRAD_ROWS = 64
 _BATCH_TILE = 4
 #: compiled pipelines kept per backend instance (the conformance check reuses structures)
 _CACHE_SIZE = 8
-
-
-def _sfx(layer: int) -> str:
-    return "" if layer == 0 else f"_{layer}"
 
 
 def _param_shapes(problem: Problem) -> dict[str, tuple[int, ...]]:
@@ -722,8 +719,9 @@ class HalideBackend(Backend):
     def supports(self, problem: Problem) -> tuple[bool, str]:
         """The Elman cell with full BPTT on the CPU, any head, activation, bias, depth and clip."""
         spec = problem.model
-        if problem.device != "cpu":
-            return unsupported(f"{self.full_name} runs on the CPU only (device {problem.device})")
+        ok, why = self.supports_device(problem.device)
+        if not ok:
+            return ok, why
         if spec.kind != "elman":
             return unsupported(f"{self.full_name} implements the elman cell only, not {spec.kind}")
         if spec.bptt.mode != "full":
@@ -777,24 +775,18 @@ class HalideBackend(Backend):
         import halide as hl
 
         p = self.problem
-        if p.tokens:
-            x = np.ascontiguousarray(x, dtype=np.int32)
-            if x.size and (x.min() < 0 or x.max() >= p.input_size):
-                raise IndexError(f"token ids must lie in [0, {p.input_size})")
-        else:
-            x = np.ascontiguousarray(x, dtype=p.dtype)
+        x = p.cast_inputs(x, np.int32)
+        if p.tokens and x.size and (x.min() < 0 or x.max() >= p.input_size):
+            raise IndexError(f"token ids must lie in [0, {p.input_size})")
         return x, hl.Buffer(x)
 
     def _y(self, y):
         import halide as hl
 
         p = self.problem
-        if p.model.head == "softmax_xent":
-            y = np.ascontiguousarray(y, dtype=np.int32)
-            if y.size and (y.min() < 0 or y.max() >= p.output_size):
-                raise IndexError(f"class ids must lie in [0, {p.output_size})")
-        else:
-            y = np.ascontiguousarray(y, dtype=p.dtype)
+        y = p.cast_targets(y, np.int32)
+        if p.model.head == "softmax_xent" and y.size and (y.min() < 0 or y.max() >= p.output_size):
+            raise IndexError(f"class ids must lie in [0, {p.output_size})")
         return y, hl.Buffer(y)
 
     def _step(self, x, y, lr: float) -> float:

@@ -46,12 +46,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from backends.base import Backend, unsupported
 from harness.spec import Problem
+from harness.spec import layer_suffix as _sfx
 
 #: the unroll the ``default`` variant passes to ``lax.scan`` (why: JaxBackend's docstring)
 DEFAULT_UNROLL = 1
@@ -94,96 +95,125 @@ def _use_compilation_cache(jax) -> None:
         pass
 
 
-def _sfx(layer: int) -> str:
-    return "" if layer == 0 else f"_{layer}"
+class _Net(NamedTuple):
+    """What the pure functions of one problem are built from (static: shapes, modes, the variant's loop)."""
+
+    problem: Problem
+    T: int
+    B: int
+    H: int
+    dtype: Any  # jnp.dtype
+    lstm: bool
+    mode: str  # the effective bptt mode for T
+    K: int | None
+    n_lanes: int  # open truncation windows at once
+    act: Any  # the Elman activation
+    in_name: str  # layer 0's input weights
+    unroll: int
+    python_loop: bool
+    recurrence: Any = None  # the layer recurrence with its hand-written VJP (see _recurrence)
+
+    @property
+    def spec(self):
+        return self.problem.model
 
 
-def _build(problem: Problem, unroll: int, python_loop: bool):
-    """The pure functions of one problem: ``forward(p, x)``, ``loss_and_grads(p, x, y)`` and ``step(p, x, y, lr)``."""
+def _net(problem: Problem, unroll: int, python_loop: bool) -> _Net:
+    import jax
+    import jax.numpy as jnp
+
+    spec, T = problem.model, problem.seq_len
+    bptt = spec.bptt.effective(T)
+    lstm = spec.kind == "lstm"
+    act = {"tanh": jnp.tanh, "relu": jax.nn.relu, "sigmoid": jax.nn.sigmoid}[spec.activation]
+    n = _Net(problem, T, problem.batch, spec.hidden, jnp.dtype(problem.dtype), lstm, bptt.mode, bptt.k,
+             bptt.k + 1 if bptt.mode == "truncated" else 1, act, "W_ih" if lstm else "W_xh", unroll, python_loop)
+    return n._replace(recurrence=_recurrence(n))
+
+
+def _layer_params(n: _Net, p, layer):
+    s, spec = _sfx(layer), n.spec
+    lp = {"W_hh": p["W_hh" + s]}
+    if not (layer == 0 and n.problem.tokens):  # token rows arrive already gathered (``_embed``)
+        lp["W_in"] = p[n.in_name + s]
+    if spec.bias:
+        lp["b"] = p[("b" if n.lstm else "b_h") + s]
+    if spec.peephole:
+        lp.update(p_i=p["p_i" + s], p_f=p["p_f" + s], p_o=p["p_o" + s])
+    return lp
+
+
+def _embed(n: _Net, p, x):
+    """Layer 0's ``x_t W_in`` rows for token ids (a gather, never one-hot); dense rows as they are."""
+    return p[n.in_name][x] if n.problem.tokens else x
+
+
+def _in_proj(n: _Net, lp, inp, layer):
+    """``x_t W_in (+ b)`` for every step at once: one GEMM, or the embedded token rows."""
+    a = inp if (layer == 0 and n.problem.tokens) else inp @ lp["W_in"]
+    return a + lp["b"] if n.spec.bias else a
+
+
+def _point(n: _Net, peep, a, state_prev):
+    """The elementwise part of a step: pre-activation ``a`` -> new state ``(h,)`` or ``(h, c)``."""
+    import jax
+    import jax.numpy as jnp
+
+    if not n.lstm:
+        return (n.act(a),)
+    c = state_prev[1]
+    ai, af, ag, ao = jnp.split(a, 4, axis=-1)  # gate order i, f, g, o
+    if n.spec.peephole:
+        ai, af = ai + peep["p_i"] * c, af + peep["p_f"] * c
+    i, f, g = jax.nn.sigmoid(ai), jax.nn.sigmoid(af), jnp.tanh(ag)
+    c = f * c + i * g
+    o = jax.nn.sigmoid(ao + peep["p_o"] * c if n.spec.peephole else ao)
+    return (o * jnp.tanh(c), c)
+
+
+def _loop(n: _Net, body, carry, xs, length, reverse=False):
+    """``lax.scan`` with the variant's unroll, or a Python loop over the steps (variant ``python``)."""
     import jax
     import jax.numpy as jnp
     from jax import lax
 
-    spec, T, B, H = problem.model, problem.seq_len, problem.batch, problem.model.hidden
-    dtype = jnp.dtype(problem.dtype)
-    lstm = spec.kind == "lstm"
-    sg = lax.stop_gradient
-    mode, K = spec.bptt.mode, spec.bptt.k
-    # Windows that cover the whole sequence are the full gradient.
-    if mode == "truncated" and K >= T - 1:
-        mode = "full"
-    if mode == "tail" and K >= T:
-        mode = "full"
-    n_lanes = K + 1 if mode == "truncated" else 1
+    if not n.python_loop:
+        return lax.scan(body, carry, xs, length=length, reverse=reverse, unroll=max(1, min(n.unroll, length)))
+    ys = [None] * length
+    for t in reversed(range(length)) if reverse else range(length):
+        carry, ys[t] = body(carry, jax.tree.map(lambda v: v[t], xs))
+    return carry, jax.tree.map(lambda *v: jnp.stack(v), *ys)
 
-    act = {"tanh": jnp.tanh, "relu": jax.nn.relu, "sigmoid": jax.nn.sigmoid}[spec.activation]
 
-    in_name = "W_ih" if lstm else "W_xh"
+def _run_layer(n: _Net, W_hh, peep, a_x, state0, restart, keep: bool):
+    """Forward over the steps of ``a_x``: ``(final state, hs)``, plus the residuals when ``keep``."""
 
-    def layer_params(p, layer):
-        s = _sfx(layer)
-        lp = {"W_hh": p["W_hh" + s]}
-        if not (layer == 0 and problem.tokens):  # token rows arrive already gathered (``embed``)
-            lp["W_in"] = p[in_name + s]
-        if spec.bias:
-            lp["b"] = p[("b" if lstm else "b_h") + s]
-        if spec.peephole:
-            lp.update(p_i=p["p_i" + s], p_f=p["p_f" + s], p_o=p["p_o" + s])
-        return lp
+    def body(state, xs):
+        a_t, _ = xs
+        a = a_t + state[0] @ W_hh
+        new = _point(n, peep, a, state)
+        return new, ((new[0], a, state) if keep else new[0])
 
-    def embed(p, x):
-        """Layer 0's ``x_t W_in`` rows for token ids (a gather, never one-hot); dense rows as they are."""
-        return p[in_name][x] if problem.tokens else x
+    final, ys = _loop(n, body, state0, (a_x, restart), a_x.shape[0])
+    return ((final, ys[0]), (W_hh, peep, ys[1], ys[2], restart, a_x.ndim)) if keep else (final, ys)
 
-    def in_proj(lp, inp, layer):
-        """``x_t W_in (+ b)`` for every step at once: one GEMM, or the embedded token rows."""
-        a = inp if (layer == 0 and problem.tokens) else inp @ lp["W_in"]
-        return a + lp["b"] if spec.bias else a
 
-    def point(peep, a, state_prev):
-        """The elementwise part of a step: pre-activation ``a`` -> new state ``(h,)`` or ``(h, c)``."""
-        if not lstm:
-            return (act(a),)
-        c = state_prev[1]
-        ai, af, ag, ao = jnp.split(a, 4, axis=-1)  # gate order i, f, g, o
-        if spec.peephole:
-            ai, af = ai + peep["p_i"] * c, af + peep["p_f"] * c
-        i, f, g = jax.nn.sigmoid(ai), jax.nn.sigmoid(af), jnp.tanh(ag)
-        c = f * c + i * g
-        o = jax.nn.sigmoid(ao + peep["p_o"] * c if spec.peephole else ao)
-        return (o * jnp.tanh(c), c)
+def _recurrence(n: _Net):
+    """One layer's recurrence ``(W_hh, peep, a_x, state0, restart) -> (final state, hs)``.
 
-    def loop(body, carry, xs, length, reverse=False):
-        """``lax.scan`` with the variant's unroll, or a Python loop over the steps (variant ``python``)."""
-        if not python_loop:
-            return lax.scan(body, carry, xs, length=length, reverse=reverse, unroll=max(1, min(unroll, length)))
-        ys = [None] * length
-        for t in reversed(range(length)) if reverse else range(length):
-            carry, ys[t] = body(carry, jax.tree.map(lambda v: v[t], xs))
-        return carry, jax.tree.map(lambda *v: jnp.stack(v), *ys)
+    It gets a hand-written VJP for one reason: the weight gradient dW_hh = sum_t h_{t-1}^T da_t
+    becomes one GEMM over all T*B rows after the loop, where AD of the scan would accumulate a
+    thin (H, G) product in every iteration. Each step's elementwise part is still differentiated
+    by jax.vjp."""
+    import jax
+    import jax.numpy as jnp
 
-    def run(W_hh, peep, a_x, state0, restart, keep: bool):
-        """Forward over the steps of ``a_x``: ``(final state, hs)``, plus the residuals when ``keep``."""
-
-        def body(state, xs):
-            a_t, _ = xs
-            a = a_t + state[0] @ W_hh
-            new = point(peep, a, state)
-            return new, ((new[0], a, state) if keep else new[0])
-
-        final, ys = loop(body, state0, (a_x, restart), a_x.shape[0])
-        return ((final, ys[0]), (W_hh, peep, ys[1], ys[2], restart, a_x.ndim)) if keep else (final, ys)
-
-    # The recurrence gets a hand-written VJP for one reason: the weight gradient
-    # dW_hh = sum_t h_{t-1}^T da_t becomes one GEMM over all T*B rows after the loop,
-    # where AD of the scan would accumulate a thin (H, G) product in every iteration.
-    # Each step's elementwise part is still differentiated by jax.vjp.
     @jax.custom_vjp
     def recurrence(W_hh, peep, a_x, state0, restart):
-        return run(W_hh, peep, a_x, state0, restart, keep=False)
+        return _run_layer(n, W_hh, peep, a_x, state0, restart, keep=False)
 
     def recurrence_fwd(W_hh, peep, a_x, state0, restart):
-        return run(W_hh, peep, a_x, state0, restart, keep=True)
+        return _run_layer(n, W_hh, peep, a_x, state0, restart, keep=True)
 
     def recurrence_bwd(res, cts):
         W_hh, peep, pre, prev, restart, a_x_ndim = res
@@ -193,15 +223,15 @@ def _build(problem: Problem, unroll: int, python_loop: bool):
             d_state, d_peep = carry
             a, state_prev, ct_h, r_t = xs
             d_new = (d_state[0] + ct_h,) + tuple(d_state[1:])
-            _, vjp = jax.vjp(lambda a_, s_, p_: point(p_, a_, s_), a, state_prev, peep)
+            _, vjp = jax.vjp(lambda a_, s_, p_: _point(n, p_, a_, s_), a, state_prev, peep)
             da, d_prev, dp = vjp(d_new)
             d_prev = (d_prev[0] + da @ W_hh.T,) + tuple(d_prev[1:])
             if r_t is not None:  # a lane that restarts here saw its incoming state as a constant
                 d_prev = tuple(jnp.where(r_t[:, None, None], jnp.zeros_like(d), d) for d in d_prev)
             return (d_prev, jax.tree.map(jnp.add, d_peep, dp)), da
 
-        (d_state0, d_peep), das = loop(body, (ct_final, jax.tree.map(jnp.zeros_like, peep)),
-                                       (pre, prev, ct_hs, restart), pre.shape[0], reverse=True)
+        (d_state0, d_peep), das = _loop(n, body, (ct_final, jax.tree.map(jnp.zeros_like, peep)),
+                                        (pre, prev, ct_hs, restart), pre.shape[0], reverse=True)
         h_prev = prev[0]
         d_W_hh = h_prev.reshape(-1, h_prev.shape[-1]).T @ das.reshape(-1, das.shape[-1])
         # layer 0's input projection is shared by all truncation lanes
@@ -209,70 +239,100 @@ def _build(problem: Problem, unroll: int, python_loop: bool):
         return d_W_hh, d_peep, d_a_x, d_state0, None
 
     recurrence.defvjp(recurrence_fwd, recurrence_bwd)
+    return recurrence
 
-    def recur(lp, state, a_x, restart):
-        """Run the layer over the leading axis of ``a_x``; ``restart`` (steps, lanes) marks stop-gradients."""
-        peep = {k: lp[k] for k in ("p_i", "p_f", "p_o") if k in lp}
-        return recurrence(lp["W_hh"], peep, a_x, state, restart)
 
-    def zeros_state(lanes: int):
-        shape = (lanes, B, H) if lanes > 1 else (B, H)
-        return tuple(jnp.zeros(shape, dtype) for _ in range(2 if lstm else 1))
+def _recur(n: _Net, lp, state, a_x, restart):
+    """Run the layer over the leading axis of ``a_x``; ``restart`` (steps, lanes) marks stop-gradients."""
+    peep = {k: lp[k] for k in ("p_i", "p_f", "p_o") if k in lp}
+    return n.recurrence(lp["W_hh"], peep, a_x, state, restart)
 
-    def top_hidden(p, inp, mode):
-        """Top layer's h, (T, B, H), from the embedded input, with the stop-gradients of ``mode`` in place."""
-        if mode == "tail":
-            cut = T - K
-            inp_pre, inp_suf = sg(inp[:cut]), inp[cut:]
-            for layer in range(spec.layers):
-                lp = layer_params(p, layer)
-                state, hs_pre = recur(jax.tree.map(sg, lp), zeros_state(1), in_proj(jax.tree.map(sg, lp), inp_pre, layer), None)
-                state = tuple(sg(s) for s in state)
-                _, hs_suf = recur(lp, state, in_proj(lp, inp_suf, layer), None)
-                inp_pre, inp_suf = sg(hs_pre), hs_suf
-            return inp_pre, inp_suf
-        lanes = n_lanes if mode == "truncated" else 1
-        restart = None
-        if lanes > 1:
-            restart = jnp.asarray(np.arange(T)[:, None] % lanes == np.arange(lanes)[None, :])
-        for layer in range(spec.layers):
-            lp = layer_params(p, layer)
-            _, inp = recur(lp, zeros_state(lanes), in_proj(lp, inp, layer), restart)
-        if lanes > 1:  # output t reads the lane that restarted at t-K
-            inp = inp[np.arange(T), (np.arange(T) + 1) % lanes]
-        return inp
 
-    def logits(p, h):
-        z = h @ p["W_hy"]
-        return z + p["b_y"] if spec.bias else z
+def _zeros_state(n: _Net, lanes: int):
+    import jax.numpy as jnp
 
-    def head_sum(z, y):
-        """``sum_{t,b} l(b,t)`` of SPEC.md's heads."""
-        if spec.head == "softmax_xent":
-            picked = jnp.take_along_axis(z, y[..., None], axis=-1)[..., 0]
-            return jnp.sum(jax.nn.logsumexp(z, axis=-1) - picked)
-        out = jnp.tanh(z) if spec.output_act == "tanh" else z
-        diff = out - y
-        return 0.5 * jnp.sum(diff * diff)
+    shape = (lanes, n.B, n.H) if lanes > 1 else (n.B, n.H)
+    return tuple(jnp.zeros(shape, n.dtype) for _ in range(2 if n.lstm else 1))
+
+
+def _top_hidden(n: _Net, p, inp, mode):
+    """Top layer's h, (T, B, H), from the embedded input, with the stop-gradients of ``mode`` in place."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    sg, T = lax.stop_gradient, n.T
+    if mode == "tail":
+        cut = T - n.K
+        inp_pre, inp_suf = sg(inp[:cut]), inp[cut:]
+        for layer in range(n.spec.layers):
+            lp = _layer_params(n, p, layer)
+            frozen = jax.tree.map(sg, lp)
+            state, hs_pre = _recur(n, frozen, _zeros_state(n, 1), _in_proj(n, frozen, inp_pre, layer), None)
+            state = tuple(sg(s) for s in state)
+            _, hs_suf = _recur(n, lp, state, _in_proj(n, lp, inp_suf, layer), None)
+            inp_pre, inp_suf = sg(hs_pre), hs_suf
+        return inp_pre, inp_suf
+    lanes = n.n_lanes if mode == "truncated" else 1
+    restart = None
+    if lanes > 1:
+        restart = jnp.asarray(np.arange(T)[:, None] % lanes == np.arange(lanes)[None, :])
+    for layer in range(n.spec.layers):
+        lp = _layer_params(n, p, layer)
+        _, inp = _recur(n, lp, _zeros_state(n, lanes), _in_proj(n, lp, inp, layer), restart)
+    if lanes > 1:  # output t reads the lane that restarted at t-K
+        inp = inp[np.arange(T), (np.arange(T) + 1) % lanes]
+    return inp
+
+
+def _logits(n: _Net, p, h):
+    z = h @ p["W_hy"]
+    return z + p["b_y"] if n.spec.bias else z
+
+
+def _head_sum(n: _Net, z, y):
+    """``sum_{t,b} l(b,t)`` of SPEC.md's heads."""
+    import jax
+    import jax.numpy as jnp
+
+    if n.spec.head == "softmax_xent":
+        picked = jnp.take_along_axis(z, y[..., None], axis=-1)[..., 0]
+        return jnp.sum(jax.nn.logsumexp(z, axis=-1) - picked)
+    out = jnp.tanh(z) if n.spec.output_act == "tanh" else z
+    diff = out - y
+    return 0.5 * jnp.sum(diff * diff)
+
+
+def _objective(n: _Net, p, inp, y):
+    """``L = sum l / B`` from the embedded input; under ``tail`` the first T-K outputs count in the value only."""
+    import jax
+    from jax import lax
+
+    if n.mode == "tail":
+        h_pre, h_suf = _top_hidden(n, p, inp, n.mode)
+        cut = n.T - n.K
+        const = jax.tree.map(lax.stop_gradient, p)
+        return (_head_sum(n, _logits(n, const, h_pre), y[:cut]) + _head_sum(n, _logits(n, p, h_suf), y[cut:])) / n.B
+    return _head_sum(n, _logits(n, p, _top_hidden(n, p, inp, n.mode)), y) / n.B
+
+
+def _build(problem: Problem, unroll: int, python_loop: bool):
+    """The pure functions of one problem: ``forward(p, x)``, ``loss_and_grads(p, x, y)`` and ``step(p, x, y, lr)``."""
+    import jax
+    import jax.numpy as jnp
+
+    n = _net(problem, unroll, python_loop)
+    spec, T, in_name = n.spec, n.T, n.in_name
 
     def forward(p, x):
-        z = logits(p, top_hidden(p, embed(p, x), "full"))
+        z = _logits(n, p, _top_hidden(n, p, _embed(n, p, x), "full"))
         if spec.head == "softmax_xent":
             return jax.nn.softmax(z, axis=-1)
         return jnp.tanh(z) if spec.output_act == "tanh" else z
 
-    def objective(p, inp, y):
-        """``L = sum l / B`` from the embedded input; under ``tail`` the first T-K outputs count in the value only."""
-        if mode == "tail":
-            h_pre, h_suf = top_hidden(p, inp, mode)
-            cut = T - K
-            const = jax.tree.map(sg, p)
-            return (head_sum(logits(const, h_pre), y[:cut]) + head_sum(logits(p, h_suf), y[cut:])) / B
-        return head_sum(logits(p, top_hidden(p, inp, mode)), y) / B
-
-    value_and_grad = jax.value_and_grad(lambda p, x, y: objective(p, embed(p, x), y))
+    value_and_grad = jax.value_and_grad(lambda p, x, y: _objective(n, p, _embed(n, p, x), y))
     # gradients w.r.t. the other parameters and the gathered token rows
-    value_and_row_grads = jax.value_and_grad(objective, argnums=(0, 1))
+    value_and_row_grads = jax.value_and_grad(lambda p, inp, y: _objective(n, p, inp, y), argnums=(0, 1))
 
     def loss_and_grads(p, x, y):
         L, g = value_and_grad(p, x, y)
@@ -406,12 +466,8 @@ class JaxBackend(Backend):
         }
 
     def _data(self, x, y=None):
-        dtype = self.problem.dtype
-        x = np.asarray(x, np.int32 if self.problem.tokens else dtype)
-        if y is None:
-            return x, None
-        y = np.asarray(y, np.int32 if self.problem.model.head == "softmax_xent" else dtype)
-        return x, y
+        x = self.problem.cast_inputs(x, np.int32)
+        return x, (None if y is None else self.problem.cast_targets(y, np.int32))
 
     def _executable(self, which: str, data: tuple):
         """The executable of ``which`` for these data shapes, compiled on first use."""

@@ -18,10 +18,7 @@ import numpy as np
 
 from backends.base import Backend, unsupported
 from harness.spec import Problem
-
-
-def _sfx(layer: int) -> str:
-    return "" if layer == 0 else f"_{layer}"
+from harness.spec import layer_suffix as _sfx
 
 
 def _sigmoid_(a: np.ndarray) -> None:
@@ -92,11 +89,11 @@ class _Buffers:
 
     def __init__(self, net: "_Fast", T: int, B: int):
         spec = net.spec
-        mode, K = spec.bptt.mode, spec.bptt.k
-        # truncated K >= T-1 and tail K >= T reach back to the start: the full gradient
-        self.truncated = mode == "truncated" and K < T - 1
+        bptt = spec.bptt.effective(T)
+        mode, K = bptt.mode, bptt.k
+        self.truncated = mode == "truncated"
         self.S = K + 1 if self.truncated else 1
-        self.t0 = max(0, T - K) if mode == "tail" else 0
+        self.t0 = T - K if mode == "tail" else 0
         self.T, self.B = T, B
         N, O = T * B, net.problem.output_size
         for layer in net.layers:
@@ -130,13 +127,9 @@ class _Fast:
 
     # -- inputs and buffers ----------------------------------------------------------
     def _inputs(self, x, y=None):
-        x = np.asarray(x)
-        if not self.problem.tokens:
-            x = np.asarray(x, dtype=self.dtype)
+        x = self.problem.cast_inputs(x)
         if y is not None:
-            y = np.asarray(y)
-            if self.spec.head == "mse":
-                y = np.asarray(y, dtype=self.dtype)
+            y = self.problem.cast_targets(y)
         T, B = x.shape[:2]
         if self.buf is None or (self.buf.T, self.buf.B) != (T, B):
             self.buf = _Buffers(self, T, B)
@@ -592,8 +585,9 @@ class NumpyBackend(Backend):
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
         """Every SPEC.md option for ``fast``; the tutorial's model only for ``wildml``."""
-        if problem.device != "cpu":
-            return unsupported(f"{self.full_name} runs on the CPU only (device {problem.device})")
+        ok, why = self.supports_device(problem.device)
+        if not ok:
+            return ok, why
         if problem.dtype not in ("float32", "float64"):
             return unsupported(f"{self.full_name} computes in float32 or float64, not {problem.dtype}")
         if self.variant == "wildml":

@@ -27,11 +27,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+import time  # process_time: CPU seconds beside the wall clock
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from harness import measure  # noqa: E402
 
 SHAPES = {
     "sobel": dict(model={"kind": "elman", "hidden": 32, "head": "mse", "output_act": "tanh"}, D=1, O=1, T=64, B=16),
@@ -75,9 +77,7 @@ def _contenders(shape: dict, args):
     for name in args.contenders:
         backend = _backend(name)
         backend.prepare(problem, params, threads=args.threads)
-        t = time.perf_counter()
-        backend.warm_up((x, y))
-        compile_s[name] = time.perf_counter() - t
+        compile_s[name] = measure.time_once(lambda: backend.warm_up((x, y)))[0]
         steps[name] = lambda b=backend: b.sgd_step(x, y, LR)
     return steps, compile_s
 
@@ -91,10 +91,8 @@ def measure(shape: dict, args) -> tuple[dict, dict, dict]:
         step()
     for _ in range(args.rounds):
         for name, step in steps.items():
-            c, t = time.process_time(), time.perf_counter_ns()
-            for _ in range(args.steps):
-                step()
-            wall[name].append((time.perf_counter_ns() - t) / args.steps / 1e6)
+            c = time.process_time()
+            wall[name].append(measure.time_rounds(step, inner=args.steps)[0] * 1e3)
             cpu[name].append((time.process_time() - c) / args.steps * 1e3)
     return wall, cpu, compile_s
 
@@ -104,9 +102,8 @@ def _load_child(args) -> None:
     problem, params, x, y = _problem(SHAPES[args.load_only], args.dtype)
     backend = _backend("halide@aot")
     backend.prepare(problem, params, threads=args.threads)
-    t = time.perf_counter()
-    backend.warm_up((x, y))
-    print(json.dumps({"load_s": time.perf_counter() - t, "how": backend._pipes.how}))
+    load_s, _ = measure.time_once(lambda: backend.warm_up((x, y)))
+    print(json.dumps({"load_s": load_s, "how": backend._pipes.how}))
 
 
 def _load_s(shape_name: str, args) -> tuple[float, str]:

@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backends.jax_backend import SINGLE_THREAD_XLA_FLAGS  # noqa: E402  (cheap: no jax import)
+from harness import measure  # noqa: E402
 
 JAX_VARIANTS = ("jax:unroll=1", "jax:unroll=4", "jax:unroll=T", "jax:python")
 SHAPES = {
@@ -75,9 +75,7 @@ def _contenders(shape: dict, with_numpy: bool):
     for name in JAX_VARIANTS + (("numpy",) if with_numpy else ()):
         backend = backends.create(name)
         backend.prepare(problem, params)
-        t = time.perf_counter()
-        backend.warm_up((x, y))
-        compile_s[name] = time.perf_counter() - t
+        compile_s[name] = measure.time_once(lambda: backend.warm_up((x, y)), backend.sync)[0]
         steps[name] = lambda b=backend: b.sgd_step(x, y, LR)
     state = {"p": ref.params_like(params, "float32")}
 
@@ -106,10 +104,7 @@ def child(args) -> None:
                 n = args.reference_steps if name == "reference" else args.steps
                 if name != "reference":
                     step()
-                t = time.perf_counter_ns()
-                for _ in range(n):
-                    step()
-                samples[name].append((time.perf_counter_ns() - t) / n / 1e6)
+                samples[name].append(measure.time_rounds(step, inner=n)[0] * 1e3)
         out["shapes"][shape_name] = {"samples": samples, "compile_s": compile_s}
     out["load"] = os.getloadavg()[0]
     print(json.dumps(out))

@@ -1,8 +1,8 @@
 """Interleaved median ms per sgd_step: torch variants vs numpy (fast) vs the reference, one process."""
-import argparse, os, statistics, sys, time
+import argparse, os, statistics, sys
 import numpy as np
 import backends
-from harness import reference as ref
+from harness import measure, reference as ref
 from harness.check import run_case, all_cases
 from harness.spec import ModelSpec, Problem
 
@@ -58,7 +58,7 @@ def main():
                 print(f"  {n}: {why}")
                 continue
             b.prepare(p, params, threads=a.threads)
-            t = time.perf_counter(); b.warm_up(batches[0]); b.sync(); compile_s[n] = time.perf_counter() - t
+            compile_s[n] = measure.time_once(lambda: b.warm_up(batches[0]), b.sync)[0]
             steps[n] = lambda x, y, b=b: (b.sgd_step(x, y, lr), b.sync())
         for f in steps.values():  # one untimed step each
             f(*batches[0])
@@ -66,7 +66,7 @@ def main():
         for r in range(a.rounds):
             for n, f in steps.items():
                 x, y = batches[r % len(batches)]
-                t = time.perf_counter_ns(); f(x, y); times[n].append((time.perf_counter_ns() - t) / 1e6)
+                times[n].append(measure.time_once(lambda: f(x, y))[0] * 1e3)
         med = {n: statistics.median(v) for n, v in times.items()}
         base = med.get("numpy", med.get("reference"))
         print(f"{label}  (rounds={a.rounds}, threads={a.threads}, loadavg={os.getloadavg()[0]:.1f})")

@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 import numpy as np
 
 import backends
-from harness import reference as ref
+from harness import measure, reference as ref
 from harness.spec import ModelSpec, Problem
 
 ENV_KEYS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -70,10 +69,7 @@ def main(argv=None) -> None:
         step()
     for _ in range(args.rounds):
         for name, step in steps.items():
-            t = time.perf_counter_ns()
-            for _ in range(args.steps):
-                step()
-            samples[name].append((time.perf_counter_ns() - t) / args.steps / 1e6)
+            samples[name].append(measure.time_rounds(step, inner=args.steps)[0] * 1e3)
 
     env = {k: os.environ[k] for k in ENV_KEYS if k in os.environ}
     print(f"shape: vocab {args.vocab}, hidden {args.hidden}, T {args.seq_len}, batch 1, {args.dtype}, "

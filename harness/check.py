@@ -250,16 +250,13 @@ def check_backend(full_name: str, quick: bool = False, device: str = "cpu", case
     """Yield one :class:`CaseResult` per case for ``name[:variant]`` (in this process)."""
     import backends
 
+    from backends.base import screen_device
+
     backend = backends.create(full_name)
-    ok, why = backend.availability()
-    if not ok:
-        yield CaseResult(backend.full_name, "*", "*", "unavailable", why)
+    status, why = screen_device(backend, device)
+    if status != "ok":
+        yield CaseResult(backend.full_name, "*", "*", status, why)
         return
-    if device != "cpu":
-        ok, why = backend.device_availability(device)
-        if not ok:
-            yield CaseResult(backend.full_name, "*", "*", "unavailable", why)
-            return
     for case in cases if cases is not None else all_cases(quick):
         yield run_case(backend, case, device)
 

@@ -135,8 +135,8 @@ def _draw(path: Path):
 
 
 def _print_summary(store):
-    from harness.plots import backend_label, group_label
-    from harness.runner import spread_warnings
+    from harness.labels import backend_label, group_label
+    from harness.timing import spread_warnings
     import pandas as pd
 
     df = pd.DataFrame(store.timings)

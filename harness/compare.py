@@ -112,7 +112,7 @@ def mann_whitney_p(a, b) -> float:
 
 
 def _cell_name(row) -> str:
-    from harness.plots import group_label
+    from harness.labels import group_label
 
     return f"{row['label']} · {row['workload']} {group_label(row)}"
 
@@ -163,7 +163,7 @@ def _samples(row) -> np.ndarray:
 
 def compare_runs(run_a, run_b, threshold: float = 1.05, alpha: float = ALPHA) -> Comparison:
     """Compare run B against run A cell by cell; see :class:`Comparison`."""
-    from harness.plots import backend_label
+    from harness.labels import backend_label
     from harness.results import load_run
 
     if not threshold >= 1.0:
@@ -234,7 +234,7 @@ def print_comparison(result: Comparison, console) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from harness.plots import fmt_seconds
+    from harness.labels import fmt_seconds
 
     title = f"{result.run_b} vs {result.run_a}: time ratio B/A (above 1 is slower)"
     table = Table(title=title)

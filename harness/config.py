@@ -116,10 +116,11 @@ class Cell:
     task: TaskSpec
     threads: int
     point: dict  # the sweep values of this cell ({} without a sweep)
-    train: dict  # resolved train settings (a sweep may change them)
-    timing: dict  # resolved timing settings
+    train: TrainConfig  # resolved train settings (a sweep may change them)
+    timing: TimingConfig  # resolved timing settings
     baseline: str  # the backend its speedup is measured against
     env: dict  # extra environment variables of its worker
+    seed: int  # data and initial parameters (its own document's seed)
 
     @property
     def group_key(self) -> str:
@@ -186,8 +187,8 @@ class RunConfig:
                 d_in, d_out = task.sizes()
                 prob = Problem(point["model"], d_in, d_out, task.tokens, dtype, batch, task.seq_len, device, workload)
                 for b in order:
-                    cells.append(Cell(b, prob, task, threads, point["values"], point["train"].model_dump(),
-                                      point["timing"].model_dump(), baseline, dict(r.env)))
+                    cells.append(Cell(b, prob, task, threads, point["values"], point["train"], point["timing"],
+                                      baseline, dict(r.env), r.seed))
         return cells
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 
 from harness.check import CaseResult, check_backend
 from harness.errors import HarnessError
+
+CASE_TIMEOUT_S = 300.0  # a first Theano compile takes ~20 s; a case beyond this is stuck
 
 
 def default_backends() -> list[str]:
@@ -17,24 +17,26 @@ def default_backends() -> list[str]:
     return [r.full_name for r in backends.list_backends() if r.available]
 
 
-def _check_isolated(full_name: str, environment: str, quick: bool, device: str, representative: bool = False) -> list[CaseResult]:
-    from harness import envs
+def _check_isolated(full_name: str, environment: str, quick: bool, device: str, representative: bool = False,
+                    threads: int = 1) -> list[CaseResult]:
+    """Check a backend that lives in an isolated environment through a worker there (the runner's protocol):
+    the worker gets the run's thread settings and the check a timeout per case."""
+    from harness import protocol
+    from harness.check import all_cases, representative_cases
+    from harness.client import WorkerFailure, WorkerProcess, worker_environment
+    from harness.config import DEFAULT_ENV
 
-    python = envs.ensure_env(environment)
-    cmd = [str(python), "-m", "harness.check", "--backend", full_name, "--device", device]
-    if quick:
-        cmd.append("--quick")
-    if representative:
-        cmd.append("--representative")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=envs.worker_environ(environment))
-    results = []
-    for line in proc.stdout.splitlines():
-        if line.startswith("{"):
-            results.append(CaseResult(**json.loads(line)))
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
-        results.append(CaseResult(full_name, "*", "*", "error", f"check process exited {proc.returncode}: {tail}"))
-    return results
+    n_cases = len(representative_cases() if representative else all_cases(quick))
+    # dtype None: the check runs float32 and float64 cases in one process, so no flag may pin one
+    environment, env = worker_environment(full_name, device, None, threads, DEFAULT_ENV)
+    worker = WorkerProcess(environment, env, f"check {full_name}")
+    try:
+        reply = worker.request(protocol.Check(full_name, device, quick, representative), CASE_TIMEOUT_S * max(1, n_cases))
+        return [CaseResult(**r) for r in reply["results"]]
+    except WorkerFailure as exc:
+        return [CaseResult(full_name, "*", "*", "error", f"check worker failed ({exc.status}): {exc}")]
+    finally:
+        worker.close()
 
 
 def run_conformance(names: list[str] | None, quick: bool = False, device: str = "cpu", progress=None,

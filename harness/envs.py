@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import measure
 from harness.errors import HarnessError
 
 MARKER = "harness-env.json"
@@ -61,6 +62,12 @@ RECIPES: dict[str, Recipe] = {
         needs_cxx=True,
     ),
 }
+
+
+# The variables that size the thread pools of BLAS, OpenMP and friends: a worker gets all of them
+# set to its cell's thread count.
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 
 def home() -> Path:
@@ -240,7 +247,7 @@ def _probe_blas(name: str, recipe: Recipe, target: Path, py: Path, say, rounds: 
         env.update(OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
         samples: dict[str, list[float]] = {"numpy": [], "openblas": []}
         for r in range(rounds):
-            for key in ("numpy", "openblas") if r % 2 == 0 else ("openblas", "numpy"):
+            for key in measure.round_order(["numpy", "openblas"], r):
                 out = _run([str(py), "-m", "backends.blas.probe", "--backend", recipe.blas_probe,
                             "--ldflags", f"{key}={flags[key]}"], "BLAS probe", env=env)
                 samples[key].append(json.loads(out.strip().splitlines()[-1])["median_ms"][key])
@@ -285,7 +292,7 @@ def create_env(name: str, force: bool = False, progress=None) -> Path:
             why = "its recipe changed" if _stale(name) else "rebuilding"
             say(f"removing the old environment at {target} ({why})")
             shutil.rmtree(target)
-        started = time.perf_counter()
+        started = time.monotonic()
         try:
             py = _make_and_install(name, recipe, target, say)
             if recipe.check:
@@ -299,7 +306,7 @@ def create_env(name: str, force: bool = False, progress=None) -> Path:
             shutil.rmtree(target, ignore_errors=True)
             raise HarnessError(f"could not create environment {name!r}: {exc}") from None
         marker = {"name": name, "packages": versions, "recipe": list(recipe.packages), "python": str(py),
-                  "created_s": round(time.perf_counter() - started, 1)}
+                  "created_s": round(time.monotonic() - started, 1)}
         (target / MARKER).write_text(json.dumps(marker, indent=2))
         say(f"ready in {marker['created_s']:.0f} s")
         return py

@@ -80,7 +80,7 @@ def _num(v) -> bool:
 
 def fmt_time(v) -> str:
     """Seconds with a readable unit, ``-`` when missing."""
-    from harness.plots import fmt_seconds
+    from harness.labels import fmt_seconds
 
     return fmt_seconds(float(v)) if _num(v) else "-"
 
@@ -179,7 +179,7 @@ def _versions_section(meta: dict) -> list:
         rows.append([backend, text])
     out = [Heading(2, "Library versions"), Table(["backend", "libraries (as its worker imported them)"], rows)]
     # library flags a backend sets for its workers (XLA_FLAGS, THEANO_FLAGS, ...); thread counts vary per cell
-    from harness.runner import THREAD_VARS
+    from harness.envs import THREAD_VARS
 
     common = meta.get("env") or {}
     own = []
@@ -214,14 +214,14 @@ def _conformance_section(meta: dict, timings: pd.DataFrame) -> list:
 
 
 def _labels(df: pd.DataFrame) -> pd.Series:
-    from harness.plots import backend_label
+    from harness.labels import backend_label
 
     return backend_label(df)
 
 
 def _results_section(timings: pd.DataFrame) -> list:
-    from harness.plots import group_label
-    from harness.runner import spread_warnings
+    from harness.labels import group_label
+    from harness.timing import spread_warnings
 
     out: list = [Heading(2, "Results")]
     if timings.empty:
@@ -277,7 +277,7 @@ def _plots_section(plots: list[Path], note: str) -> list:
 
 
 def _failures_section(timings: pd.DataFrame) -> list:
-    from harness.plots import group_label
+    from harness.labels import group_label
 
     out: list = [Heading(2, "Failed and unsupported cells")]
     if timings.empty:
@@ -301,7 +301,7 @@ def _failures_section(timings: pd.DataFrame) -> list:
 
 
 def _training_section(timings: pd.DataFrame, curves: pd.DataFrame) -> list:
-    from harness.plots import group_label
+    from harness.labels import group_label
 
     # cells that never started are listed with their reasons under the failures already
     train = timings[(timings["workload"] == "train") & ~timings["status"].isin(["unsupported", "unavailable"])] \

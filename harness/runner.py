@@ -8,148 +8,20 @@ and the speedup comes from paired rounds with a bootstrap interval.
 
 from __future__ import annotations
 
-import json
 import os
-import select
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from itertools import groupby
-from pathlib import Path
 
-import numpy as np
-
-from harness import envs, machine
+from harness import envs, machine, measure, protocol, schema
+# the worker client's names, importable from here as they always were
+from harness.client import (WorkerFailure, WorkerProcess, classify_exit, worker_cpus,  # noqa: F401
+                            worker_environment, worker_settings)
 from harness.config import Cell, RunConfig
 from harness.errors import HarnessError
 from harness.results import RunStore
 from harness.timing import Stats, paired_speedup
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
-               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "NUMBA_NUM_THREADS")
-OOM_MARKERS = ("MemoryError", "std::bad_alloc", "out of memory", "OutOfMemory", "RESOURCE_EXHAUSTED")
-
-
-class WorkerFailure(Exception):
-    """A worker that crashed, hung, ran out of memory or reported an error."""
-
-    def __init__(self, status: str, message: str):
-        super().__init__(message)
-        self.status = status
-
-
-def worker_cpus(threads: int) -> list[int]:
-    """The cores a worker with ``threads`` threads is confined to: the first ``threads`` of
-    the runner's own, or none (no confinement) when more threads than cores are asked for."""
-    try:
-        mine = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return []
-    return mine[:threads] if threads <= len(mine) else []
-
-
-def worker_environment(cell_backend: str, device: str, dtype: str, threads: int, extra: dict[str, str]) -> tuple[str | None, dict]:
-    """The isolated environment name and the full process environment for one worker."""
-    import backends
-
-    name, variant = backends.split_name(cell_backend)
-    cls = backends.backend_class(name)
-    env = envs.worker_environ(cls.environment)
-    env.update(extra)
-    for var in THREAD_VARS:
-        env[var] = str(threads)
-    env["HARNESS_THREADS"] = str(threads)
-    cpus = worker_cpus(threads)
-    if cpus:
-        env["HARNESS_CPUS"] = ",".join(map(str, cpus))
-    if device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU cell must not quietly use a GPU
-    env.update(cls.environment_variables(variant or cls.variants[0], threads, device, dtype))
-    env["PYTHONUNBUFFERED"] = "1"
-    return cls.environment, env
-
-
-class Worker:
-    """A worker subprocess and its JSON line protocol, with timeouts."""
-
-    def __init__(self, environment: str | None, env: dict, label: str):
-        python = str(envs.ensure_env(environment)) if environment else sys.executable
-        self.label = label
-        self.stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([python, "-m", "harness.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.stderr, env=env, cwd=str(PROJECT_ROOT), start_new_session=True)
-        self.buf = b""
-        self.env = {k: env[k] for k in env if k in THREAD_VARS or k.startswith(("MALLOC_", "XLA_", "THEANO", "PYTENSOR", "JAX_", "CUDA_", "HARNESS_CPUS"))}
-
-    def stderr_tail(self, n: int = 20) -> str:
-        self.stderr.flush()
-        self.stderr.seek(0)
-        lines = self.stderr.read().decode("utf-8", "replace").strip().splitlines()
-        return "\n".join(lines[-n:])
-
-    def request(self, msg: dict, timeout_s: float) -> dict:
-        try:
-            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise self._died() from None
-        deadline = time.monotonic() + timeout_s
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self.buf:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.kill()
-                raise WorkerFailure("timeout", f"no answer to {msg['cmd']!r} within {timeout_s:g} s\n{self.stderr_tail()}")
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if not ready:
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                raise self._died()
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        reply = json.loads(line)
-        if "diverged" in reply:
-            raise WorkerFailure("diverged", reply["diverged"])
-        if "error" in reply:
-            text = reply["error"]
-            status = "oom" if any(m in text for m in OOM_MARKERS) else "error"
-            raise WorkerFailure(status, f"{text}\n{reply.get('traceback', '')}".strip())
-        return reply
-
-    def _died(self) -> WorkerFailure:
-        try:
-            code = self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            code = self.proc.returncode
-        tail = self.stderr_tail()
-        if code == -signal.SIGKILL or any(m in tail for m in OOM_MARKERS):
-            return WorkerFailure("oom", f"worker killed (exit {code}); likely out of memory\n{tail}")
-        return WorkerFailure("error", f"worker exited with code {code}\n{tail}")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                self.proc.kill()
-            self.proc.wait()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.request({"cmd": "quit"}, 10)
-                self.proc.wait(timeout=10)
-            except (WorkerFailure, subprocess.TimeoutExpired):
-                pass
-        self.kill()
-        self.stderr.close()
 
 
 @dataclass
@@ -169,27 +41,6 @@ class Outcome:
     verify: dict | None = None
 
 
-def _base_row(cell: Cell) -> dict:
-    import backends
-
-    p, m = cell.problem, cell.problem.model
-    name, variant = backends.split_name(cell.backend)
-    if variant is None:
-        try:
-            variant = backends.backend_class(name).variants[0]
-        except HarnessError:  # a backend that cannot even be imported here
-            variant = "default"
-    return {
-        "cell_id": cell.cell_id, "group": cell.group_key, "backend": name, "variant": variant,
-        "device": p.device, "model": m.kind, "task": cell.task.kind, "workload": p.workload, "dtype": p.dtype,
-        "batch": p.batch, "seq_len": p.seq_len, "input_size": p.input_size, "hidden_size": m.hidden,
-        "output_size": p.output_size, "threads": cell.threads, "bptt": str(m.bptt), "layers": m.layers,
-        "activation": m.activation if m.kind == "elman" else "lstm", "head": m.head, "output_act": m.output_act,
-        "peephole": m.peephole, "bias": m.bias, "tokens": p.tokens, "sweep": json.dumps(cell.point, default=str),
-        "host": machine.host_name(),
-    }
-
-
 class Runner:
     """Runs the cells of one config into one results folder."""
 
@@ -198,11 +49,29 @@ class Runner:
         self.store = store
         self.console = console
         self.gemm_peaks: dict[str, float] = dict(store.meta.get("gemm_peak_gflops", {}))
+        self._live: set[WorkerProcess] = set()  # every worker started and not yet closed
 
     # -- progress helpers ----------------------------------------------------------
     def _say(self, text: str) -> None:
         if self.console is not None:
             self.console.print(text, highlight=False)
+
+    # -- workers ---------------------------------------------------------------------
+    def _spawn(self, environment: str | None, env: dict, label: str, recorded: dict | None = None) -> WorkerProcess:
+        worker = WorkerProcess(environment, env, label, recorded)
+        self._live.add(worker)
+        return worker
+
+    def _close(self, worker: WorkerProcess) -> None:
+        self._live.discard(worker)
+        worker.close()
+
+    def _kill_all(self) -> None:
+        """Kill every worker still running (an interrupt at any phase must leave none behind)."""
+        while self._live:
+            worker = self._live.pop()
+            worker.kill()
+            worker.stderr.close()
 
     # -- running ---------------------------------------------------------------------
     def pending_groups(self) -> list[list[Cell]]:
@@ -216,8 +85,14 @@ class Runner:
         return todo
 
     def run(self, progress=None, executor=None) -> None:
-        """Run every pending group here, one at a time, or hand them to ``executor``
-        (an object with ``run(runner, groups, progress, task_id)``, e.g. the Dask one)."""
+        """Run every pending group here, one at a time, or hand them to ``executor`` (an object
+        with ``run(runner, groups, progress, task_id)``, e.g. the Dask one), storing each as it finishes."""
+        try:
+            self._run(progress, executor)
+        finally:
+            self._kill_all()
+
+    def _run(self, progress, executor) -> None:
         todo = self.pending_groups()
         task_id = progress.add_task("cells", total=sum(len(g) for g in todo)) if progress else None
         if executor is not None:
@@ -238,71 +113,65 @@ class Runner:
 
     def _measure_gemm_peaks(self, cells: list[Cell] | None = None) -> None:
         """The machine's GEMM peak per dtype and thread count, for roofline and %-of-peak figures."""
-        for dtype, threads in dict.fromkeys((c.problem.dtype, c.threads) for c in (cells or self.config.cells())):
+        for dtype, threads, extra in {(c.problem.dtype, c.threads): (c.problem.dtype, c.threads, c.env)
+                                      for c in (cells or self.config.cells())}.values():
             key = f"{dtype}|threads={threads}"
             if key not in self.gemm_peaks:
-                _, env = worker_environment("numpy", "cpu", dtype, threads, self.config.raw.env)
-                w = Worker(None, env, "gemm-peak")
+                _, env = worker_environment("numpy", "cpu", dtype, threads, extra)
+                w = self._spawn(None, env, "gemm-peak")
                 try:
-                    self.gemm_peaks[key] = w.request({"cmd": "gemm_peak", "dtype": dtype, "n": 1024}, 120)["gflops"]
+                    self.gemm_peaks[key] = w.request(protocol.GemmPeak(dtype, 1024), 120)["gflops"]
                 except WorkerFailure as exc:
                     self._say(f"warning: GEMM peak measurement failed: {exc}")
                 finally:
-                    w.close()
+                    self._close(w)
         self.store.meta["gemm_peak_gflops"] = self.gemm_peaks
 
     def _screen(self, cell: Cell) -> Outcome | None:
         """Availability and support, decided in this process without importing heavy libraries."""
         import backends
+        from backends.base import screen
 
         try:
-            b = backends.create(cell.backend)
-            ok, why = b.availability()
-            if ok and cell.problem.device != "cpu":
-                ok, why = b.device_availability(cell.problem.device)
+            status, why = screen(backends.create(cell.backend), cell.problem)
         except HarnessError as exc:
             return Outcome(cell, "unavailable", str(exc))
-        if not ok:
-            return Outcome(cell, "unavailable", why)
-        ok, why = b.supports(cell.problem)
-        if not ok:
-            return Outcome(cell, "unsupported", why)
-        return None
+        return None if status == "ok" else Outcome(cell, status, why)
 
-    def _start(self, cell: Cell, describe) -> tuple[Worker | None, Outcome]:
+    def _start(self, cell: Cell, describe) -> tuple[WorkerProcess | None, Outcome]:
         outcome = Outcome(cell)
         p = cell.problem
         try:
-            environment, env = worker_environment(cell.backend, p.device, p.dtype, cell.threads, cell.env)
+            environment, settings = worker_settings(cell.backend, p.device, p.dtype, cell.threads, cell.env)
             if environment and envs.env_python(environment) is None:
                 describe(f"creating isolated environment {environment!r} (first use)")
-            worker = Worker(environment, env, cell.backend)
+            env = {**envs.worker_environ(environment), **settings}
+            worker = self._spawn(environment, env, cell.backend, recorded=settings)
         except HarnessError as exc:
             outcome.status, outcome.error = "unavailable", str(exc)
             return None, outcome
         outcome.worker_env = worker.env
-        timeout = cell.timing["timeout_s"]
+        timing = cell.timing
         try:
             describe(f"{cell.backend}: starting")
-            init = worker.request({"cmd": "init", "backend": cell.backend, "problem": p.to_mapping(),
-                                   "task": cell.task.to_mapping(), "seed": self.config.raw.seed,
-                                   "threads": cell.threads, "lr": cell.train["lr"]}, timeout)
+            init = worker.request(protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed,
+                                                cell.threads, cell.train.lr), timing.timeout_s)
             outcome.versions, outcome.data_meta = init.get("versions"), init.get("data_meta")
             describe(f"{cell.backend}: compiling / warming up")
             # training must start from the shared initial parameters: compile only, no warm steps
-            n_warm = 0 if p.workload == "train" else cell.timing["warmup"]
-            warm = worker.request({"cmd": "warmup", "n": n_warm}, timeout)
-            outcome.compile_s, outcome.peak_rss_mb = warm["compile_s"], warm["peak_rss_mb"]
-            if p.workload != "train" and cell.timing["verify"]:
+            n_warm = 0 if p.workload == "train" else timing.warmup
+            warm = worker.request(protocol.WarmUp(n_warm), timing.timeout_s)
+            outcome.compile_s, outcome.peak_rss_mb = warm["compile_s"], warm.peak_rss_mb
+            if p.workload != "train" and timing.verify:
                 describe(f"{cell.backend}: verifying against the reference")
-                outcome.verify = worker.request({"cmd": "verify"}, timeout)
+                outcome.verify = worker.request(protocol.Verify(), timing.timeout_s).body
                 if not outcome.verify["ok"]:
                     v = outcome.verify
                     raise WorkerFailure("mismatch", f"does not match the reference on this cell: {v['worst']} "
                                                     f"off by {v['ratio']:.3g}x the bound {v['bound']}")
         except WorkerFailure as exc:
             outcome.status, outcome.error = exc.status, str(exc)
-            worker.close()
+            self._close(worker)
             return None, outcome
         return worker, outcome
 
@@ -315,7 +184,7 @@ class Runner:
                 progress.update(task_id, description=f"{label} · {text}")
 
         outcomes: dict[str, Outcome] = {}
-        workers: dict[str, Worker] = {}
+        workers: dict[str, WorkerProcess] = {}
         try:
             for cell in group:
                 screened = self._screen(cell)
@@ -333,7 +202,7 @@ class Runner:
                 self._interleave(group, workers, outcomes, describe)
         finally:
             for w in workers.values():
-                w.close()
+                self._close(w)
         return [outcomes[c.cell_id] for c in group]
 
     def _train_cell(self, cell: Cell, describe) -> Outcome:
@@ -342,52 +211,54 @@ class Runner:
             return outcome
         try:
             describe(f"{cell.backend}: training")
-            budget = cell.train.get("time_budget_s")
-            timeout = cell.timing["timeout_s"] + (3 * budget if budget else 0)
-            result = worker.request({"cmd": "train", "train": {**cell.train, "seed": self.config.raw.seed}}, timeout)
-            outcome.train = result
+            budget = cell.train.time_budget_s
+            timeout = cell.timing.timeout_s + (3 * budget if budget else 0)
+            result = worker.request(protocol.Train(protocol.TrainSettings.of(cell.train, cell.seed)), timeout)
+            outcome.train = result.body
             outcome.samples = result["step_samples"]
-            outcome.peak_rss_mb = result["peak_rss_mb"]
+            outcome.peak_rss_mb = result.peak_rss_mb
             if result["status"] != "ok":
                 outcome.status, outcome.error = result["status"], str(result["stop"])
         except WorkerFailure as exc:
             outcome.status, outcome.error = exc.status, str(exc)
         finally:
-            worker.close()
+            self._close(worker)
         return outcome
 
-    def _interleave(self, group, workers: dict[str, Worker], outcomes: dict[str, Outcome], describe) -> None:
-        timing = group[0].timing
-        round_s = timing["round_s"] or max(0.005, timing["min_time_s"] / timing["min_rounds"])
+    def _interleave(self, group, workers: dict[str, WorkerProcess], outcomes: dict[str, Outcome], describe) -> None:
+        """Rounds of the group's warmed workers in turn until the stop rule is satisfied."""
+        policy = measure.TimingPolicy.of(group[0].timing)
+        rule = measure.stop_rule(policy)
+        base = next((c.cell_id for c in group if c.backend == group[0].baseline), None)
         inner, samples = {}, {cid: [] for cid in workers}
         alive = dict(workers)
 
         def fail(cid, exc):
             outcomes[cid].status, outcomes[cid].error = exc.status, str(exc)
-            alive.pop(cid).close()
+            self._close(alive.pop(cid))
 
         for cid, w in list(alive.items()):
             try:
-                inner[cid] = w.request({"cmd": "calibrate", "target_s": round_s}, timing["timeout_s"])["inner"]
+                inner[cid] = w.request(protocol.Calibrate(policy.target_round_s), policy.timeout_s)["inner"]
             except WorkerFailure as exc:
                 fail(cid, exc)
-        start = time.monotonic()
-        cap = timing["max_time_s"] * max(1, len(alive))
+        start = measure.clock_ns()
         n_round = 0
-        while alive:
+
+        def done() -> bool:
+            return rule.done({c: samples[c] for c in alive}, {c: inner[c] for c in alive},
+                             base if base in alive else None, measure.elapsed_s(start))
+
+        while alive and not done():
             n_round += 1
             describe(f"round {n_round} ({', '.join(c.backend for c in group if c.cell_id in alive)})")
             for cid in list(alive):
                 try:
-                    reply = alive[cid].request({"cmd": "rounds", "n": 1, "inner": inner[cid]}, timing["timeout_s"])
+                    reply = alive[cid].request(protocol.Rounds(1, inner[cid]), policy.timeout_s)
                     samples[cid] += reply["samples"]
-                    outcomes[cid].peak_rss_mb = reply["peak_rss_mb"]
+                    outcomes[cid].peak_rss_mb = reply.peak_rss_mb
                 except WorkerFailure as exc:
                     fail(cid, exc)
-            enough = all(len(samples[c]) >= timing["min_rounds"]
-                         and sum(samples[c]) * inner[c] >= timing["min_time_s"] for c in alive)
-            if enough or time.monotonic() - start >= cap:
-                break
         for cid in workers:
             outcomes[cid].samples = samples[cid]
 
@@ -400,9 +271,10 @@ class Runner:
         rows, curves = [], []
         versions = self.store.meta.setdefault("versions", {})
         for o in outcomes:
-            row = _base_row(o.cell)
+            row = schema.cell_columns(o.cell)
             p = o.cell.problem
-            stats = Stats.of(o.samples or [])
+            # a failed cell's partial samples are kept, but summarised by nothing: no median of a broken run
+            stats = Stats.of(o.samples if o.status == "ok" and o.samples else [])
             row.update(status=o.status, error=o.error[-4000:] if o.error else "", compile_s=o.compile_s,
                        peak_rss_mb=o.peak_rss_mb, **stats.as_dict(), baseline=base_name,
                        samples_s=[float(s) for s in (o.samples or [])])
@@ -429,9 +301,8 @@ class Runner:
                 evals = [c["loss"] for c in t["curve"] if c["split"] == "eval"]
                 row["final_loss"] = evals[-1] if evals else None
                 for c in t["curve"]:
-                    curves.append({k: row[k] for k in ("cell_id", "group", "backend", "variant", "device", "model",
-                                                       "task", "dtype", "batch", "hidden_size", "threads", "bptt")}
-                                  | c | {"time_to_target_s": t["time_to_target_s"], "target_loss": o.cell.train.get("target_loss"),
+                    curves.append({k: row[k] for k in schema.CURVE_ID_COLUMNS}
+                                  | c | {"time_to_target_s": t["time_to_target_s"], "target_loss": o.cell.train.target_loss,
                                          "loss_floor": row.get("loss_floor")})
             rows.append(row)
         return rows, curves
@@ -470,32 +341,3 @@ def finish_meta(store: RunStore, interrupted: bool = False) -> None:
     statuses = meta.get("cells", {})
     meta["summary"] = {s: sum(1 for v in statuses.values() if v == s) for s in sorted(set(statuses.values()))}
     store.save()
-
-
-def summarise(timings) -> list[dict]:
-    """Per comparison group and backend: median, speedup and interval, status (for the console table)."""
-    out = []
-    for row in timings:
-        out.append({k: row.get(k) for k in ("group", "backend", "variant", "workload", "status", "median_s", "iqr_s",
-                                            "speedup", "speedup_lo", "speedup_hi", "compile_s", "time_to_target_s",
-                                            "final_loss", "error")})
-    return out
-
-
-def spread_warnings(timings) -> list[str]:
-    """Cells whose interquartile range exceeds 10% of the median: their figures deserve less trust."""
-    import pandas as pd
-
-    from harness.plots import backend_label, group_label
-
-    df = pd.DataFrame(timings)
-    if df.empty:
-        return []
-    df["label"] = backend_label(df)
-    warn = []
-    for _, r in df.iterrows():
-        if r.get("status") == "ok" and r.get("median_s") and pd.notna(r.get("iqr_s")) and r.get("workload") != "train":
-            rel = r["iqr_s"] / r["median_s"]
-            if np.isfinite(rel) and rel > 0.10:
-                warn.append(f"{r['label']} ({r['workload']} {group_label(r)}): IQR is {rel:.0%} of the median")
-    return warn

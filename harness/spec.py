@@ -89,6 +89,18 @@ class Bptt:
     def __str__(self) -> str:
         return "full" if self.mode == "full" else f"{self.mode}:{self.k}"
 
+    def effective(self, seq_len: int) -> "Bptt":
+        """The same gradient for sequences of ``seq_len`` steps, as plainly as it can be said: a window as
+        long as the sequence (truncated K >= T - 1, tail K >= T) is full BPTT."""
+        if (self.mode == "truncated" and self.k >= seq_len - 1) or (self.mode == "tail" and self.k >= seq_len):
+            return Bptt("full", None)
+        return self
+
+
+def layer_suffix(layer: int) -> str:
+    """The suffix of layer ``layer``'s parameter names (SPEC.md): none for the first, ``_<layer>`` above it."""
+    return "" if layer == 0 else f"_{layer}"
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -142,7 +154,7 @@ class ModelSpec:
         """Parameter names in the canonical order (also the order of initialisation)."""
         names: list[str] = []
         for layer in range(self.layers):
-            sfx = "" if layer == 0 else f"_{layer}"
+            sfx = layer_suffix(layer)
             if self.kind == "elman":
                 names += [f"W_xh{sfx}", f"W_hh{sfx}"] + ([f"b_h{sfx}"] if self.bias else [])
             else:
@@ -268,6 +280,20 @@ class Problem:
         d = dict(mapping)
         d["model"] = ModelSpec.from_mapping(d["model"])
         return cls(**d)
+
+    def cast_inputs(self, x, ids=None):
+        """``x`` (T, B[, D]) as a step reads it, C-contiguous: token ids (as ``ids``, or their own integer
+        dtype when None), or dense rows in the problem's dtype."""
+        import numpy as np
+
+        return np.ascontiguousarray(x, ids if self.tokens else self.dtype)
+
+    def cast_targets(self, y, ids=None):
+        """``y`` as a head reads it, C-contiguous: class ids for softmax_xent (as ``ids``, or their own
+        integer dtype when None), target rows in the problem's dtype for mse."""
+        import numpy as np
+
+        return np.ascontiguousarray(y, ids if self.model.head == "softmax_xent" else self.dtype)
 
     def flops_forward(self) -> float:
         """GEMM FLOPs of one forward pass over the whole batch and sequence (SPEC.md)."""

@@ -1,5 +1,5 @@
 """Statistics of timing samples and of paired speedups. The one timing loop lives in
-:mod:`harness.worker` (it runs next to the backend); this module only summarises."""
+:mod:`harness.measure`; this module only summarises."""
 
 from __future__ import annotations
 
@@ -32,10 +32,14 @@ class Stats:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    @property
-    def spread(self) -> float:
-        """IQR relative to the median: above ~0.1 the median deserves less trust."""
-        return self.iqr_s / self.median_s if self.median_s else float("nan")
+
+
+SPREAD_LIMIT = 0.10  # an IQR above this share of the median makes the median less trustworthy
+
+
+def spread(iqr_s: float, median_s: float) -> float:
+    """The IQR relative to the median (NaN without a median)."""
+    return iqr_s / median_s if median_s else float("nan")
 
 
 def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
@@ -59,3 +63,22 @@ def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0) -> tuple[
     ratios = np.median(b[idx], axis=1) / np.median(o[idx], axis=1)
     lo, hi = np.percentile(ratios, [2.5, 97.5])
     return point, float(lo), float(hi)
+
+
+def spread_warnings(timings) -> list[str]:
+    """Cells whose interquartile range exceeds SPREAD_LIMIT of the median: their figures deserve less trust."""
+    import pandas as pd
+
+    from harness.labels import backend_label, group_label
+
+    df = pd.DataFrame(timings)
+    if df.empty:
+        return []
+    df["label"] = backend_label(df)
+    warn = []
+    for _, r in df.iterrows():
+        if r.get("status") == "ok" and r.get("median_s") and pd.notna(r.get("iqr_s")) and r.get("workload") != "train":
+            rel = spread(r["iqr_s"], r["median_s"])
+            if np.isfinite(rel) and rel > SPREAD_LIMIT:
+                warn.append(f"{r['label']} ({r['workload']} {group_label(r)}): IQR is {rel:.0%} of the median")
+    return warn

@@ -1,24 +1,22 @@
 """One benchmark cell in its own process: ``python -m harness.worker``.
 
-Talks to the runner with one JSON object per line: requests on stdin, replies on
-the process's original stdout. Anything a library prints goes to stderr, which the
-runner keeps the tail of. Imports nothing but numpy, this package's numpy-only
-modules and the backend, so it runs in isolated environments on numpy 1.23 too.
-
-Requests (``cmd``): ``init``, ``warmup``, ``calibrate``, ``rounds``, ``train``,
-``gemm_peak``, ``quit``. Every reply carries ``peak_rss_mb``; a failure replies
-``{"error": ..., "traceback": ...}`` and the worker stays alive.
+Serves the requests of :mod:`harness.protocol` (init, warmup, verify, calibrate, rounds,
+train, check, gemm_peak, quit): one request per line on stdin, one framed reply per line
+on the process's original stdout. Anything a library prints goes to stderr, which the
+runner keeps the tail of. Every timed loop goes through :mod:`harness.measure`. Imports
+nothing but numpy, this package's numpy-only modules and the backend, so it runs in
+isolated environments on numpy 1.23 too. A failed request answers ``status: error`` (or
+``diverged``) and the worker stays alive.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import resource
 import sys
-import time
 import traceback
+from dataclasses import asdict
 
 # A cell with `threads: N` runs on N cores: the runner names them, and they are set before
 # any library starts a thread pool (XLA's, for one, sizes its pool from the cores it may
@@ -28,8 +26,11 @@ if os.environ.get("HARNESS_CPUS"):
 
 import numpy as np  # noqa: E402
 
+from harness import measure, protocol  # noqa: E402
+
 
 def peak_rss_mb() -> float:
+    """This process's peak resident memory so far."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
 
 
@@ -37,26 +38,27 @@ class DivergedError(Exception):
     """The loss became NaN or infinite."""
 
 
-class Cell:
-    """The state of one cell: its backend, data and parameters."""
+class CellState:
+    """The state of one cell in its worker: its backend, data and parameters."""
 
-    def __init__(self, req: dict):
+    def __init__(self, req: protocol.Init):
         import backends
+        from backends.base import screen
         from harness import reference
         from harness.data import make_dataset
         from harness.spec import Problem, TaskSpec
 
-        self.problem = Problem.from_mapping(req["problem"])
-        self.task = TaskSpec.from_mapping(req["task"])
-        self.lr = float(req.get("lr", 0.005))
-        self.threads = int(req.get("threads", 1))
-        self.backend = backends.create(req["backend"])
-        ok, why = self.backend.availability()
-        if not ok:
+        self.problem = Problem.from_mapping(req.problem)
+        self.task = TaskSpec.from_mapping(req.task)
+        self.lr = float(req.lr)
+        self.threads = int(req.threads)
+        self.backend = backends.create(req.backend)
+        status, why = screen(self.backend, self.problem)
+        if status != "ok":
             raise RuntimeError(why)
-        self.data = make_dataset(self.task, self.problem.model, int(req["seed"]), self.problem.dtype)
+        self.data = make_dataset(self.task, self.problem.model, req.seed, self.problem.dtype)
         p = self.problem
-        params = reference.init_params(p.model, p.input_size, p.output_size, int(req["seed"]), p.dtype)
+        params = reference.init_params(p.model, p.input_size, p.output_size, req.seed, p.dtype)
         self.x, self.y = self.data.batch(np.arange(p.batch) % self.data.n_sequences)
         self.backend.prepare(p, params, device=p.device, threads=self.threads)
         self.last_loss = None
@@ -69,22 +71,18 @@ class Cell:
             self.last_loss = self.backend.sgd_step(self.x, self.y, self.lr)
 
     def check_finite(self) -> None:
+        """Raise DivergedError when the last step's loss is NaN or infinite."""
         if self.problem.workload != "forward" and self.last_loss is not None:
             loss = float(self.last_loss)
             if not math.isfinite(loss):
                 raise DivergedError(f"loss became {loss}")
 
     def warmup(self, n: int) -> dict:
-        t0 = time.perf_counter_ns()
-        self.backend.warm_up((self.x, self.y))
-        self.backend.sync()
-        compile_s = (time.perf_counter_ns() - t0) / 1e9
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            self.call()
-        self.backend.sync()
+        """Compile (timed as ``compile_s``), then ``n`` untimed calls (timed together as ``warm_s``)."""
+        compile_s, _ = measure.time_once(lambda: self.backend.warm_up((self.x, self.y)), self.backend.sync)
+        warm_s = measure.time_rounds(self.call, self.backend.sync, 1, n)[0] * n if n else 0.0
         self.check_finite()
-        return {"compile_s": compile_s, "warm_s": (time.perf_counter_ns() - t0) / 1e9}
+        return {"compile_s": compile_s, "warm_s": warm_s}
 
     def verify(self) -> dict:
         """This cell's own next step (or forward pass) against the reference, on its own data.
@@ -123,17 +121,13 @@ class Cell:
                 "bound": f"{rtol:g}*|ref| + {atol:g}*max|ref|"}
 
     def rounds(self, n: int, inner: int) -> list[float]:
-        """``n`` rounds of ``inner`` calls each, ``sync()`` before every clock read; seconds per call."""
-        out = []
-        for _ in range(n):
-            self.backend.sync()
-            t0 = time.perf_counter_ns()
-            for _ in range(inner):
-                self.call()
-            self.backend.sync()
-            out.append((time.perf_counter_ns() - t0) / 1e9 / inner)
-            self.check_finite()
-        return out
+        """``n`` rounds of ``inner`` calls each; seconds per call of each round."""
+        return measure.time_rounds(self.call, self.backend.sync, n, inner, after_round=self.check_finite)
+
+    def calibrate(self, round_s: float) -> dict:
+        """The inner loop count that makes one round last about ``round_s``."""
+        one = self.rounds(1, 1)[0]
+        return {"inner": measure.calibrate(one, round_s), "one_s": one}
 
     def evaluate(self) -> float:
         """Loss on the fixed evaluation set, in minibatches of the training batch size."""
@@ -149,28 +143,24 @@ class Cell:
             count += B
         return total / count
 
-    def train(self, cfg: dict) -> dict:
+    def train(self, cfg: protocol.TrainSettings) -> dict:
         """SGD epochs from the shared initial parameters; the clock counts training steps only."""
         B = self.problem.batch
         N = self.data.n_sequences
-        rng = np.random.default_rng(int(cfg.get("seed", 0)))
-        lr = float(cfg["lr"])
-        eval_every = int(cfg["eval_every"])
-        target = cfg.get("target_loss")
-        patience = int(cfg.get("patience", 1))
-        budget = cfg.get("time_budget_s")
-        halve = bool(cfg.get("halve_lr_on_rise", False))
+        rng = np.random.default_rng(cfg.seed)
+        lr = self.lr  # the starting rate; halved on a rising evaluation loss when asked
+        target = cfg.target_loss
         curve, steps = [], []
-        clock = eval_clock = 0.0
-        examples, next_eval, streak, time_to_target = 0, eval_every, 0, None
+        step_clock = measure.Stopwatch(self.backend.sync)
+        eval_clock = measure.Stopwatch(self.backend.sync)
+        examples, next_eval, streak, time_to_target = 0, cfg.eval_every, 0, None
         running: list[float] = []
         status, stop = "ok", None
 
         def do_eval(epoch):
-            nonlocal eval_clock, streak, time_to_target, lr, stop
-            t0 = time.perf_counter_ns()
-            loss = self.evaluate()
-            eval_clock += (time.perf_counter_ns() - t0) / 1e9
+            nonlocal streak, time_to_target, lr, stop
+            _, loss = eval_clock.time(self.evaluate)
+            clock = step_clock.total_s
             if running:
                 curve.append({"epoch": epoch, "examples": examples, "wall_s": clock,
                               "loss": float(np.mean(running)), "split": "train", "lr": lr})
@@ -179,26 +169,21 @@ class Cell:
             curve.append({"epoch": epoch, "examples": examples, "wall_s": clock, "loss": loss, "split": "eval", "lr": lr})
             if not math.isfinite(loss):
                 raise DivergedError(f"evaluation loss became {loss}")
-            if halve and previous is not None and loss > previous:
+            if cfg.halve_lr_on_rise and previous is not None and loss > previous:
                 lr *= 0.5
             if target is not None:
                 streak = streak + 1 if loss <= target else 0
-                if streak >= patience and time_to_target is None:
+                if streak >= cfg.patience and time_to_target is None:
                     time_to_target = clock
                     stop = "target"
 
         try:
             do_eval(0)
-            for epoch in range(int(cfg["epochs"])):
+            for epoch in range(cfg.epochs):
                 order = rng.permutation(N)
                 for i in range(0, N - B + 1, B):
                     x, y = self.data.batch(order[i : i + B])
-                    self.backend.sync()
-                    t0 = time.perf_counter_ns()
-                    loss = self.backend.sgd_step(x, y, lr)
-                    self.backend.sync()
-                    dt = (time.perf_counter_ns() - t0) / 1e9
-                    clock += dt
+                    dt, loss = step_clock.time(lambda: self.backend.sgd_step(x, y, lr))
                     steps.append(dt)
                     loss = float(loss)
                     if not math.isfinite(loss):
@@ -206,9 +191,9 @@ class Cell:
                     running.append(loss)
                     examples += B
                     if examples >= next_eval:
-                        next_eval += eval_every
+                        next_eval += cfg.eval_every
                         do_eval(epoch)
-                    if stop is None and budget is not None and clock >= budget:
+                    if stop is None and cfg.time_budget_s is not None and step_clock.total_s >= cfg.time_budget_s:
                         stop = "time_budget"
                     if stop:
                         break
@@ -217,10 +202,10 @@ class Cell:
             else:
                 stop = "epochs"
             if curve[-1]["examples"] != examples:
-                do_eval(int(cfg["epochs"]) - 1 if stop == "epochs" else epoch)
+                do_eval(cfg.epochs - 1 if stop == "epochs" else epoch)
         except DivergedError as exc:
             status, stop = "diverged", str(exc)
-        return {"curve": curve, "step_samples": steps, "train_s": clock, "eval_s": eval_clock,
+        return {"curve": curve, "step_samples": steps, "train_s": step_clock.total_s, "eval_s": eval_clock.total_s,
                 "time_to_target_s": time_to_target, "stop": stop, "status": status,
                 "examples": examples, "final_lr": lr}
 
@@ -232,61 +217,76 @@ def gemm_peak(dtype: str, n: int = 1024, seconds: float = 0.5) -> float:
     b = rng.random((n, n)).astype(dtype)
     c = np.empty((n, n), dtype)
     np.matmul(a, b, out=c)
-    best = float("inf")
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end or best == float("inf"):
-        t0 = time.perf_counter_ns()
-        np.matmul(a, b, out=c)
-        best = min(best, (time.perf_counter_ns() - t0) / 1e9)
-    return 2.0 * n ** 3 / best / 1e9
+    return measure.best_rate(lambda: np.matmul(a, b, out=c), 2.0 * n ** 3, seconds) / 1e9
+
+
+def check(req: protocol.Check) -> list[dict]:
+    """``harness check`` of one backend in this worker's environment: one result per case."""
+    from harness.check import check_backend, representative_cases
+
+    cases = representative_cases() if req.representative else None
+    return [asdict(r) for r in check_backend(req.backend, quick=req.quick, device=req.device, cases=cases)]
+
+
+def _init(cell, req: protocol.Init) -> tuple[CellState, dict]:
+    cell = CellState(req)
+    return cell, {"versions": cell.backend.versions(), "python": sys.version.split()[0], "data_meta": cell.data.meta}
+
+
+def _rounds(cell: CellState, req: protocol.Rounds) -> dict:
+    samples = cell.rounds(req.n, req.inner)
+    return {"samples": samples, "loss": None if cell.last_loss is None else float(cell.last_loss)}
+
+
+# requests that need no cell, and requests to the cell: cmd -> what answers it
+_SERVICES = {
+    "init": _init,
+    "quit": lambda cell, req: (cell, {}),
+    "gemm_peak": lambda cell, req: (cell, {"gflops": gemm_peak(req.dtype, req.n)}),
+    "check": lambda cell, req: (cell, {"results": check(req)}),
+}
+_CELL_REQUESTS = {
+    "warmup": lambda cell, req: cell.warmup(req.n),
+    "verify": lambda cell, req: cell.verify(),
+    "calibrate": lambda cell, req: cell.calibrate(req.round_s),
+    "rounds": _rounds,
+    "train": lambda cell, req: cell.train(req.settings),
+}
+
+
+def handle(cell: CellState | None, req: protocol.Request) -> tuple[CellState | None, dict]:
+    """Carry out one request; the (possibly new) cell state and the reply's body."""
+    if req.cmd in _SERVICES:
+        return _SERVICES[req.cmd](cell, req)
+    if cell is None:
+        raise RuntimeError(f"{req.cmd!r} before init")
+    return cell, _CELL_REQUESTS[req.cmd](cell, req)
 
 
 def serve(inp, out) -> None:
     """Answer requests until ``quit`` or end of input."""
-    cell: Cell | None = None
+    cell: CellState | None = None
     for line in inp:
         if not line.strip():
             continue
-        req = json.loads(line)
-        cmd = req.get("cmd")
+        req: protocol.Request | None = None
         try:
-            if cmd == "quit":
-                reply = {"ok": True}
-            elif cmd == "init":
-                cell = Cell(req)
-                reply = {"ok": True, "versions": cell.backend.versions(), "python": sys.version.split()[0],
-                         "data_meta": cell.data.meta}
-            elif cmd == "warmup":
-                reply = cell.warmup(int(req.get("n", 1)))
-            elif cmd == "verify":
-                reply = cell.verify()
-            elif cmd == "calibrate":
-                one = cell.rounds(1, 1)[0]
-                target = float(req["target_s"])
-                reply = {"inner": max(1, min(10_000, int(round(target / max(one, 1e-9))))), "one_s": one}
-            elif cmd == "rounds":
-                samples = cell.rounds(int(req["n"]), int(req["inner"]))
-                reply = {"samples": samples, "loss": None if cell.last_loss is None else float(cell.last_loss)}
-            elif cmd == "train":
-                reply = cell.train(req["train"])
-            elif cmd == "gemm_peak":
-                reply = {"gflops": gemm_peak(req.get("dtype", "float32"), int(req.get("n", 1024)))}
-            else:
-                reply = {"error": f"unknown command {cmd!r}"}
+            req = protocol.decode_request(line)
+            cell, body = handle(cell, req)
+            reply = protocol.Reply("ok", body)
         except DivergedError as exc:
-            reply = {"diverged": str(exc)}
+            reply = protocol.Reply("diverged", error=str(exc))
         except Exception as exc:  # reported to the runner, which records the cell as an error
-            reply = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=8)}
-        reply["peak_rss_mb"] = peak_rss_mb()
-        out.write(json.dumps(reply) + "\n")
+            reply = protocol.Reply("error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=8))
+        reply.peak_rss_mb = peak_rss_mb()
+        out.write(protocol.encode_reply(reply) + "\n")
         out.flush()
-        if cmd == "quit":
+        if isinstance(req, protocol.Quit):
             break
 
 
 def main() -> None:
-    # Keep the protocol channel clean: the original stdout carries replies only, and
-    # file descriptor 1 (where libraries print) is pointed at stderr.
+    """Serve on the original stdout, with file descriptor 1 (where libraries print) pointed at stderr."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr

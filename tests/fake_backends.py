@@ -48,7 +48,7 @@ class BadBackend(RefBackend):
     """Fails on purpose during the timed rounds, in the way its variant names."""
 
     name = "bad"
-    variants = ("crash", "hang", "diverge", "oom", "raise", "unsupported", "wrong")
+    variants = ("crash", "hang", "diverge", "oom", "killed", "raise", "unsupported", "wrong")
 
     def supports(self, problem):
         if self.variant == "unsupported":
@@ -69,7 +69,9 @@ class BadBackend(RefBackend):
                 time.sleep(3600)
             if self.variant == "diverge":
                 return float("nan")
-            if self.variant == "oom":
+            if self.variant == "oom":  # an allocation the machine cannot satisfy
+                np.empty(1 << 60, dtype=np.uint8)
+            if self.variant == "killed":  # killed from outside (a user, a supervisor): not out of memory
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.variant == "raise":
                 raise RuntimeError("kernel exploded")

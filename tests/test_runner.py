@@ -158,3 +158,96 @@ def test_a_worker_runs_on_as_many_cores_as_its_threads(fake_backends):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ, HARNESS_CPUS=str(mine[-1])), cwd=Path(harness.__file__).parent.parent)
     assert out.stdout.strip() == str([mine[-1]])
+
+
+def test_a_worker_killed_by_a_signal_is_not_called_out_of_memory(fake_backends, write_config, tmp_path):
+    run = _run(write_config(STEP + "backends: [ref, 'bad:killed']\n" + FAST_TIMING), tmp_path / "run")
+    t = run.timings.set_index(run.timings["backend"] + ":" + run.timings["variant"])
+    assert t.loc["bad:killed", "status"] == "error"
+    assert "killed by signal 9" in t.loc["bad:killed", "error"] and "memory" not in t.loc["bad:killed", "error"]
+    assert t.loc["ref:plain", "status"] == "ok" and t.loc["ref:plain", "n_samples"] >= 4
+
+
+def test_a_failed_cell_keeps_its_samples_but_shows_no_median(fake_backends, write_config, tmp_path):
+    from harness.runner import Outcome
+
+    cfg = load_config(write_config(STEP + "backends: [ref, 'bad:killed']\n" + FAST_TIMING))
+    runner = Runner(cfg, RunStore.create(tmp_path / "run", new_run_meta(cfg)))
+    good, bad = cfg.cells()
+    rows, _ = runner._rows([Outcome(good, samples=[1e-3, 1.1e-3, 0.9e-3]),
+                            Outcome(bad, "error", "worker killed by signal 9 (SIGKILL)", samples=[2e-3, 2e-3])])
+    assert rows[0]["n_samples"] == 3 and rows[0]["median_s"] == pytest.approx(1e-3)
+    assert rows[1]["samples_s"] == [2e-3, 2e-3]  # kept for whoever wants to look
+    assert rows[1]["n_samples"] == 0 and np.isnan(rows[1]["median_s"]) and "gflops" not in rows[1]
+
+
+def test_out_of_memory_needs_evidence():
+    from harness.runner import classify_exit
+
+    kill = -signal.SIGKILL
+    assert classify_exit(kill, "", 100.0, 16000.0).status == "error"
+    assert classify_exit(kill, "", 15500.0, 16000.0).status == "oom"  # peak RSS at the limit
+    assert classify_exit(kill, "", 100.0, 16000.0, oom_killed=True).status == "oom"  # the kernel says so
+    assert classify_exit(-signal.SIGTERM, "", 15500.0, 16000.0).status == "error"  # only SIGKILL is the OOM killer's
+    assert classify_exit(1, "numpy.core._exceptions.MemoryError: Unable to allocate", None, None).status == "oom"
+    assert "signal 15 (SIGTERM)" in str(classify_exit(-signal.SIGTERM, "", None, None))
+
+
+def test_stray_output_on_the_worker_stdout_does_not_break_the_protocol(fake_backends, write_config, tmp_path, monkeypatch):
+    # a sitecustomize that prints before the worker's main() has redirected file descriptor 1
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("print('hello from sitecustomize')\nprint('{\"not\": \"a reply\"}')\n")
+    monkeypatch.setenv("PYTHONPATH", str(site) + os.pathsep + os.environ["PYTHONPATH"])
+    run = _run(write_config(STEP + "backends: [ref, 'bad:crash']\n" + FAST_TIMING), tmp_path / "run")
+    t = run.timings.set_index(run.timings["backend"] + ":" + run.timings["variant"])
+    assert t.loc["ref:plain", "status"] == "ok" and t.loc["ref:plain", "n_samples"] >= 4
+    assert t.loc["bad:crash", "status"] == "error"
+    assert "hello from sitecustomize" in t.loc["bad:crash", "error"]  # kept for the error tail
+
+
+def _children_of(pid: int) -> set[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return {int(p) for p in out}
+
+
+@pytest.mark.parametrize("phase", ["init", "warmup", "verify", "calibrate", "rounds", "train"])
+def test_an_interrupt_at_any_phase_leaves_no_worker_behind(fake_backends, write_config, tmp_path, monkeypatch, phase):
+    from harness import protocol
+    from harness.runner import WorkerProcess
+
+    text = STEP + "backends: [ref, 'ref:slow']\n" + FAST_TIMING
+    if phase == "train":
+        text = text.replace("workloads: [train_step]", "workloads: [train]") + "train: {epochs: 1, eval_every: 8}\n"
+    cfg = load_config(write_config(text))
+    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+    runner = Runner(cfg, store)
+    runner.gemm_peaks = {"float32|threads=1": 1.0}  # not measured: no extra worker
+    started: list[int] = []
+    original = WorkerProcess.request
+
+    def interrupted(self, req, timeout_s):
+        started.append(self.proc.pid)
+        if req.cmd == phase:
+            raise KeyboardInterrupt
+        return original(self, req, timeout_s)
+
+    monkeypatch.setattr(WorkerProcess, "request", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run()
+    assert started
+    deadline = time.time() + 5
+    while _children_of(os.getpid()) & set(started) and time.time() < deadline:
+        time.sleep(0.05)
+    for pid in set(started):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_recorded_worker_variables_are_those_the_run_sets(fake_backends, write_config, tmp_path, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--from-the-calling-shell")  # inherited, not set by the run
+    run = _run(write_config(STEP + "backends: [ref]\nenv: {MY_SETTING: '7'}\n" + FAST_TIMING), tmp_path / "run")
+    env = run.meta["worker_env"]["ref"]
+    assert env["MY_SETTING"] == "7" and env["MALLOC_TRIM_THRESHOLD_"] and env["OMP_NUM_THREADS"] == "1"
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and "HARNESS_CPUS" in env
+    assert "XLA_FLAGS" not in env and "PATH" not in env and "PYTHONUNBUFFERED" not in env

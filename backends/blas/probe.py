@@ -14,7 +14,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import numpy as np
 
@@ -22,7 +21,7 @@ import numpy as np
 def probe(full_name: str, ldflags: dict[str, str], n_steps: int = 40) -> dict:
     """Median sgd_step time (ms) per ``blas__ldflags`` value at vocab 8000, hidden 100, T 20, batch 1, float32."""
     import backends
-    from harness import reference
+    from harness import measure, reference
     from harness.spec import ModelSpec, Problem
 
     model = ModelSpec(kind="elman", hidden=100, bias=False)
@@ -34,23 +33,15 @@ def probe(full_name: str, ldflags: dict[str, str], n_steps: int = 40) -> dict:
     for key, flags in ldflags.items():
         backend = backends.create(full_name)
         backend.prepare(problem, params)
-        start = time.perf_counter()
         with backend.blas_ldflags(flags):
-            backend.warm_up((x, y))
-        compile_s[key] = time.perf_counter() - start
+            compile_s[key] = measure.time_once(lambda: backend.warm_up((x, y)), backend.sync)[0]
         instances[key] = backend
-    samples: dict[str, list[float]] = {key: [] for key in ldflags}
-    keys = list(ldflags)
-    for i in range(n_steps):
-        for key in keys if i % 2 == 0 else keys[::-1]:
-            t0 = time.perf_counter_ns()
-            instances[key].sgd_step(x, y, 0.005)
-            instances[key].sync()
-            samples[key].append((time.perf_counter_ns() - t0) / 1e6)
+    samples = measure.time_interleaved({k: (lambda b=b: b.sgd_step(x, y, 0.005)) for k, b in instances.items()},
+                                       n_steps, syncs={k: b.sync for k, b in instances.items()})
     for backend in instances.values():
         backend.close()
     return {"backend": full_name, "threads": os.environ.get("OPENBLAS_NUM_THREADS", ""),
-            "median_ms": {k: statistics.median(v) for k, v in samples.items()}, "compile_s": compile_s}
+            "median_ms": {k: statistics.median(v) * 1e3 for k, v in samples.items()}, "compile_s": compile_s}
 
 
 def main(argv=None) -> int:

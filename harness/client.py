@@ -1,0 +1,223 @@
+"""The runner's side of :mod:`harness.protocol`: a worker subprocess, its environment, its failures.
+
+Used by the runner (one worker per cell) and by ``harness check`` of a backend that lives in
+an isolated environment, so both get the same timeouts, thread settings and failure statuses.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import envs, protocol
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+OOM_MARKERS = ("MemoryError", "std::bad_alloc", "out of memory", "OutOfMemory", "RESOURCE_EXHAUSTED")
+# Plumbing every worker gets; not part of a cell's recorded environment.
+PLUMBING_VARS = ("PYTHONUNBUFFERED",)
+
+
+class WorkerFailure(Exception):
+    """A worker that crashed, hung, ran out of memory or reported an error."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def worker_cpus(threads: int) -> list[int]:
+    """The cores a worker with ``threads`` threads is confined to: the first ``threads`` of
+    the runner's own, or none (no confinement) when more threads than cores are asked for."""
+    try:
+        mine = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return []
+    return mine[:threads] if threads <= len(mine) else []
+
+
+def worker_settings(cell_backend: str, device: str, dtype: str, threads: int, extra: dict[str, str]) -> tuple[str | None, dict]:
+    """The isolated environment name and the variables the runner and the backend set for one worker
+    (the cell's ``env``, the thread count, the cores, the device, the backend's own flags)."""
+    import backends
+
+    name, variant = backends.split_name(cell_backend)
+    cls = backends.backend_class(name)
+    env = dict(extra)
+    for var in envs.THREAD_VARS:
+        env[var] = str(threads)
+    cpus = worker_cpus(threads)
+    if cpus:
+        env["HARNESS_CPUS"] = ",".join(map(str, cpus))
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU cell must not quietly use a GPU
+    env.update(cls.environment_variables(variant or cls.variants[0], threads, device, dtype))
+    env["PYTHONUNBUFFERED"] = "1"
+    return cls.environment, env
+
+
+def worker_environment(cell_backend: str, device: str, dtype: str, threads: int, extra: dict[str, str]) -> tuple[str | None, dict]:
+    """The isolated environment name and the full process environment for one worker."""
+    environment, settings = worker_settings(cell_backend, device, dtype, threads, extra)
+    return environment, {**envs.worker_environ(environment), **settings}
+
+
+def memory_limit_mb() -> float | None:
+    """The memory this process tree may use: its cgroup's limit, else the machine's RAM."""
+    try:
+        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if text != "max":
+            return int(text) / 2**20
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _oom_kills() -> int | None:
+    """The kernel's count of OOM kills in this cgroup (cgroup v2), or None where unknown."""
+    try:
+        for line in Path("/sys/fs/cgroup/memory.events").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def classify_exit(code: int, tail: str, peak_rss_mb: float | None, limit_mb: float | None,
+                  oom_killed: bool = False) -> WorkerFailure:
+    """The failure of a worker that exited with ``code`` (negative: killed by that signal).
+
+    ``oom`` only with evidence: an out-of-memory message in its stderr, or SIGKILL (what the
+    kernel's OOM killer sends) together with the kernel's OOM-kill count having risen
+    (``oom_killed``) or a peak RSS of at least 90% of the memory limit. A SIGKILL without such
+    evidence came from someone else (a user, a supervisor) and is reported as such."""
+    if any(m in tail for m in OOM_MARKERS):
+        return WorkerFailure("oom", f"worker exited with code {code}; out of memory\n{tail}")
+    if code < 0:
+        sig = -code
+        try:
+            signame = signal.Signals(sig).name
+        except ValueError:
+            signame = f"signal {sig}"
+        near_limit = peak_rss_mb is not None and limit_mb is not None and peak_rss_mb >= 0.9 * limit_mb
+        if sig == signal.SIGKILL and (oom_killed or near_limit):
+            rss = f", peak RSS {peak_rss_mb:.0f} of {limit_mb:.0f} MB" if near_limit else ", the kernel reports an OOM kill"
+            return WorkerFailure("oom", f"worker killed by {signame}{rss}; out of memory\n{tail}")
+        return WorkerFailure("error", f"worker killed by signal {sig} ({signame})\n{tail}")
+    return WorkerFailure("error", f"worker exited with code {code}\n{tail}")
+
+
+class WorkerProcess:
+    """A worker subprocess, talked to through :mod:`harness.protocol`, with timeouts.
+
+    ``env`` is its whole process environment; ``recorded`` the part of it the run chose
+    (see :func:`worker_settings`), kept as ``.env`` for run.json."""
+
+    def __init__(self, environment: str | None, env: dict, label: str, recorded: dict | None = None):
+        python = str(envs.ensure_env(environment)) if environment else sys.executable
+        self.label = label
+        self.stderr = tempfile.TemporaryFile()
+        self.stray: list[str] = []  # stdout lines that were not replies (kept for the error tail)
+        self.peak_rss_mb: float | None = None
+        self.oom_kills = _oom_kills()
+        self.proc = subprocess.Popen([python, "-m", "harness.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.stderr, env=env, cwd=str(PROJECT_ROOT), start_new_session=True)
+        self.buf = b""
+        # what the run set for this worker (recorded with the cell), not what it inherited
+        self.env = {k: v for k, v in (recorded or {}).items() if k not in PLUMBING_VARS}
+
+    def stderr_tail(self, n: int = 20) -> str:
+        """The last ``n`` lines the worker wrote to stderr, after any stray stdout lines."""
+        self.stderr.flush()
+        self.stderr.seek(0)
+        lines = self.stray[-n:] + self.stderr.read().decode("utf-8", "replace").strip().splitlines()
+        return "\n".join(lines[-n:])
+
+    def request(self, req: protocol.Request, timeout_s: float) -> protocol.Reply:
+        """Send one request and wait for its reply; WorkerFailure on an error, a death or a timeout."""
+        try:
+            self.proc.stdin.write((protocol.encode_request(req) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._died() from None
+        deadline = time.monotonic() + timeout_s
+        fd = self.proc.stdout.fileno()
+        while True:
+            while b"\n" not in self.buf:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self.kill()
+                    raise WorkerFailure("timeout", f"no answer to {req.cmd!r} within {timeout_s:g} s\n{self.stderr_tail()}")
+                ready, _, _ = select.select([fd], [], [], remaining)
+                if not ready:
+                    continue
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    raise self._died()
+                self.buf += chunk
+            line, _, self.buf = self.buf.partition(b"\n")
+            text = line.decode("utf-8", "replace")
+            reply = protocol.decode_reply(text)
+            if reply is not None:
+                break
+            self.stray.append(text)
+        self.peak_rss_mb = reply.peak_rss_mb
+        if reply.status == "diverged":
+            raise WorkerFailure("diverged", reply.error)
+        if reply.status != "ok":
+            status = "oom" if any(m in reply.error for m in OOM_MARKERS) else "error"
+            raise WorkerFailure(status, f"{reply.error}\n{reply.traceback}".strip())
+        return reply
+
+    def _died(self) -> WorkerFailure:
+        code = self._reap(10.0)
+        if code is None:
+            self.kill()
+            code = self.proc.returncode
+        before, after = self.oom_kills, _oom_kills()
+        oom_killed = before is not None and after is not None and after > before
+        return classify_exit(code, self.stderr_tail(), self.peak_rss_mb, memory_limit_mb(), oom_killed)
+
+    def _reap(self, timeout_s: float) -> int | None:
+        """Wait for the worker's exit and take its peak RSS from the kernel's record of it."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+            except ChildProcessError:  # already reaped
+                return self.proc.poll()
+            if pid:
+                self.proc.returncode = os.waitstatus_to_exitcode(status)
+                self.peak_rss_mb = max(self.peak_rss_mb or 0.0, usage.ru_maxrss / 1024.0)
+                return self.proc.returncode
+            time.sleep(0.01)
+        return None
+
+    def kill(self) -> None:
+        """Kill the worker and everything it started."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        """Ask the worker to quit; kill it when it does not."""
+        if self.proc.poll() is None:
+            try:
+                self.request(protocol.Quit(), 10)
+                self.proc.wait(timeout=10)
+            except (WorkerFailure, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        self.stderr.close()

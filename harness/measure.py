@@ -1,0 +1,160 @@
+"""The one timing policy and the one clock loop.
+
+Every timed loop of the project goes through here: the worker's warm-up, rounds,
+training steps and GEMM peak, the BLAS probe, and the benchmark scripts. The clock is
+``time.perf_counter_ns`` and the code under test is ``sync()``-ed before every read, so
+asynchronous backends (JAX, CUDA) are charged for the work they queued.
+
+Worker-safe: standard library only (the policy is built from the config's timing
+settings on the runner side, and from plain numbers on the worker side).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from typing import Callable
+
+MAX_INNER = 10_000  # calls per round at most: beyond that a round's clock reads are noise-free enough
+MIN_ROUND_S = 0.005  # a round shorter than this is dominated by the clock and the protocol
+
+
+_clock = time.perf_counter_ns  # bound once: a global lookup less between the code under test and the clock
+
+
+def _no_sync() -> None:
+    pass
+
+
+def clock_ns() -> int:
+    """The clock every measurement reads (monotonic, nanoseconds)."""
+    return _clock()
+
+
+def time_once(fn: Callable[[], object], sync: Callable[[], None] = _no_sync) -> tuple[float, object]:
+    """Seconds of one ``fn()`` from a synced start to a synced end, and what it returned."""
+    sync()
+    t0 = _clock()
+    out = fn()
+    sync()
+    return (_clock() - t0) / 1e9, out
+
+
+def time_rounds(call: Callable[[], object], sync: Callable[[], None] = _no_sync, n_rounds: int = 1, inner: int = 1,
+                after_round: Callable[[], None] | None = None) -> list[float]:
+    """``n_rounds`` rounds of ``inner`` calls each; seconds per call of each round.
+
+    ``after_round`` runs outside the clock after each round (e.g. a divergence check)."""
+    out = []
+    for _ in range(n_rounds):
+        sync()
+        t0 = _clock()
+        for _ in range(inner):
+            call()
+        sync()
+        out.append((_clock() - t0) / 1e9 / inner)
+        if after_round is not None:
+            after_round()
+    return out
+
+
+def time_interleaved(calls: dict[str, Callable[[], object]], n_rounds: int, inner: int = 1,
+                     syncs: dict[str, Callable[[], None]] | None = None) -> dict[str, list[float]]:
+    """Rounds of several calls taken in turn (A B C, then C B A, ...): per key, seconds per call of each round.
+
+    Alternating the order cancels a drift of the machine and any advantage of going first."""
+    syncs = syncs or {}
+    samples: dict[str, list[float]] = {k: [] for k in calls}
+    for r in range(n_rounds):
+        for k in round_order(list(calls), r):
+            samples[k] += time_rounds(calls[k], syncs.get(k, _no_sync), 1, inner)
+    return samples
+
+
+def round_order(keys: list, r: int) -> list:
+    """The order of round ``r`` of interleaved contenders: as given on even rounds, reversed on odd ones."""
+    return keys if r % 2 == 0 else keys[::-1]
+
+
+def best_rate(call: Callable[[], object], work: float, seconds: float) -> float:
+    """``work`` per second of the fastest of repeated calls during about ``seconds`` (at least one)."""
+    best = float("inf")
+    end = _clock() + int(seconds * 1e9)
+    while best == float("inf") or _clock() < end:
+        best = min(best, time_rounds(call)[0])
+    return work / best
+
+
+class Stopwatch:
+    """Accumulates the seconds of the timed sections of a longer loop (training: steps, not evaluations)."""
+
+    def __init__(self, sync: Callable[[], None] = _no_sync):
+        self.sync = sync
+        self.total_s = 0.0
+
+    def time(self, fn: Callable[[], object]) -> tuple[float, object]:
+        """Time one ``fn()`` (synced) and add it to the total; its seconds and result."""
+        dt, out = time_once(fn, self.sync)
+        self.total_s += dt
+        return dt, out
+
+
+def elapsed_s(start_ns: int) -> float:
+    """Seconds since ``start_ns`` (a :func:`clock_ns` reading), for wall-clock budgets."""
+    return (_clock() - start_ns) / 1e9
+
+
+@dataclass(frozen=True)
+class TimingPolicy:
+    """How a cell is timed, from the config's ``timing:`` section (no defaults here: the config owns them)."""
+
+    warmup: int
+    min_rounds: int
+    min_time_s: float
+    max_time_s: float
+    timeout_s: float
+    round_s: float | None
+    verify: bool
+
+    @classmethod
+    def of(cls, timing) -> "TimingPolicy":
+        """From the config's TimingConfig (or any object with the same attributes)."""
+        return cls(**{f.name: getattr(timing, f.name) for f in fields(cls)})
+
+    @property
+    def target_round_s(self) -> float:
+        """The length one round aims at: ``round_s``, else ``min_time_s / min_rounds`` (at least 5 ms)."""
+        return self.round_s or max(MIN_ROUND_S, self.min_time_s / self.min_rounds)
+
+
+def calibrate(one_call_s: float, round_s: float) -> int:
+    """The inner loop count that makes a round of calls of ``one_call_s`` last ``round_s`` (1 to MAX_INNER)."""
+    return max(1, min(MAX_INNER, int(round(round_s / max(one_call_s, 1e-9)))))
+
+
+class StopRule:
+    """When the interleaved rounds of a comparison group have enough samples.
+
+    The default: every cell has ``min_rounds`` rounds and ``min_time_s`` of timed calls,
+    or the group has run ``max_time_s`` per cell in all. The runner asks before every round
+    (the first time with no samples) with the cells still running; a cell that fails drops
+    out of ``samples`` but its share of the time cap stays, as its failed request took time too.
+    One rule object serves one group."""
+
+    def __init__(self, min_rounds: int, min_time_s: float, max_time_s: float):
+        self.min_rounds = min_rounds
+        self.min_time_s = min_time_s
+        self.max_time_s = max_time_s
+        self.n_cells = 0  # the most cells seen in one call: the cap's multiplier
+
+    def done(self, samples: dict[str, list[float]], inner: dict[str, int], baseline: str | None,
+             elapsed_s: float) -> bool:
+        """True when the rounds so far (per-call seconds per round, by cell id) are enough."""
+        self.n_cells = max(self.n_cells, len(samples))
+        enough = all(len(s) >= self.min_rounds and sum(s) * inner[c] >= self.min_time_s for c, s in samples.items())
+        return enough or elapsed_s >= self.max_time_s * max(1, self.n_cells)
+
+
+def stop_rule(timing) -> StopRule:
+    """A fresh stop rule for one group timed with ``timing`` (a TimingConfig or TimingPolicy)."""
+    return StopRule(timing.min_rounds, timing.min_time_s, timing.max_time_s)

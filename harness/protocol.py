@@ -1,0 +1,191 @@
+"""What the runner says to a worker, and what the worker answers: typed messages and their JSON form.
+
+One request per line on the worker's stdin; one reply per line on its stdout, each
+reply line starting with :data:`REPLY_PREFIX`. Any other line on stdout (a library or
+a ``sitecustomize`` printing before the worker has pointed file descriptor 1 at stderr)
+is not a reply: the client keeps it for the error tail instead of failing to parse it.
+
+Worker-safe: standard library only, so it runs in isolated environments on numpy 1.23 too.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+# A prefix no library prints by accident (plain ASCII: str.splitlines would split at a control character).
+REPLY_PREFIX = "@@harness-reply@@ "
+
+
+@dataclass
+class TrainSettings:
+    """A ``train`` cell's settings, as the config resolved them (no defaults here: the config owns them).
+    The learning rate is the cell's, sent once with ``init``."""
+
+    epochs: int
+    eval_every: int
+    target_loss: float | None
+    patience: int
+    time_budget_s: float | None
+    halve_lr_on_rise: bool
+    seed: int
+
+    @classmethod
+    def of(cls, train, seed: int) -> "TrainSettings":
+        """From the config's TrainConfig (or any object with the same attributes) and the run's seed."""
+        return cls(**{f.name: getattr(train, f.name) for f in fields(cls) if f.name != "seed"}, seed=seed)
+
+
+# -- requests ---------------------------------------------------------------------------
+@dataclass
+class Request:
+    """A message to the worker; ``cmd`` names it on the wire."""
+
+    cmd: ClassVar[str] = ""
+
+
+@dataclass
+class Init(Request):
+    """Build the cell: its backend, data and initial parameters."""
+
+    cmd: ClassVar[str] = "init"
+    backend: str
+    problem: dict
+    task: dict
+    seed: int
+    threads: int
+    lr: float
+
+
+@dataclass
+class WarmUp(Request):
+    """Compile (timed as ``compile_s``), then ``n`` untimed calls."""
+
+    cmd: ClassVar[str] = "warmup"
+    n: int
+
+
+@dataclass
+class Verify(Request):
+    """This cell's own next step against the reference."""
+
+    cmd: ClassVar[str] = "verify"
+
+
+@dataclass
+class Calibrate(Request):
+    """Time one call; answer the inner loop count that makes a round last ``round_s``."""
+
+    cmd: ClassVar[str] = "calibrate"
+    round_s: float
+
+
+@dataclass
+class Rounds(Request):
+    """``n`` timed rounds of ``inner`` calls each."""
+
+    cmd: ClassVar[str] = "rounds"
+    n: int
+    inner: int
+
+
+@dataclass
+class Train(Request):
+    """SGD epochs from the shared initial parameters, with a loss curve."""
+
+    cmd: ClassVar[str] = "train"
+    settings: TrainSettings
+
+    @classmethod
+    def from_json(cls, body: dict) -> "Train":
+        return cls(TrainSettings(**body["settings"]))
+
+
+@dataclass
+class Check(Request):
+    """Conformance of one backend against the reference (``harness check``), in the worker's environment."""
+
+    cmd: ClassVar[str] = "check"
+    backend: str
+    device: str = "cpu"
+    quick: bool = False
+    representative: bool = False
+
+
+@dataclass
+class GemmPeak(Request):
+    """The machine's best GFLOP/s of an ``n`` x ``n`` x ``n`` NumPy GEMM."""
+
+    cmd: ClassVar[str] = "gemm_peak"
+    dtype: str
+    n: int
+
+
+@dataclass
+class Quit(Request):
+    """End the worker."""
+
+    cmd: ClassVar[str] = "quit"
+
+
+REQUESTS: dict[str, type[Request]] = {c.cmd: c for c in (Init, WarmUp, Verify, Calibrate, Rounds, Train, Check, GemmPeak, Quit)}
+
+
+def _fields(obj) -> dict:
+    # shallow on purpose: dataclasses.asdict deep-copies every list, which a round's reply pays for
+    return obj.__dict__
+
+
+def encode_request(req: Request) -> str:
+    """The request's JSON line (without the newline)."""
+    return json.dumps({"cmd": req.cmd, **req.__dict__}, default=_fields)
+
+
+def decode_request(line: str) -> Request:
+    """A request from its JSON line; ProtocolError when it is not one."""
+    try:
+        body = json.loads(line)
+        cls = REQUESTS[body.pop("cmd")]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ProtocolError(f"not a request: {line[:200]!r} ({exc})") from None
+    return cls.from_json(body) if cls is Train else cls(**body)
+
+
+# -- replies ----------------------------------------------------------------------------
+@dataclass
+class Reply:
+    """A worker's answer. ``status`` is ``ok``, ``error`` (with ``traceback``) or ``diverged``;
+    ``body`` holds the request's results; every reply carries the worker's peak RSS so far."""
+
+    status: str
+    body: dict = field(default_factory=dict)
+    peak_rss_mb: float | None = None
+    error: str = ""
+    traceback: str = ""
+
+    def __getitem__(self, key: str) -> Any:
+        return self.body[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A body value, or ``default``."""
+        return self.body.get(key, default)
+
+
+def encode_reply(reply: Reply) -> str:
+    """The reply's framed line (without the newline)."""
+    return REPLY_PREFIX + json.dumps(reply.__dict__)
+
+
+def decode_reply(line: str) -> Reply | None:
+    """The reply framed in ``line``, or None for a line that is not a reply (stray output)."""
+    if not line.startswith(REPLY_PREFIX):
+        return None
+    try:
+        return Reply(**json.loads(line[len(REPLY_PREFIX):]))
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError(f"malformed reply: {line[:200]!r} ({exc})") from None
+
+
+class ProtocolError(Exception):
+    """A line that claims to be a message but is not a valid one."""

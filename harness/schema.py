@@ -1,0 +1,39 @@
+"""The results schema: the columns that identify a cell, defined once.
+
+A row of ``timings.parquet`` starts with :func:`cell_columns` of its cell; a row of
+``curves.parquet`` repeats :data:`CURVE_ID_COLUMNS` of that row.
+"""
+
+from __future__ import annotations
+
+import json
+
+SIZE_COLUMNS = ("hidden_size", "batch", "seq_len", "input_size", "output_size")
+PROBLEM_COLUMNS = ("model", "task", "workload", "dtype", "device", "threads", "bptt", "layers", "activation", "head",
+                   "output_act", "peephole", "bias", "tokens") + SIZE_COLUMNS
+CURVE_ID_COLUMNS = ("cell_id", "group", "backend", "variant", "device", "model", "task", "dtype", "batch",
+                    "hidden_size", "threads", "bptt")
+
+
+def cell_columns(cell) -> dict:
+    """The identifying columns of a config cell: its ids, backend and variant, problem and sweep point."""
+    import backends
+    from harness import machine
+    from harness.errors import HarnessError
+
+    p, m = cell.problem, cell.problem.model
+    name, variant = backends.split_name(cell.backend)
+    if variant is None:
+        try:
+            variant = backends.backend_class(name).variants[0]
+        except HarnessError:  # a backend that cannot even be imported here
+            variant = "default"
+    return {
+        "cell_id": cell.cell_id, "group": cell.group_key, "backend": name, "variant": variant,
+        "device": p.device, "model": m.kind, "task": cell.task.kind, "workload": p.workload, "dtype": p.dtype,
+        "batch": p.batch, "seq_len": p.seq_len, "input_size": p.input_size, "hidden_size": m.hidden,
+        "output_size": p.output_size, "threads": cell.threads, "bptt": str(m.bptt), "layers": m.layers,
+        "activation": m.activation if m.kind == "elman" else "lstm", "head": m.head, "output_act": m.output_act,
+        "peephole": m.peephole, "bias": m.bias, "tokens": p.tokens, "sweep": json.dumps(cell.point, default=str),
+        "host": machine.host_name(),  # a run spread over a cluster names where each cell ran
+    }
