@@ -67,6 +67,7 @@ class _MemoryStore:
 
 
 _HOST_PEAKS: dict[str, float] = {}  # GEMM peaks this worker process measured (per dtype and threads)
+_HOST_ROOFS: dict[str, dict] = {}  # this host's GPU roofs, once measured
 
 
 def _pin_to_worker_cpus() -> None:
@@ -92,11 +93,17 @@ def run_group_task(config, group) -> dict:
     runner.gemm_peaks.update(_HOST_PEAKS)
     runner._measure_gemm_peaks(group)
     _HOST_PEAKS.update(runner.gemm_peaks)
+    runner.gpu_roofs = _HOST_ROOFS.get("roofs")
+    runner._measure_gpu_roofs(group)
+    if runner.gpu_roofs:
+        _HOST_ROOFS["roofs"] = runner.gpu_roofs
     rows, curves = runner.run_group(group)
     meta = dict(store.meta)
-    meta.pop("gemm_peak_gflops", None)  # kept per host instead
+    for key in ("gemm_peak_gflops", "gpu_roofs"):  # kept per host instead
+        meta.pop(key, None)
     return {"rows": rows, "curves": curves, "meta": meta, "host": machine.host_name(),
-            "machine": machine.machine_info(), "gemm_peak_gflops": dict(runner.gemm_peaks)}
+            "machine": machine.machine_info(), "gemm_peak_gflops": dict(runner.gemm_peaks),
+            "gpu_roofs": runner.gpu_roofs}
 
 
 def merge_fragment(meta: dict, result: dict) -> None:
@@ -113,6 +120,8 @@ def merge_fragment(meta: dict, result: dict) -> None:
     host = meta.setdefault("hosts", {}).setdefault(result["host"], {"machine": result["machine"], "gemm_peak_gflops": {}})
     host["machine"] = result["machine"]
     host["gemm_peak_gflops"].update(result["gemm_peak_gflops"])
+    if result.get("gpu_roofs"):
+        host["gpu_roofs"] = result["gpu_roofs"]
 
 
 def _cpu_slices_plugin(slices: list[list[int]]):

@@ -9,32 +9,31 @@ datasheet's. Needs PyTorch with CUDA; imported only by the worker that measures.
 from __future__ import annotations
 
 
-def gpu_roofs(n: int = 4096, copy_mib: int = 512, seconds: float = 0.5, clock=None) -> dict:
-    """``{"device", "gemm_fp32_gflops", "gemm_tf32_gflops", "bandwidth_gbs"}`` of GPU 0.
-
-    ``clock(fn, sync, seconds)`` returns the best seconds of one call of ``fn`` (the harness's
-    one timing loop, with ``sync`` before every clock read)."""
+def gpu_roofs(n: int = 4096, copy_mib: int = 512, seconds: float = 0.5) -> dict:
+    """GPU 0's best float32 GEMM rate with TF32 off and on, float64 GEMM rate and copy bandwidth:
+    ``{"device", "gemm_fp32_gflops", "gemm_tf32_gflops", "gemm_fp64_gflops", "bandwidth_gbs"}``."""
     import torch
+
+    from harness import measure
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device visible to torch")
-    dev = torch.device("cuda")
-    sync = torch.cuda.synchronize
-    a = torch.randn(n, n, device=dev)
-    b = torch.randn(n, n, device=dev)
-    c = torch.empty(n, n, device=dev)
+    dev, sync = torch.device("cuda"), torch.cuda.synchronize
+    rates = {"device": torch.cuda.get_device_name(0)}
     before = torch.backends.cuda.matmul.allow_tf32
-    rates = {}
     try:
-        for name, tf32 in (("gemm_fp32_gflops", False), ("gemm_tf32_gflops", True)):
+        for name, dtype, tf32 in (("gemm_fp32_gflops", torch.float32, False), ("gemm_tf32_gflops", torch.float32, True),
+                                  ("gemm_fp64_gflops", torch.float64, False)):
             torch.backends.cuda.matmul.allow_tf32 = tf32
-            best_s = clock(lambda: torch.mm(a, b, out=c), sync, seconds)
-            rates[name] = 2.0 * n ** 3 / best_s / 1e9
+            a, b = torch.randn(n, n, device=dev, dtype=dtype), torch.randn(n, n, device=dev, dtype=dtype)
+            c = torch.empty_like(a)
+            torch.mm(a, b, out=c)
+            rates[name] = measure.best_rate(lambda: torch.mm(a, b, out=c), 2.0 * n ** 3, seconds, sync) / 1e9
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
     src = torch.empty(copy_mib * 2 ** 20 // 4, device=dev)
     dst = torch.empty_like(src)
-    best_s = clock(lambda: dst.copy_(src), sync, seconds)
-    rates["bandwidth_gbs"] = 2.0 * src.numel() * 4 / best_s / 1e9  # a copy reads and writes every byte
-    rates["device"] = torch.cuda.get_device_name(0)
+    dst.copy_(src)
+    # a copy reads and writes every byte
+    rates["bandwidth_gbs"] = measure.best_rate(lambda: dst.copy_(src), 2.0 * src.numel() * 4, seconds, sync) / 1e9
     return rates

@@ -76,12 +76,12 @@ def round_order(keys: list, r: int) -> list:
     return keys if r % 2 == 0 else keys[::-1]
 
 
-def best_rate(call: Callable[[], object], work: float, seconds: float) -> float:
+def best_rate(call: Callable[[], object], work: float, seconds: float, sync: Callable[[], None] = _no_sync) -> float:
     """``work`` per second of the fastest of repeated calls during about ``seconds`` (at least one)."""
     best = float("inf")
     end = _clock() + int(seconds * 1e9)
     while best == float("inf") or _clock() < end:
-        best = min(best, time_rounds(call)[0])
+        best = min(best, time_rounds(call, sync)[0])
     return work / best
 
 

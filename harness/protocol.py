@@ -123,13 +123,22 @@ class GemmPeak(Request):
 
 
 @dataclass
+class GpuRoofs(Request):
+    """The GPU's measured roofs: GEMM rates (TF32 off and on, float64) and memory bandwidth."""
+
+    cmd: ClassVar[str] = "gpu_roofs"
+    n: int = 4096
+
+
+@dataclass
 class Quit(Request):
     """End the worker."""
 
     cmd: ClassVar[str] = "quit"
 
 
-REQUESTS: dict[str, type[Request]] = {c.cmd: c for c in (Init, WarmUp, Verify, Calibrate, Rounds, Train, Check, GemmPeak, Quit)}
+REQUESTS: dict[str, type[Request]] = {c.cmd: c for c in (Init, WarmUp, Verify, Calibrate, Rounds, Train, Check, GemmPeak,
+                                                             GpuRoofs, Quit)}
 
 
 def _fields(obj) -> dict:

@@ -49,6 +49,7 @@ class Runner:
         self.store = store
         self.console = console
         self.gemm_peaks: dict[str, float] = dict(store.meta.get("gemm_peak_gflops", {}))
+        self.gpu_roofs: dict | None = store.meta.get("gpu_roofs")
         self._live: set[WorkerProcess] = set()  # every worker started and not yet closed
 
     # -- progress helpers ----------------------------------------------------------
@@ -99,8 +100,9 @@ class Runner:
             executor.run(self, todo, progress, task_id)
             return
         self._measure_gemm_peaks()
+        self._measure_gpu_roofs()
         self.store.meta.setdefault("hosts", {})[machine.host_name()] = {
-            "machine": self.store.meta.get("machine"), "gemm_peak_gflops": self.gemm_peaks}
+            "machine": self.store.meta.get("machine"), "gemm_peak_gflops": self.gemm_peaks, "gpu_roofs": self.gpu_roofs}
         for group in todo:
             rows, curves = self.run_group(group, progress, task_id)
             self.store.add(rows, curves)
@@ -114,7 +116,7 @@ class Runner:
     def _measure_gemm_peaks(self, cells: list[Cell] | None = None) -> None:
         """The machine's GEMM peak per dtype and thread count, for roofline and %-of-peak figures."""
         for dtype, threads, extra in {(c.problem.dtype, c.threads): (c.problem.dtype, c.threads, c.env)
-                                      for c in (cells or self.config.cells())}.values():
+                                      for c in (cells or self.config.cells()) if c.problem.device == "cpu"}.values():
             key = f"{dtype}|threads={threads}"
             if key not in self.gemm_peaks:
                 _, env = worker_environment("numpy", "cpu", dtype, threads, extra)
@@ -126,6 +128,32 @@ class Runner:
                 finally:
                     self._close(w)
         self.store.meta["gemm_peak_gflops"] = self.gemm_peaks
+
+    def _measure_gpu_roofs(self, cells: list[Cell] | None = None) -> None:
+        """The GPU's GEMM rates and memory bandwidth, once, when GPU cells are to run (roofline and % of peak)."""
+        gpu_cells = [c for c in (cells or self.config.cells()) if c.problem.device == "gpu"]
+        if self.gpu_roofs is not None or not gpu_cells:
+            return
+        _, env = worker_environment("torch", "gpu", "float32", 1, gpu_cells[0].env)
+        w = self._spawn(None, env, "gpu-roofs")
+        try:
+            self.gpu_roofs = dict(w.request(protocol.GpuRoofs(), 300).body)
+            self.store.meta["gpu_roofs"] = self.gpu_roofs
+        except WorkerFailure as exc:  # no GPU here, or no torch: GPU cells say why themselves
+            self._say(f"note: GPU roofs not measured: {str(exc).splitlines()[0]}")
+        finally:
+            self._close(w)
+
+    def _peak_columns(self, cell: Cell) -> dict:
+        """The roof a cell's GFLOP/s is read against: the CPU's NumPy GEMM, or the GPU's cuBLAS rates."""
+        p = cell.problem
+        if p.device == "cpu":
+            return {"gemm_peak_gflops": self.gemm_peaks.get(f"{p.dtype}|threads={cell.threads}")}
+        roofs = self.gpu_roofs or {}
+        fp32 = p.dtype == "float32"
+        return {"gemm_peak_gflops": roofs.get("gemm_fp32_gflops" if fp32 else "gemm_fp64_gflops"),
+                "gpu_tf32_gflops": roofs.get("gemm_tf32_gflops") if fp32 else None,
+                "gpu_bandwidth_gbs": roofs.get("bandwidth_gbs")}
 
     def _screen(self, cell: Cell) -> Outcome | None:
         """Availability and support, decided in this process without importing heavy libraries."""
@@ -281,7 +309,7 @@ class Runner:
             if o.status == "ok" and stats.n_samples:
                 work = "train_step" if p.workload == "train" else p.workload
                 row["gflops"] = p.flops(work) / stats.median_s / 1e9
-            row["gemm_peak_gflops"] = self.gemm_peaks.get(f"{p.dtype}|threads={o.cell.threads}")
+            row.update(self._peak_columns(o.cell))
             if (o.status == "ok" and p.workload != "train" and base is not None and base.status == "ok"
                     and base.samples and o.samples):
                 row["speedup"], row["speedup_lo"], row["speedup_hi"] = paired_speedup(base.samples, o.samples)

@@ -220,6 +220,12 @@ def gemm_peak(dtype: str, n: int = 1024, seconds: float = 0.5) -> float:
     return measure.best_rate(lambda: np.matmul(a, b, out=c), 2.0 * n ** 3, seconds) / 1e9
 
 
+def _gpu_roofs(n: int) -> dict:
+    from harness.gpu_roofs import gpu_roofs
+
+    return gpu_roofs(n)
+
+
 def check(req: protocol.Check) -> list[dict]:
     """``harness check`` of one backend in this worker's environment: one result per case."""
     from harness.check import check_backend, representative_cases
@@ -243,6 +249,7 @@ _SERVICES = {
     "init": _init,
     "quit": lambda cell, req: (cell, {}),
     "gemm_peak": lambda cell, req: (cell, {"gflops": gemm_peak(req.dtype, req.n)}),
+    "gpu_roofs": lambda cell, req: (cell, _gpu_roofs(req.n)),
     "check": lambda cell, req: (cell, {"results": check(req)}),
 }
 _CELL_REQUESTS = {

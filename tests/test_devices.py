@@ -149,3 +149,45 @@ def test_run_summary_prints_the_gpu_over_cpu_table(tmp_path, registered, capsys)
     _print_summary(store)
     out = capsys.readouterr().out
     assert "GPU over CPU, same backend" in out
+
+
+def test_gpu_rows_are_read_against_the_gpu_roofs_and_cpu_rows_against_numpy(tmp_path):
+    from harness.results import RunStore
+    from harness.runner import Runner, new_run_meta
+
+    cfg = _load(tmp_path, MIXED)
+    runner = Runner(cfg, RunStore(tmp_path / "run", new_run_meta(cfg)))
+    runner.gemm_peaks = {"float32|threads=1": 90.0}
+    runner.gpu_roofs = {"gemm_fp32_gflops": 50e3, "gemm_tf32_gflops": 400e3, "gemm_fp64_gflops": 25e3, "bandwidth_gbs": 3e3}
+    cpu = next(c for c in cfg.cells() if c.problem.device == "cpu")
+    gpu = next(c for c in cfg.cells() if c.problem.device == "gpu")
+    assert runner._peak_columns(cpu) == {"gemm_peak_gflops": 90.0}
+    assert runner._peak_columns(gpu) == {"gemm_peak_gflops": 50e3, "gpu_tf32_gflops": 400e3, "gpu_bandwidth_gbs": 3e3}
+
+
+def test_gpu_roofs_request_travels_the_worker_protocol():
+    from harness import protocol
+
+    req = protocol.decode_request(protocol.encode_request(protocol.GpuRoofs(1024)))
+    assert isinstance(req, protocol.GpuRoofs) and req.n == 1024
+
+
+def test_no_gpu_means_no_roofs_and_a_note(tmp_path):
+    from harness.results import RunStore
+    from harness.runner import Runner, new_run_meta
+
+    cfg = _load(tmp_path, MIXED)
+    said = []
+    runner = Runner(cfg, RunStore(tmp_path / "run", new_run_meta(cfg)))
+    runner._say = said.append
+    runner._measure_gpu_roofs()
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if has_gpu:
+        assert runner.gpu_roofs["gemm_fp32_gflops"] > 0
+    else:
+        assert runner.gpu_roofs is None and "GPU roofs not measured" in said[0]
