@@ -4,7 +4,7 @@ Variants::
 
     autograd  the SPEC.md cell written step by step in torch ops; autograd does BPTT
     fused     torch.nn.RNN / torch.nn.LSTM over the whole sequence (oneDNN on CPU, cuDNN on GPU)
-    compile   torch.compile (inductor) of the autograd variant's objective, forward and backward
+    compile   the autograd variant with each time step's cell compiled by torch.compile (inductor)
 
 Shapes follow SPEC.md (time-major, row vectors). Token input is a row gather of
 the layer-0 input weight; its gradient comes back as one row per token and is
@@ -172,6 +172,7 @@ class _Net:
         self._load(params)
         self.train_names = [k for k in self.names if k != self.table]
         self.act = {"tanh": torch.tanh, "relu": torch.relu, "sigmoid": torch.sigmoid}[spec.activation]
+        self._elman_cell, self._lstm_cell = _cells(torch, self.act)
         self._windows: dict[int, object] = {}
 
     # -- set-up ---------------------------------------------------------------------
@@ -249,43 +250,23 @@ class _Net:
 
         Returns ``(hs (S, N, H), h, c, cs)``; ``cs`` stacks the cell states when asked.
         """
-        torch = self.torch
         s = "" if layer == 0 else f"_{layer}"
         W_hh = P["W_hh" + s]
         hs, cs = [], []
         if self.spec.kind == "elman":
-            act = self.act
+            act, cell = self.act, self._elman_cell
             for a_in in steps.unbind(0):
-                h = act(a_in if h is None else torch.addmm(a_in, h, W_hh))
+                h = act(a_in) if h is None else cell(a_in, h, W_hh)
                 hs.append(h)
-            return torch.stack(hs), h, None, None
-        H = self.H
-        peep = self.spec.peephole
-        if peep:
-            pi, pf, po = P["p_i" + s], P["p_f" + s], P["p_o" + s]
+            return self.torch.stack(hs), h, None, None
+        peeps = (P["p_i" + s], P["p_f" + s], P["p_o" + s]) if self.spec.peephole else ()
+        cell = self._lstm_cell
         for a_in in steps.unbind(0):
-            a = a_in if h is None else torch.addmm(a_in, h, W_hh)
-            if peep:
-                ai, af, ag, ao = a.chunk(4, 1)
-                g = torch.tanh(ag)
-                if c is None:
-                    c = torch.sigmoid(ai) * g
-                else:
-                    i = torch.sigmoid(torch.addcmul(ai, pi, c))
-                    f = torch.sigmoid(torch.addcmul(af, pf, c))
-                    c = torch.addcmul(f * c, i, g)
-                o = torch.sigmoid(torch.addcmul(ao, po, c))
-            else:
-                # one sigmoid over all four gates is cheaper than three launches; g's slot is unused
-                sg = torch.sigmoid(a)
-                i, f, _, o = sg.chunk(4, 1)
-                g = torch.tanh(a[:, 2 * H: 3 * H])
-                c = i * g if c is None else torch.addcmul(f * c, i, g)
-            h = o * torch.tanh(c)
+            h, c = _lstm_first(self.torch, a_in, *peeps) if h is None else cell(a_in, h, c, W_hh, *peeps)
             hs.append(h)
             if want_c:
                 cs.append(c)
-        return torch.stack(hs), h, c, (torch.stack(cs) if want_c else None)
+        return self.torch.stack(hs), h, c, (self.torch.stack(cs) if want_c else None)
 
     def _stack_forward(self, P, xt, rows, start, stop, state, want_c=False, inp=None):
         """Every layer over steps start..stop-1 from per-layer ``state`` (``inp``: layer 0's projection
@@ -379,19 +360,13 @@ class _Net:
     # -- what the backend calls -----------------------------------------------------
     def outputs(self, x) -> np.ndarray:
         with self.torch.inference_mode():
-            return self._run_outputs(self._x(x)).cpu().numpy()
-
-    def _run_outputs(self, xt):
-        return self._outputs(self.p, xt)
-
-    def _run_objective(self, xt, yt, rows):
-        return self._objective(self.p, xt, yt, rows, self._aux(xt.shape[0]))
+            return self._outputs(self.p, self._x(x)).cpu().numpy()
 
     def _grads(self, x, y):
         """``(loss sum tensor, dense grads, row grads or None, token ids of the rows)``."""
         xt, yt = self._x(x), self._y(y)
         rows = self._leaf_rows(xt)
-        obj, total = self._run_objective(xt, yt, rows)
+        obj, total = self._objective(self.p, xt, yt, rows, self._aux(xt.shape[0]))
         dense = [self.p[k] for k in self.train_names]
         inputs = dense + ([rows] if rows is not None else [])
         gs = list(self.torch.autograd.grad(obj, inputs, allow_unused=True))
@@ -439,24 +414,60 @@ class _Net:
         return float(total) / (B * T)
 
 
+def _cells(torch, act):
+    """One time step of each cell, from a previous state: ``(elman(a_in, h, W_hh) -> h,
+    lstm(a_in, h, c, W_hh[, p_i, p_f, p_o]) -> (h, c))``; ``a_in`` is the step's input projection."""
+
+    def elman(a_in, h, W_hh):
+        return act(torch.addmm(a_in, h, W_hh))
+
+    def lstm(a_in, h, c, W_hh, *peeps):
+        a = torch.addmm(a_in, h, W_hh)
+        if peeps:
+            pi, pf, po = peeps
+            ai, af, ag, ao = a.chunk(4, 1)
+            i = torch.sigmoid(torch.addcmul(ai, pi, c))
+            f = torch.sigmoid(torch.addcmul(af, pf, c))
+            c = torch.addcmul(f * c, i, torch.tanh(ag))
+            o = torch.sigmoid(torch.addcmul(ao, po, c))
+        else:
+            # one sigmoid over all four gates is cheaper than three launches; g's slot is unused
+            H = a.shape[1] // 4
+            i, f, _, o = torch.sigmoid(a).chunk(4, 1)
+            c = torch.addcmul(f * c, i, torch.tanh(a[:, 2 * H: 3 * H]))
+        return o * torch.tanh(c), c
+
+    return elman, lstm
+
+
+def _lstm_first(torch, a_in, *peeps):
+    """The LSTM's first step from zero state: no recurrent product, ``c = i * g``."""
+    ai, _, ag, ao = a_in.chunk(4, 1)
+    c = torch.sigmoid(ai) * torch.tanh(ag)
+    o = torch.sigmoid(torch.addcmul(ao, peeps[2], c) if peeps else ao)
+    return o * torch.tanh(c), c
+
+
 class _CompiledNet(_Net):
-    """The autograd objective and the inference pass, each through torch.compile (inductor)."""
+    """The autograd network with each time step's cell compiled by torch.compile (inductor).
+
+    Compiling the cell, not the unrolled sequence, keeps the graph one step long: compile
+    time does not grow with the steps and layers (a 4-layer, 100-step LSTM unrolled into one
+    graph did not finish compiling in minutes on a GPU), while the step's element-wise gate
+    maths still fuses into one kernel forward and one backward. The projections over all
+    steps and the head stay single large products, as in the autograd variant.
+    """
 
     def __init__(self, problem, params, device):
         super().__init__(problem, params, device)
         torch = self.torch
         # A fresh cache per problem, and a hard error instead of dynamo's silent eager
-        # fallback once the recompile limit is hit.
+        # fallback once the recompile limit is hit (each distinct row count and grad mode
+        # of a step is one graph: training, inference, truncated windows).
         torch._dynamo.reset()
         torch._dynamo.config.fail_on_recompile_limit_hit = True
-        self._objective_c = torch.compile(self._objective, fullgraph=True, dynamic=False)
-        self._outputs_c = torch.compile(self._outputs, fullgraph=True, dynamic=False)
-
-    def _run_outputs(self, xt):
-        return self._outputs_c(self.p, xt)
-
-    def _run_objective(self, xt, yt, rows):
-        return self._objective_c(self.p, xt, yt, rows, self._aux(xt.shape[0]))
+        self._elman_cell = torch.compile(self._elman_cell, fullgraph=True, dynamic=False)
+        self._lstm_cell = torch.compile(self._lstm_cell, fullgraph=True, dynamic=False)
 
 
 class _FusedNet(_Net):
