@@ -246,6 +246,11 @@ def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
     return res
 
 
+def case_list(quick: bool = False, representative: bool = False) -> list[Case]:
+    """The cases a check runs: a handful, the pairwise-covering subset, or the whole matrix."""
+    return representative_cases() if representative else all_cases(quick)
+
+
 def check_backend(full_name: str, quick: bool = False, device: str = "cpu", cases=None):
     """Yield one :class:`CaseResult` per case for ``name[:variant]`` (in this process)."""
     import backends
@@ -269,8 +274,7 @@ def main(argv=None) -> int:
     ap.add_argument("--representative", action="store_true", help="only representative_cases()")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
-    cases = representative_cases() if args.representative else None
-    for res in check_backend(args.backend, quick=args.quick, device=args.device, cases=cases):
+    for res in check_backend(args.backend, device=args.device, cases=case_list(args.quick, args.representative)):
         print(json.dumps(asdict(res)), flush=True)
     return 0
 

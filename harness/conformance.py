@@ -17,54 +17,78 @@ def default_backends() -> list[str]:
     return [r.full_name for r in backends.list_backends() if r.available]
 
 
-def _check_isolated(full_name: str, environment: str, quick: bool, device: str, representative: bool = False,
-                    threads: int = 1) -> list[CaseResult]:
-    """Check a backend that lives in an isolated environment through a worker there (the runner's protocol):
-    the worker gets the run's thread settings and the check a timeout per case."""
-    from harness import protocol
-    from harness.check import all_cases, representative_cases
+def _report(progress, i: int, n: int, res: CaseResult, seconds: float) -> None:
+    """One line per case, so a slow backend shows where it is."""
+    if progress is not None and res.case != "*":
+        progress.print(f"  [{i}/{n}] {res.status:<11} {res.case} [{res.dtype}] {seconds:.1f} s", highlight=False,
+                       markup=False)
+
+
+def _check_isolated(full_name: str, environment: str, cases: list, quick: bool, device: str,
+                    representative: bool = False, threads: int = 1, progress=None) -> list[CaseResult]:
+    """Check a backend that lives in an isolated environment through a worker there (the runner's protocol),
+    one request per case: the worker gets the run's thread settings and each case a timeout."""
+    from harness import measure, protocol
     from harness.client import WorkerFailure, WorkerProcess, worker_environment
     from harness.config import DEFAULT_ENV
 
-    n_cases = len(representative_cases() if representative else all_cases(quick))
     # dtype None: the check runs float32 and float64 cases in one process, so no flag may pin one
     environment, env = worker_environment(full_name, device, None, threads, DEFAULT_ENV)
     worker = WorkerProcess(environment, env, f"check {full_name}")
+    results: list[CaseResult] = []
     try:
-        reply = worker.request(protocol.Check(full_name, device, quick, representative), CASE_TIMEOUT_S * max(1, n_cases))
-        return [CaseResult(**r) for r in reply["results"]]
-    except WorkerFailure as exc:
-        return [CaseResult(full_name, "*", "*", "error", f"check worker failed ({exc.status}): {exc}")]
+        for i in range(len(cases)):
+            start = measure.clock_ns()
+            try:
+                reply = worker.request(protocol.Check(full_name, device, quick, representative, i), CASE_TIMEOUT_S)
+            except WorkerFailure as exc:
+                results.append(CaseResult(full_name, cases[i].label, cases[i].dtype, "error",
+                                          f"check worker failed ({exc.status}): {exc}"))
+                break
+            got = [CaseResult(**r) for r in reply["results"]]
+            results += got
+            if any(r.case == "*" for r in got):  # the backend or device is out: nothing per case
+                break
+            for r in got:
+                _report(progress, i + 1, len(cases), r, measure.elapsed_s(start))
     finally:
         worker.close()
+    return results
 
 
 def run_conformance(names: list[str] | None, quick: bool = False, device: str = "cpu", progress=None,
                     representative: bool = False) -> list[CaseResult]:
     """Check each ``name[:variant]`` (default: every available one); returns all case results.
 
-    ``quick`` runs the pairwise-covering subset, ``representative`` only a handful of cases."""
+    ``quick`` runs the pairwise-covering subset, ``representative`` only a handful of cases;
+    ``progress`` (a rich console) gets a line per backend and per case."""
     import setuptools  # noqa: F401  (before any distutils import; see tests/conftest.py)
 
-    from harness.check import representative_cases
+    from harness import measure
+    from harness.check import case_list
 
     import backends
 
     names = names or default_backends()
+    cases = case_list(quick, representative)
     results: list[CaseResult] = []
     for full in names:
         full = backends.validate_name(full)
         cls = backends.backend_class(backends.split_name(full)[0])
         if progress is not None:
-            progress.print(f"checking {full} ...", highlight=False)
+            progress.print(f"checking {full} ({len(cases)} cases) ...", highlight=False, markup=False)
         if cls.environment is not None:
             try:
-                results += _check_isolated(full, cls.environment, quick, device, representative)
+                results += _check_isolated(full, cls.environment, cases, quick, device, representative,
+                                           progress=progress)
             except HarnessError as exc:
                 results.append(CaseResult(full, "*", "*", "unavailable", str(exc)))
             continue
-        cases = representative_cases() if representative else None
-        results += list(check_backend(full, quick=quick, device=device, cases=cases))
+        start = measure.clock_ns()
+        for i, res in enumerate(check_backend(full, device=device, cases=cases), 1):
+            _report(progress, i, len(cases), res, measure.elapsed_s(start))
+            results.append(res)
+            start = measure.clock_ns()
     return results
 
 

@@ -111,6 +111,7 @@ class Check(Request):
     device: str = "cpu"
     quick: bool = False
     representative: bool = False
+    index: int | None = None  # only this case of the chosen list (one request per case: progress, timeouts)
 
 
 @dataclass

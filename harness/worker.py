@@ -228,10 +228,12 @@ def _gpu_roofs(n: int) -> dict:
 
 def check(req: protocol.Check) -> list[dict]:
     """``harness check`` of one backend in this worker's environment: one result per case."""
-    from harness.check import check_backend, representative_cases
+    from harness.check import case_list, check_backend
 
-    cases = representative_cases() if req.representative else None
-    return [asdict(r) for r in check_backend(req.backend, quick=req.quick, device=req.device, cases=cases)]
+    cases = case_list(req.quick, req.representative)
+    if req.index is not None:
+        cases = cases[req.index: req.index + 1]
+    return [asdict(r) for r in check_backend(req.backend, device=req.device, cases=cases)]
 
 
 def _init(cell, req: protocol.Init) -> tuple[CellState, dict]:

@@ -63,16 +63,42 @@ def test_each_document_of_a_config_brings_its_own_seed(write_config):
 
 
 def test_check_of_an_isolated_backend_runs_in_a_worker(fake_backends, monkeypatch):
+    import io
     import sys
     from pathlib import Path
+
+    from rich.console import Console
 
     from harness import conformance, envs
     from harness.check import representative_cases
 
     monkeypatch.setattr(envs, "ensure_env", lambda name, progress=None: Path(sys.executable))
-    results = conformance._check_isolated("ref", "an-isolated-env", quick=False, device="cpu", representative=True)
-    assert len(results) == len(representative_cases())
+    cases = representative_cases()
+    out = io.StringIO()
+    results = conformance._check_isolated("ref", "an-isolated-env", cases, quick=False, device="cpu",
+                                          representative=True, progress=Console(file=out, width=200))
+    assert len(results) == len(cases)
     assert {r.status for r in results} == {"pass"} and all(r.backend == "ref" for r in results)
-    monkeypatch.setattr(conformance, "CASE_TIMEOUT_S", 1e-4)  # a check that outlives its time is stopped
-    (late,) = conformance._check_isolated("ref", "an-isolated-env", quick=False, device="cpu", representative=True)
-    assert late.status == "error" and "timeout" in late.reason
+    lines = out.getvalue().splitlines()  # one progress line per case, as each finishes
+    assert [ln.split("]")[0].strip() for ln in lines] == [f"[{i}/{len(cases)}" for i in range(1, len(cases) + 1)]
+    assert all(c.label in ln and " pass " in ln for c, ln in zip(cases, lines))
+    monkeypatch.setattr(conformance, "CASE_TIMEOUT_S", 1e-4)  # a case that outlives its time is stopped
+    (late,) = conformance._check_isolated("ref", "an-isolated-env", cases, quick=False, device="cpu",
+                                          representative=True)
+    assert late.status == "error" and "timeout" in late.reason and late.case == cases[0].label
+
+
+def test_check_prints_a_line_per_case(fake_backends):
+    import io
+
+    from rich.console import Console
+
+    from harness.check import representative_cases
+    from harness.conformance import run_conformance
+
+    out = io.StringIO()
+    results = run_conformance(["ref"], representative=True, progress=Console(file=out, width=200))
+    n = len(representative_cases())
+    lines = out.getvalue().splitlines()
+    assert lines[0] == f"checking ref ({n} cases) ..."
+    assert len(lines) == n + 1 and lines[-1].startswith(f"  [{n}/{n}] pass") and len(results) == n
