@@ -170,3 +170,39 @@ def test_rows_record_precision_and_disturbed_rounds(write_config):
     loose = _precision_columns(Outcome(other_cell, samples=other_s[:12], stop_reason="cap"), base,
                                {"speedup": 2.0, "speedup_lo": 1.8, "speedup_hi": 2.3})
     assert loose["precision_met"] is False and loose["speedup_half_width"] == pytest.approx(0.15)
+
+
+def _rows_for_tables():
+    common = {"group": "g", "workload": "train_step", "model": "elman", "task": "random", "dtype": "float32",
+              "batch": 1, "hidden_size": 8, "seq_len": 4, "input_size": 4, "output_size": 4, "threads": 1,
+              "device": "cpu", "bptt": "full", "layers": 1, "tokens": False, "status": "ok", "median_s": 0.001,
+              "compile_s": 0.1, "baseline": "numpy", "speedup_precision": 0.02}
+    return [dict(common, backend="numpy", variant="fast", speedup=1.0, speedup_lo=1.0, speedup_hi=1.0),
+            dict(common, backend="native", variant="default", speedup=2.0, speedup_lo=1.99, speedup_hi=2.02,
+                 speedup_half_width=0.01, precision_met=True),
+            dict(common, backend="jax", variant="default", speedup=1.5, speedup_lo=1.3, speedup_hi=1.71,
+                 speedup_half_width=0.14, precision_met=False)]
+
+
+def test_tables_flag_a_speedup_that_missed_its_target(capsys):
+    import pandas as pd
+
+    from harness import cli
+    from harness.report import fmt_speedup, imprecise, precision_note
+
+    rows = _rows_for_tables()
+    assert [imprecise(r) for r in rows] == [False, False, True]
+    assert fmt_speedup(rows[1]) == "2x [1.99, 2.02]"
+    assert fmt_speedup(rows[2]) == "1.5x [1.3, 1.71] (±14.0%, target ±2.0% not met)"
+    assert precision_note(pd.DataFrame(rows)).startswith("1 speedup(s) hit max_time_s")
+    assert precision_note(pd.DataFrame(rows[:2])) is None
+    assert precision_note(pd.DataFrame([{k: v for k, v in rows[0].items() if k != "speedup_precision"}])) is None
+
+    class Store:
+        timings = rows
+        meta = {"name": "t", "baseline": "numpy"}
+
+    cli._print_summary(Store())
+    out = capsys.readouterr()
+    assert "not met" in out.out
+    assert "loose:" in out.err and "1 speedup(s)" in out.err
