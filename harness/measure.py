@@ -117,12 +117,12 @@ class TimingPolicy:
     timeout_s: float
     round_s: float | None
     verify: bool
-    speedup_precision: float | None = None
+    speedup_precision: float | None
 
     @classmethod
     def of(cls, timing) -> "TimingPolicy":
         """From the config's TimingConfig (or any object with the same attributes)."""
-        return cls(**{f.name: getattr(timing, f.name, f.default) for f in fields(cls)})
+        return cls(**{f.name: getattr(timing, f.name) for f in fields(cls)})
 
     @property
     def target_round_s(self) -> float:
@@ -229,7 +229,7 @@ def stop_rule(timing) -> StopRule:
 
     A precision target reads the speedups' intervals through :func:`harness.timing.paired_speedup`,
     imported here and not at the top: workers import this module and need no NumPy for it."""
-    target = getattr(timing, "speedup_precision", None)
+    target = timing.speedup_precision
     interval = None
     if target is not None:
         from harness.timing import paired_speedup as interval
