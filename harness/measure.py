@@ -171,6 +171,10 @@ class StopRule:
     reach where the shrinking of the interval (as one over the root of the rounds)
     predicts the target, and at most RECHECK_GROWTH times later.
 
+    The rule stops on the interval's width, never on where it lies, so it does not steer the
+    speedup itself; taking the first width under the target slightly favours a narrow draw,
+    which the floor of MIN_PRECISION_ROUNDS pairs keeps small.
+
     After ``done`` returns True, ``reason`` says why: ``"floor"`` (no target, or no
     baseline left to measure speedups against), ``"target"`` or ``"cap"``; ``widths`` holds
     each cell's relative half-width at its last check."""
@@ -195,7 +199,7 @@ class StopRule:
         """True when the rounds so far (per-call seconds per round, by cell id) are enough."""
         self.n_cells = max(self.n_cells, len(samples))
         floor = all(len(s) >= self.min_rounds and sum(s) * inner[c] >= self.min_time_s for c, s in samples.items())
-        if floor and (self.target is None or baseline not in samples):
+        if floor and (self.target is None or baseline not in samples or len(samples) < 2):
             self.reason = "floor"
             return True
         if floor and self._precise(samples, baseline):

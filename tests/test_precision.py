@@ -119,6 +119,8 @@ def test_the_cap_counts_cells_that_failed_and_a_missing_baseline_falls_back_to_t
     assert not rule.done({"fast": times["fast"][:3], "base": times["base"][:3]}, {"fast": 1, "base": 1}, "base", 0.1)
     # the baseline failed: no speedup to make precise; the floor decides
     assert rule.done({"fast": times["fast"]}, {"fast": 1}, None, 0.2) and rule.reason == "floor"
+    alone = _rule(max_time_s=1.0)  # the baseline alone is left: no speedup either
+    assert alone.done({"base": times["base"]}, {"base": 1}, "base", 0.2) and alone.reason == "floor"
     short = _rule(max_time_s=1.0)
     assert not short.done({"base": [0.01] * 3, "fast": [0.005] * 3}, {"base": 1, "fast": 1}, "base", 1.9)
     assert short.done({"base": [0.01] * 3}, {"base": 1}, "base", 2.0) and short.reason == "cap"
