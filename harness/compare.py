@@ -77,7 +77,8 @@ class Comparison:
 
     @property
     def regressions(self) -> list[CellChange]:
-        """Cells significantly slower beyond the threshold, and cells that ran in A but fail in B."""
+        """Cells significantly slower beyond the threshold (by their speedup intervals where both runs
+        have them, else by their times), and cells that ran in A but fail in B."""
         return [c for c in self.cells if c.verdict in ("regression", "broken")]
 
     def to_json(self) -> str:
