@@ -346,7 +346,8 @@ def _precision_columns(o: Outcome, base: Outcome | None, row: dict) -> dict:
         return {}
     target = o.cell.timing.speedup_precision
     mine = measure.disturbed(o.samples)
-    cols = {"speedup_precision": target, "stop_reason": o.stop_reason, "n_disturbed_rounds": sum(mine)}
+    cols = dict.fromkeys(schema.PRECISION_COLUMNS)
+    cols.update(speedup_precision=target, stop_reason=o.stop_reason, n_disturbed_rounds=sum(mine))
     if o is not base and "speedup" in row:
         n = min(len(base.samples), len(o.samples))
         theirs = measure.disturbed(base.samples)[:n]

@@ -168,7 +168,8 @@ def test_rows_record_precision_and_disturbed_rounds(write_config):
     assert cols["precision_met"] is True and cols["speedup_half_width"] <= 0.02 and cols["stop_reason"] == "target"
     assert (cols["n_disturbed_rounds"], cols["n_disturbed_shared"], cols["n_disturbed_one_sided"]) == (2, 1, 1)
     base_cols = _precision_columns(base, base, {"speedup": 1.0, "speedup_lo": 1.0, "speedup_hi": 1.0})
-    assert base_cols["n_disturbed_rounds"] == 1 and "precision_met" not in base_cols
+    assert base_cols["n_disturbed_rounds"] == 1 and base_cols["precision_met"] is None
+    assert set(base_cols) == set(schema.PRECISION_COLUMNS)
     loose = _precision_columns(Outcome(other_cell, samples=other_s[:12], stop_reason="cap"), base,
                                {"speedup": 2.0, "speedup_lo": 1.8, "speedup_hi": 2.3})
     assert loose["precision_met"] is False and loose["speedup_half_width"] == pytest.approx(0.15)
