@@ -136,6 +136,7 @@ def _draw(path: Path):
 
 def _print_summary(store):
     from harness.labels import backend_label, group_label
+    from harness.report import fmt_speedup, imprecise, precision_note
     from harness.timing import spread_warnings
     import pandas as pd
 
@@ -154,9 +155,9 @@ def _print_summary(store):
             table.add_row(f"[bold]{escape(r['workload'] + ' ' + group_label(r))}[/]", "", "", "", "", "")
             last_group = r["group"]
         med = f"{r['median_s'] * 1e3:.3g} ms" if pd.notna(r.get("median_s")) else "-"
-        sp = "-"
-        if pd.notna(r.get("speedup")):
-            sp = f"{r['speedup']:.3g}x [{r['speedup_lo']:.3g}, {r['speedup_hi']:.3g}]" if pd.notna(r.get("speedup_lo")) else f"{r['speedup']:.3g}x"
+        sp = escape(fmt_speedup(r))
+        if imprecise(r):
+            sp = f"[yellow]{sp}[/]"
         note = ""
         if r["status"] != "ok":
             note = str(r.get("error") or "").splitlines()[0][:70] if r.get("error") else ""
@@ -167,6 +168,9 @@ def _print_summary(store):
         table.add_row("  " + escape(r["label"]), r["status"], med, sp, comp, escape(note))
     console.print(table)
     _print_device_ratios(df)
+    note = precision_note(df)
+    if note:
+        err_console.print(f"[yellow]loose:[/] {escape(note)}", highlight=False)
     for w in spread_warnings(store.timings):
         err_console.print(f"[yellow]noisy:[/] {escape(w)}", highlight=False)
 

@@ -1,8 +1,15 @@
 """Two runs side by side: per-cell time ratios B/A with intervals, significance, regressions.
 
 Cells are matched by ``cell_id``, or, where ids differ (a renamed sweep, another
-config file), by the columns that say what a cell measures. The runs were timed
-apart, so their rounds are not paired: the interval of the ratio of medians comes from
+config file), by the columns that say what a cell measures.
+
+A cell with a speedup over its group's baseline in both runs is judged by those speedups'
+95% intervals, each from rounds paired with the baseline inside its own run: the runs
+agree when the intervals overlap, and the cell changed only when one interval lies wholly
+beyond the other (a regression: B's below A's by more than the threshold). That is the
+figure a run promises and the one a loaded machine disturbs least. The baseline itself,
+and cells without intervals, are judged by their absolute times: the runs were timed
+apart, so their rounds are not paired; the interval of the ratio of medians comes from
 resampling each run's rounds independently, and significance from a Mann-Whitney U
 test on the two sets of rounds.
 """
@@ -43,6 +50,14 @@ class CellChange:
     p_value: float | None = None
     significant: bool = False
     baseline_ratio: float | None = None  # the same ratio for the group's baseline backend (machine drift)
+    speedup_a: float | None = None  # over the group's baseline, within run A, with its 95% interval
+    speedup_a_lo: float | None = None
+    speedup_a_hi: float | None = None
+    speedup_b: float | None = None
+    speedup_b_lo: float | None = None
+    speedup_b_hi: float | None = None
+    speedups_agree: bool | None = None  # the two intervals overlap (None: not both have one)
+    loose: bool = False  # a side stopped short of its precision target (precision_met false)
     verdict: str = "within noise"  # regression | slower | faster | within noise | not timed | broken | fixed
 
 
@@ -62,7 +77,8 @@ class Comparison:
 
     @property
     def regressions(self) -> list[CellChange]:
-        """Cells significantly slower beyond the threshold, and cells that ran in A but fail in B."""
+        """Cells significantly slower beyond the threshold (by their speedup intervals where both runs
+        have them, else by their times), and cells that ran in A but fail in B."""
         return [c for c in self.cells if c.verdict in ("regression", "broken")]
 
     def to_json(self) -> str:
@@ -180,21 +196,27 @@ def compare_runs(run_a, run_b, threshold: float = 1.05, alpha: float = ALPHA) ->
     for i, j in pairs:
         ra, rb = ta.iloc[i], tb.iloc[j]
         change = CellChange(_cell_name(ra), ra["cell_id"], rb["cell_id"], ra["status"], rb["status"])
+        _speedups(change, ra, rb)
         sa, sb = _samples(ra), _samples(rb)
         if ra["status"] == "ok" and rb["status"] == "ok" and sa.size and sb.size:
             change.median_a_s, change.median_b_s = float(np.median(sa)), float(np.median(sb))
             change.n_a, change.n_b = int(sa.size), int(sb.size)
             change.ratio, change.ratio_lo, change.ratio_hi = ratio_interval(sa, sb)
             change.p_value = mann_whitney_p(sa, sb)
-            excludes_one = np.isfinite(change.ratio_lo) and (change.ratio_lo > 1 or change.ratio_hi < 1)
-            change.significant = bool(np.isfinite(change.p_value) and change.p_value < alpha and excludes_one)
-            if change.significant and change.ratio > threshold:
-                change.verdict = "regression"
-            elif change.significant:
-                change.verdict = "slower" if change.ratio > 1 else "faster"
+            if change.speedups_agree is not None:
+                _judge_speedups(change, threshold)
+            else:
+                excludes_one = np.isfinite(change.ratio_lo) and (change.ratio_lo > 1 or change.ratio_hi < 1)
+                change.significant = bool(np.isfinite(change.p_value) and change.p_value < alpha and excludes_one)
+                if change.significant and change.ratio > threshold:
+                    change.verdict = "regression"
+                elif change.significant:
+                    change.verdict = "slower" if change.ratio > 1 else "faster"
         elif ra["status"] == "ok" and rb["status"] == "ok":  # rows without their rounds: the medians alone, untested
             change.median_a_s, change.median_b_s = float(ra["median_s"]), float(rb["median_s"])
             change.ratio = change.median_b_s / change.median_a_s
+            if change.speedups_agree is not None:
+                _judge_speedups(change, threshold)
         elif ra["status"] == "ok" and rb["status"] in FAILED:
             change.verdict = "broken"
         elif ra["status"] in FAILED and rb["status"] == "ok":
@@ -206,6 +228,48 @@ def compare_runs(run_a, run_b, threshold: float = 1.05, alpha: float = ALPHA) ->
     return result
 
 
+def _interval(row) -> tuple[float, float, float] | None:
+    """A row's speedup with its 95% interval, or None without a finite one."""
+    try:
+        v = tuple(float(row.get(k)) for k in ("speedup", "speedup_lo", "speedup_hi"))
+    except (TypeError, ValueError):
+        return None
+    return v if all(np.isfinite(v)) else None
+
+
+def _flag(row, name: str) -> bool | None:
+    v = row.get(name)
+    return None if v is None or pd.isna(v) else bool(v)
+
+
+def _speedups(change: CellChange, ra, rb) -> None:
+    """Both runs' speedups and whether their intervals overlap. The baseline's is its own 1x [1, 1]:
+    an interval of no width is no interval to compare."""
+    if ra["status"] != "ok" or rb["status"] != "ok":
+        return
+    a, b = _interval(ra), _interval(rb)
+    a, b = (None if v is None or v[1] == v[2] else v for v in (a, b))
+    if a is not None:
+        change.speedup_a, change.speedup_a_lo, change.speedup_a_hi = a
+    if b is not None:
+        change.speedup_b, change.speedup_b_lo, change.speedup_b_hi = b
+    if a is not None and b is not None:
+        change.speedups_agree = bool(a[1] <= b[2] and b[1] <= a[2])
+        change.loose = _flag(ra, "precision_met") is False or _flag(rb, "precision_met") is False
+
+
+def _judge_speedups(change: CellChange, threshold: float) -> None:
+    """The verdict from the speedup intervals: a change only where they do not overlap, a regression
+    where B's interval lies below A's and the speedup fell by more than ``threshold``."""
+    if change.speedups_agree:
+        return
+    change.significant = True
+    if change.speedup_b_hi < change.speedup_a_lo:
+        change.verdict = "regression" if change.speedup_a / change.speedup_b > threshold else "slower"
+    else:
+        change.verdict = "faster"
+
+
 def _baseline_drift(result: Comparison, ta: pd.DataFrame, pairs) -> None:
     """Attach to every cell the B/A ratio of its group's baseline: a shift of the machine shows there too."""
     base_ratio = {}
@@ -215,6 +279,18 @@ def _baseline_drift(result: Comparison, ta: pd.DataFrame, pairs) -> None:
             base_ratio[row["group"]] = change.ratio
     for (i, _), change in zip(pairs, result.cells):
         change.baseline_ratio = base_ratio.get(ta.iloc[i]["group"])
+
+
+def _fmt_speedups(c: CellChange) -> str:
+    if c.speedup_a is None and c.speedup_b is None:
+        return "-"
+
+    def one(p, lo, hi):
+        return "-" if p is None else f"{p:.3g}x [{lo:.3g}, {hi:.3g}]"
+
+    mark = {True: "overlap", False: "apart", None: ""}[c.speedups_agree] + (" (loose)" if c.loose else "")
+    return (f"A {one(c.speedup_a, c.speedup_a_lo, c.speedup_a_hi)}\nB {one(c.speedup_b, c.speedup_b_lo, c.speedup_b_hi)}"
+            + (f"\n{mark}" if mark else ""))
 
 
 def _fmt_ratio(c: CellChange) -> str:
@@ -239,8 +315,9 @@ def print_comparison(result: Comparison, console) -> None:
     title = f"{result.run_b} vs {result.run_a}: time ratio B/A (above 1 is slower)"
     table = Table(title=title)
     for col, justify in (("cell", "left"), ("A median", "right"), ("B median", "right"), ("B/A [95% CI]", "right"),
-                         ("p (M-W U)", "right"), ("vs baseline", "right"), ("verdict", "left")):
-        table.add_column(col, justify=justify)
+                         ("p (M-W U)", "right"), ("vs baseline", "right"), ("speedup [95% CI]", "right"),
+                         ("verdict", "left")):
+        table.add_column(col, justify=justify, no_wrap=col == "verdict")
     for c in result.cells:
         p = f"{c.p_value:.2g}" if c.p_value is not None and np.isfinite(c.p_value) else "-"
         rel = "-"
@@ -251,7 +328,7 @@ def print_comparison(result: Comparison, console) -> None:
             verdict = f"{c.verdict} ({c.status_a} -> {c.status_b})"
         style = VERDICT_STYLE.get(c.verdict, "")
         table.add_row(escape(c.cell), fmt_seconds(c.median_a_s) if c.median_a_s else "-",
-                      fmt_seconds(c.median_b_s) if c.median_b_s else "-", _fmt_ratio(c), p, rel,
+                      fmt_seconds(c.median_b_s) if c.median_b_s else "-", _fmt_ratio(c), p, rel, _fmt_speedups(c),
                       f"[{style}]{escape(verdict)}[/]" if style else escape(verdict))
     if result.cells:
         console.print(table)
@@ -264,9 +341,11 @@ def print_comparison(result: Comparison, console) -> None:
             console.print(f"  {name}: {escape(cell)}", highlight=False)
     regs = result.regressions
     if regs:
-        console.print(f"[bold red]{len(regs)} regression(s)[/] (significant at alpha {result.alpha} and slower than "
-                      f"{result.threshold:g}x, or newly failing):", highlight=False)
+        console.print(f"[bold red]{len(regs)} regression(s)[/] (speedup intervals apart and the speedup down by "
+                      f"more than {result.threshold:g}x; for the baseline and cells without one, time significant at "
+                      f"alpha {result.alpha} and slower than {result.threshold:g}x; or newly failing):", highlight=False)
         for c in regs:
-            console.print(f"  {escape(c.cell)}: {_fmt_ratio(c)} {c.status_a} -> {c.status_b}", highlight=False)
+            figure = _fmt_speedups(c).replace("\n", "; ") if c.speedups_agree is not None else _fmt_ratio(c)
+            console.print(f"  {escape(c.cell)}: {figure} {c.status_a} -> {c.status_b}", highlight=False)
     else:
         console.print(f"no regression beyond {result.threshold:g}x (alpha {result.alpha})", highlight=False)

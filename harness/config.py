@@ -39,6 +39,9 @@ class TimingConfig(_Strict):
     timeout_s: float = Field(600.0, gt=0, description="per worker request (init, warm-up, a round, training)")
     round_s: Optional[float] = Field(None, gt=0, description="target length of one round; default min_time_s / min_rounds")
     verify: bool = Field(True, description="check each cell's own step against the reference before timing it")
+    speedup_precision: Optional[float] = Field(
+        None, gt=0, lt=1, description="keep taking rounds until every speedup's 95% interval is within this share "
+                                     "of its value (0.02: +-2%), or max_time_s per cell; unset: the floor alone")
 
 
 class TrainConfig(_Strict):

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, fields
 from typing import Callable
 
+from harness.errors import HarnessError
+
 MAX_INNER = 10_000  # calls per round at most: beyond that a round's clock reads are noise-free enough
 MIN_ROUND_S = 0.005  # a round shorter than this is dominated by the clock and the protocol
 
@@ -115,6 +117,7 @@ class TimingPolicy:
     timeout_s: float
     round_s: float | None
     verify: bool
+    speedup_precision: float | None
 
     @classmethod
     def of(cls, timing) -> "TimingPolicy":
@@ -132,29 +135,122 @@ def calibrate(one_call_s: float, round_s: float) -> int:
     return max(1, min(MAX_INNER, int(round(round_s / max(one_call_s, 1e-9)))))
 
 
+MIN_PRECISION_ROUNDS = 10  # a 95% interval from fewer paired rounds is too coarse to call precise
+RECHECK_GROWTH = 1.25  # a cell short of its target is re-checked at most this much later (in rounds)
+
+
+def half_width(point: float, lo: float, hi: float) -> float:
+    """The larger side of the interval ``[lo, hi]`` relative to ``point`` (NaN without an interval)."""
+    if not (point > 0 and lo == lo and hi == hi):  # NaN compares unequal to itself
+        return float("nan")
+    return max(hi - point, point - lo) / point
+
+
+def precision_met(point: float, lo: float, hi: float, n_rounds: int, target: float) -> bool:
+    """True when a speedup's interval is within ``target`` of it (relative) from enough paired rounds."""
+    w = half_width(point, lo, hi)
+    return n_rounds >= MIN_PRECISION_ROUNDS and w == w and w <= target
+
+
 class StopRule:
     """When the interleaved rounds of a comparison group have enough samples.
 
-    The default: every cell has ``min_rounds`` rounds and ``min_time_s`` of timed calls,
-    or the group has run ``max_time_s`` per cell in all. The runner asks before every round
-    (the first time with no samples) with the cells still running; a cell that fails drops
-    out of ``samples`` but its share of the time cap stays, as its failed request took time too.
-    One rule object serves one group."""
+    The floor: every cell has ``min_rounds`` rounds and ``min_time_s`` of timed calls. With a
+    ``target`` (the config's ``speedup_precision``), the rounds also go on until the 95%
+    interval of every speedup over ``baseline`` is within ``target`` of its value (at least
+    MIN_PRECISION_ROUNDS pairs). Whatever is unmet, the group stops once it has run
+    ``max_time_s`` per cell in all. The runner asks before every round (the first time with
+    no samples) with the cells still running; a cell that fails drops out of ``samples``
+    but its share of the time cap stays, as its failed request took time too. One rule
+    object serves one group.
 
-    def __init__(self, min_rounds: int, min_time_s: float, max_time_s: float):
+    ``interval(baseline_samples, samples) -> (point, lo, hi)`` is the interval the results
+    report (the paired bootstrap), so stopping for precision and the ``precision_met``
+    column agree by construction. It costs milliseconds, too much for every round of a
+    long group, so a cell found short of the target is only re-checked once its rounds
+    reach where the shrinking of the interval (as one over the root of the rounds)
+    predicts the target, and at most RECHECK_GROWTH times later.
+
+    The rule stops on the interval's width, never on where it lies, so it does not steer the
+    speedup itself; taking the first width under the target slightly favours a narrow draw,
+    which the floor of MIN_PRECISION_ROUNDS pairs keeps small.
+
+    After ``done`` returns True, ``reason`` says why: ``"floor"`` (no target, or no
+    baseline left to measure speedups against), ``"target"`` or ``"cap"``; ``widths`` holds
+    each cell's relative half-width at its last check."""
+
+    def __init__(self, min_rounds: int, min_time_s: float, max_time_s: float, target: float | None = None,
+                 interval: Callable[[list[float], list[float]], tuple[float, float, float]] | None = None):
+        if target is not None and interval is None:
+            raise HarnessError("a precision target needs the interval function that reports the speedups")
         self.min_rounds = min_rounds
         self.min_time_s = min_time_s
         self.max_time_s = max_time_s
+        self.target = target
+        self.interval = interval
         self.n_cells = 0  # the most cells seen in one call: the cap's multiplier
+        self.reason: str | None = None
+        self.widths: dict[str, float] = {}
+        self.n_checks = 0  # interval evaluations so far (their cost is what the schedule bounds)
+        self._next_check: dict[str, int] = {}  # cell -> rounds before its interval is worth computing again
 
     def done(self, samples: dict[str, list[float]], inner: dict[str, int], baseline: str | None,
              elapsed_s: float) -> bool:
         """True when the rounds so far (per-call seconds per round, by cell id) are enough."""
         self.n_cells = max(self.n_cells, len(samples))
-        enough = all(len(s) >= self.min_rounds and sum(s) * inner[c] >= self.min_time_s for c, s in samples.items())
-        return enough or elapsed_s >= self.max_time_s * max(1, self.n_cells)
+        floor = all(len(s) >= self.min_rounds and sum(s) * inner[c] >= self.min_time_s for c, s in samples.items())
+        if floor and (self.target is None or baseline not in samples or len(samples) < 2):
+            self.reason = "floor"
+            return True
+        if floor and self._precise(samples, baseline):
+            self.reason = "target"
+            return True
+        if elapsed_s >= self.max_time_s * max(1, self.n_cells):
+            self.reason = "cap"
+            return True
+        return False
+
+    def _precise(self, samples: dict[str, list[float]], baseline: str) -> bool:
+        """Every speedup's interval within the target; the cell last found short is checked first."""
+        base = samples[baseline]
+        cells = sorted((c for c in samples if c != baseline), key=lambda c: -self._next_check.get(c, 0))
+        for c in cells:
+            n = min(len(base), len(samples[c]))
+            if n < max(MIN_PRECISION_ROUNDS, self._next_check.get(c, 0)):
+                return False
+            point, lo, hi = self.interval(base, samples[c])
+            self.n_checks += 1
+            w = self.widths[c] = half_width(point, lo, hi)
+            if not precision_met(point, lo, hi, n, self.target):
+                predicted = n * (w / self.target) ** 2 if w == w else n + 1
+                self._next_check[c] = int(min(max(predicted, n + 1), n * RECHECK_GROWTH + 1))
+                return False
+        return True
 
 
 def stop_rule(timing) -> StopRule:
-    """A fresh stop rule for one group timed with ``timing`` (a TimingConfig or TimingPolicy)."""
-    return StopRule(timing.min_rounds, timing.min_time_s, timing.max_time_s)
+    """A fresh stop rule for one group timed with ``timing`` (a TimingConfig or TimingPolicy).
+
+    A precision target reads the speedups' intervals through :func:`harness.timing.paired_speedup`,
+    imported here and not at the top: workers import this module and need no NumPy for it."""
+    target = timing.speedup_precision
+    interval = None
+    if target is not None:
+        from harness.timing import paired_speedup as interval
+    return StopRule(timing.min_rounds, timing.min_time_s, timing.max_time_s, target, interval)
+
+
+def disturbed(samples: list[float]) -> list[bool]:
+    """Which rounds a burst of load slowed: over 5% and over five robust standard deviations
+    (1.4826 median absolute deviations) slower than the median of the cell's rounds.
+
+    Only slow rounds: nothing makes code run faster than it can. The median and its
+    deviation stay on the undisturbed rounds while fewer than half are disturbed."""
+    import statistics
+
+    if len(samples) < 4:
+        return [False] * len(samples)
+    med = statistics.median(samples)
+    mad = statistics.median(abs(s - med) for s in samples)
+    fence = med + max(5 * 1.4826 * mad, 0.05 * med)
+    return [s > fence for s in samples]

@@ -86,12 +86,33 @@ def fmt_time(v) -> str:
 
 
 def fmt_speedup(row) -> str:
-    """``1.23x [1.10, 1.40]`` or ``-``."""
+    """``1.23x [1.10, 1.40]`` or ``-``; a speedup that stopped short of its precision target
+    says so: ``1.23x [1.10, 1.40] (±14%, target ±2% not met)``."""
     s = row.get("speedup")
     if not _num(s):
         return "-"
     lo, hi = row.get("speedup_lo"), row.get("speedup_hi")
-    return f"{s:.3g}x [{lo:.3g}, {hi:.3g}]" if _num(lo) and _num(hi) else f"{s:.3g}x"
+    out = f"{s:.3g}x [{lo:.3g}, {hi:.3g}]" if _num(lo) and _num(hi) else f"{s:.3g}x"
+    if imprecise(row):
+        out += f" (±{_f(row.get('speedup_half_width'), '.1%')}, target ±{row['speedup_precision']:.1%} not met)"
+    return out
+
+
+def imprecise(row) -> bool:
+    """A speedup timed with a precision target that ran out of time before reaching it."""
+    met = row.get("precision_met")
+    return met is not None and not pd.isna(met) and not bool(met)
+
+
+def precision_note(timings: pd.DataFrame) -> str | None:
+    """One sentence on the speedups that missed their precision target, or None when all met it."""
+    if "precision_met" not in timings:
+        return None
+    n = sum(imprecise(r) for r in timings.to_dict("records"))
+    if not n:
+        return None
+    return (f"{n} speedup(s) hit max_time_s before their 95% interval reached the precision target "
+            "(marked 'not met'): read them as loose, not as tight figures.")
 
 
 def _f(v, spec: str = ".3g", unit: str = "") -> str:
@@ -230,7 +251,9 @@ def _results_section(timings: pd.DataFrame) -> list:
     df = timings.assign(label=_labels(timings))
     out.append(Para("Median time per call over calibrated rounds; IQR is the interquartile range of the rounds; "
                     "speedup is baseline median / backend median from rounds timed in turn, with a 95% paired-bootstrap "
-                    "interval; compile is the warm-up (JIT/compile) time, excluded from the rounds."))
+                    "interval; compile is the warm-up (JIT/compile) time, excluded from the rounds. Rounds slowed "
+                    "by a burst of load are kept: on both sides of a pair the pairing cancels them, on one side "
+                    "they widen the interval (timings.parquet counts them per cell)."))
     for _, g in df.groupby("group", sort=False):
         head = g.iloc[0]
         out.append(Heading(3, f"{head['workload']} · {group_label(head)}"))
@@ -241,6 +264,9 @@ def _results_section(timings: pd.DataFrame) -> list:
                          _f(r.get("gflops"), ".3g")])
         out.append(Table(["backend", "status", "median", "IQR", "speedup [95% CI]", "compile", "rounds", "GFLOP/s"],
                          rows, right={2, 3, 4, 5, 6, 7}, status_col=1))
+    note = precision_note(timings)
+    if note:
+        out.append(Para(note))
     warnings = spread_warnings(timings.to_dict("records"))
     if warnings:
         out += [Para("Noisy cells (an IQR above 10% of the median: these medians deserve less trust):"), Bullets(warnings)]

@@ -39,6 +39,7 @@ class Outcome:
     train: dict | None = None
     worker_env: dict | None = None
     verify: dict | None = None
+    stop_reason: str | None = None  # why the group's interleaved rounds stopped (floor | target | cap)
 
 
 class Runner:
@@ -289,6 +290,7 @@ class Runner:
                     fail(cid, exc)
         for cid in workers:
             outcomes[cid].samples = samples[cid]
+            outcomes[cid].stop_reason = rule.reason
 
     # -- results rows ------------------------------------------------------------------
     def _rows(self, outcomes: list[Outcome]) -> tuple[list[dict], list[dict]]:
@@ -313,6 +315,7 @@ class Runner:
             if (o.status == "ok" and p.workload != "train" and base is not None and base.status == "ok"
                     and base.samples and o.samples):
                 row["speedup"], row["speedup_lo"], row["speedup_hi"] = paired_speedup(base.samples, o.samples)
+            row.update(_precision_columns(o, base, row))
             if o.verify:
                 row["verified_ratio"] = o.verify["ratio"]
                 _conformance_entry(self.store.meta, o.cell.backend, o.verify)
@@ -334,6 +337,27 @@ class Runner:
                                          "loss_floor": row.get("loss_floor")})
             rows.append(row)
         return rows, curves
+
+
+def _precision_columns(o: Outcome, base: Outcome | None, row: dict) -> dict:
+    """schema.PRECISION_COLUMNS of one timed cell: its speedup's precision against the target (the
+    interval the row reports, by the test the stop rule used) and its disturbed rounds, all kept."""
+    if o.status != "ok" or not o.samples or o.cell.problem.workload == "train":
+        return {}
+    target = o.cell.timing.speedup_precision
+    mine = measure.disturbed(o.samples)
+    cols = dict.fromkeys(schema.PRECISION_COLUMNS)
+    cols.update(speedup_precision=target, stop_reason=o.stop_reason, n_disturbed_rounds=sum(mine))
+    if o is not base and "speedup" in row:
+        n = min(len(base.samples), len(o.samples))
+        theirs = measure.disturbed(base.samples)[:n]
+        cols["n_disturbed_shared"] = sum(a and b for a, b in zip(mine, theirs))
+        cols["n_disturbed_one_sided"] = sum(a != b for a, b in zip(mine, theirs))
+        point, lo, hi = row["speedup"], row["speedup_lo"], row["speedup_hi"]
+        cols["speedup_half_width"] = measure.half_width(point, lo, hi)
+        if target is not None:
+            cols["precision_met"] = measure.precision_met(point, lo, hi, n, target)
+    return cols
 
 
 def _conformance_entry(meta: dict, backend: str, verify: dict) -> None:

@@ -37,3 +37,12 @@ def cell_columns(cell) -> dict:
         "peephole": m.peephole, "bias": m.bias, "tokens": p.tokens, "sweep": json.dumps(cell.point, default=str),
         "host": machine.host_name(),  # a run spread over a cluster names where each cell ran
     }
+
+
+# The precision of a speedup (timing.speedup_precision) and what the stop rule saw, per row:
+# the target, the achieved relative half-width of the 95% interval, whether it met the target,
+# why the group's rounds stopped (floor | target | cap), and the rounds a burst of load slowed:
+# this cell's own, and for a speedup those slowed on both sides (kept: pairing cancels them)
+# or on one side only (kept: they widen the interval).
+PRECISION_COLUMNS = ("speedup_precision", "speedup_half_width", "precision_met", "stop_reason",
+                     "n_disturbed_rounds", "n_disturbed_shared", "n_disturbed_one_sided")

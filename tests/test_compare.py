@@ -14,6 +14,7 @@ from harness.compare import compare_runs, mann_whitney_p, ratio_interval
 from harness.config import load_config
 from harness.results import RunStore
 from harness.runner import Runner, finish_meta, new_run_meta
+from harness.timing import paired_speedup
 
 CONFIG = """
 name: pair
@@ -58,18 +59,33 @@ def _label(row) -> str:
     return row["backend"] if row["variant"] in ("plain",) else f"{row['backend']}:{row['variant']}"
 
 
-def _set_samples(rows, label: str, scale: float, seed: int):
-    """Give one cell deterministic rounds: 12 samples around ``scale`` ms with 2% noise."""
+def _set_samples(rows, label: str, scale: float, seed: int, noise: float = 0.02):
+    """Give one cell deterministic rounds, 12 samples around ``scale`` ms with ``noise``, the baseline
+    (``ref``) 12 rounds around 1 ms, and every cell the speedup these rounds make."""
     rng = np.random.default_rng(seed)
+    base_rng = np.random.default_rng(100)
     for row in rows:
-        if _label(row) == label:
-            row["samples_s"] = [float(v) for v in 1e-3 * scale * (1 + 0.02 * rng.standard_normal(12))]
+        if _label(row) in (label, "ref"):
+            rounds = 1e-3 * (scale if _label(row) == label else 1.0) * (1 + noise * (
+                rng if _label(row) == label else base_rng).standard_normal(12))
+            row["samples_s"] = [float(v) for v in rounds]
             row["median_s"] = float(np.median(row["samples_s"]))
             row["n_samples"] = 12
+    base = next(r for r in rows if _label(r) == "ref")
+    for row in rows:
+        if row.get("samples_s") is not None and len(row["samples_s"]):
+            row["speedup"], row["speedup_lo"], row["speedup_hi"] = paired_speedup(base["samples_s"], row["samples_s"])
+
+
+def _set_speedup(rows, label: str, point: float, lo: float, hi: float, met: bool | None = None):
+    """Give one cell a reported speedup interval (and its precision flag) as a run would record it."""
+    for row in rows:
+        if _label(row) == label:
+            row.update(speedup=point, speedup_lo=lo, speedup_hi=hi, precision_met=met)
 
 
 def _invoke(*args):
-    return CliRunner().invoke(app, ["compare", *map(str, args)])
+    return CliRunner().invoke(app, ["compare", *map(str, args)], env={"COLUMNS": "220"})  # a row on one line
 
 
 def test_identical_runs_pass(run_a, tmp_path):
@@ -104,8 +120,8 @@ def test_a_backend_made_30_percent_slower_is_a_regression(run_a, tmp_path):
 
 
 def test_a_significant_slowdown_below_the_threshold_passes(run_a, tmp_path):
-    a = _edit(run_a, tmp_path / "a", lambda rows: _set_samples(rows, SLOW, 2.0, seed=1))
-    b = _edit(run_a, tmp_path / "b", lambda rows: _set_samples(rows, SLOW, 2.06, seed=2))
+    a = _edit(run_a, tmp_path / "a", lambda rows: _set_samples(rows, SLOW, 2.0, seed=1, noise=0.005))
+    b = _edit(run_a, tmp_path / "b", lambda rows: _set_samples(rows, SLOW, 2.08, seed=2, noise=0.005))
     assert _invoke(a, b).exit_code == 0
     res = compare_runs(a, b)
     assert next(c for c in res.cells if c.cell.startswith("ref:slow")).verdict == "slower"
@@ -156,3 +172,30 @@ def test_ratio_interval_and_mann_whitney():
     same = mann_whitney_p(a, 1.0 + 0.05 * rng.standard_normal(30))
     assert same > 0.01
     assert np.isnan(ratio_interval([], [1.0])[0]) and np.isnan(mann_whitney_p([1.0, 2.0], [1.0, 2.0, 3.0]))
+
+
+def test_speedups_whose_intervals_overlap_agree_even_when_the_points_moved(run_a, tmp_path):
+    a = _edit(run_a, tmp_path / "a", lambda rows: _set_speedup(rows, SLOW, 0.50, 0.47, 0.53, True))
+    b = _edit(run_a, tmp_path / "b", lambda rows: _set_speedup(rows, SLOW, 0.45, 0.42, 0.48, True))  # 11% lower
+    res = compare_runs(a, b)
+    slow = next(c for c in res.cells if c.cell.startswith("ref:slow"))
+    assert slow.speedups_agree is True and slow.verdict == "within noise" and not slow.loose
+    assert (slow.speedup_a, slow.speedup_b_hi) == (0.50, 0.48)
+    assert _invoke(a, b).exit_code == 0
+    base = next(c for c in res.cells if c.cell.startswith("ref ·"))
+    assert base.speedups_agree is None and base.speedup_a is None  # the baseline is judged by its time
+
+
+def test_speedups_apart_beyond_the_threshold_are_a_regression_and_loose_ones_are_marked(run_a, tmp_path):
+    a = _edit(run_a, tmp_path / "a", lambda rows: _set_speedup(rows, SLOW, 0.50, 0.49, 0.51, True))
+    b = _edit(run_a, tmp_path / "b", lambda rows: _set_speedup(rows, SLOW, 0.46, 0.40, 0.485, False))
+    res = compare_runs(a, b)
+    slow = next(c for c in res.cells if c.cell.startswith("ref:slow"))
+    assert slow.speedups_agree is False and slow.significant and slow.verdict == "regression" and slow.loose
+    result = _invoke(a, b)
+    assert result.exit_code == 1 and "apart (loose)" in result.output
+    # apart, but the speedup fell by less than the threshold: slower, not a regression
+    assert next(c for c in compare_runs(a, b, threshold=1.1).cells if c.cell.startswith("ref:slow")).verdict == "slower"
+    # the other way round B is faster, and a B interval above A's is never a regression
+    back = next(c for c in compare_runs(b, a).cells if c.cell.startswith("ref:slow"))
+    assert back.verdict == "faster" and not compare_runs(b, a).regressions

@@ -43,10 +43,11 @@ def test_default_stop_rule_needs_rounds_and_time_or_hits_the_cap():
     assert not rule.done({"a": [], "b": []}, inner, "a", 0.0)
     assert not rule.done({"a": [0.01] * 3, "b": [0.01] * 2}, inner, "a", 0.5)  # b lacks a round
     assert not rule.done({"a": [0.005] * 3, "b": [0.01] * 3}, inner, "a", 0.5)  # a lacks time (0.15 s)
-    assert rule.done({"a": [0.01] * 3, "b": [0.01] * 3}, inner, "a", 0.5)
+    assert rule.done({"a": [0.01] * 3, "b": [0.01] * 3}, inner, "a", 0.5) and rule.reason == "floor"
     # the cap is max_time_s per cell that started, also after one of them failed
     assert not rule.done({"a": [0.001]}, {"a": 1}, "a", 3.9)
-    assert rule.done({"a": [0.001]}, {"a": 1}, "a", 4.0)
+    assert rule.done({"a": [0.001]}, {"a": 1}, "a", 4.0) and rule.reason == "cap"
+    assert rule.n_checks == 0  # no precision target: no interval computed
 
 
 def test_screening_says_who_lacks_the_device():

@@ -1,0 +1,239 @@
+"""The precision stop rule (timing.speedup_precision), driven with synthetic round times, and what a run records."""
+
+import numpy as np
+import pytest
+
+from harness import measure
+from harness.compare import ratio_interval
+from harness.config import TimingConfig
+from harness.timing import paired_speedup
+
+TARGET = 0.02
+
+
+def _rule(max_time_s: float, target: float | None = TARGET) -> measure.StopRule:
+    return measure.stop_rule(TimingConfig(min_rounds=8, min_time_s=0.03, max_time_s=max_time_s,
+                                          speedup_precision=target))
+
+
+def drive(rule: measure.StopRule, round_times, max_rounds: int = 2000) -> dict[str, list[float]]:
+    """Feed rounds (``round_times(r) -> {cell: seconds}``, one call per round) until the rule stops.
+
+    The clock is the synthetic one: the elapsed time is the sum of the rounds so far."""
+    samples: dict[str, list[float]] = {}
+    elapsed = 0.0
+    for r in range(max_rounds):
+        times = round_times(r)
+        samples = samples or {c: [] for c in times}
+        if rule.done(samples, {c: 1 for c in samples}, "base", elapsed):
+            return samples
+        for c, t in times.items():
+            samples[c].append(t)
+            elapsed += t
+    raise AssertionError("the rule never stopped")
+
+
+def _met(samples, cell) -> bool:
+    point, lo, hi = paired_speedup(samples["base"], samples[cell])
+    return measure.precision_met(point, lo, hi, len(samples[cell]), TARGET)
+
+
+def quiet(seed=0):
+    rng = np.random.default_rng(seed)
+    return lambda r: {"base": 0.010 * (1 + 0.004 * rng.standard_normal()),
+                      "fast": 0.005 * (1 + 0.004 * rng.standard_normal()),
+                      "slow": 0.020 * (1 + 0.004 * rng.standard_normal())}
+
+
+def test_a_quiet_machine_stops_as_soon_as_the_target_is_met():
+    rule = _rule(max_time_s=10)
+    samples = drive(rule, quiet())
+    n = len(samples["base"])
+    assert rule.reason == "target" and n == measure.MIN_PRECISION_ROUNDS  # far below the 30 s cap
+    assert set(rule.widths) == {"fast", "slow"} and all(w <= TARGET for w in rule.widths.values())
+    # what the rule stopped on is the interval the results report
+    assert _met(samples, "fast") and _met(samples, "slow")
+    assert rule.widths["fast"] == measure.half_width(*paired_speedup(samples["base"], samples["fast"]))
+
+
+def test_without_a_target_the_floor_alone_stops_the_rounds():
+    rule = _rule(max_time_s=10, target=None)
+    samples = drive(rule, quiet())
+    assert rule.reason == "floor" and len(samples["base"]) == 8 and rule.n_checks == 0
+
+
+def test_a_drifting_machine_stays_tight_through_pairing():
+    """The machine slows to half speed and back, slowly: each round's pair shares the drift."""
+    rng = np.random.default_rng(1)
+
+    def drifting(r):
+        speed = 1 + 0.5 * np.sin(r / 6)
+        return {"base": 0.010 * speed * (1 + 0.004 * rng.standard_normal()),
+                "fast": 0.005 * speed * (1 + 0.004 * rng.standard_normal())}
+
+    rule = _rule(max_time_s=10)
+    samples = drive(rule, drifting)
+    assert rule.reason == "target" and len(samples["base"]) <= 2 * measure.MIN_PRECISION_ROUNDS
+    assert _met(samples, "fast")
+    # the same rounds unpaired are nowhere near the target: the drift is far wider than 2%
+    _, lo, hi = ratio_interval(samples["fast"], samples["base"])
+    assert (hi - lo) / 2 > 5 * TARGET
+    assert measure.disturbed(samples["base"]) == [False] * len(samples["base"])  # drift is no burst
+
+
+def _bursty(one_sided: bool, seed: int = 2):
+    """In about a third of the rounds a burst of load slows ``fast`` by half; ``base`` too unless ``one_sided``."""
+    rng = np.random.default_rng(seed)
+
+    def times(r):
+        burst = 1.5 if rng.random() < 0.35 else 1.0
+        return {"base": 0.010 * (burst if not one_sided else 1) * (1 + 0.004 * rng.standard_normal()),
+                "fast": 0.005 * burst * (1 + 0.004 * rng.standard_normal())}
+    return times
+
+
+def test_bursts_on_both_sides_cancel_in_the_pairs():
+    rule = _rule(max_time_s=10)
+    samples = drive(rule, _bursty(one_sided=False))
+    assert rule.reason == "target" and _met(samples, "fast")
+    assert len(samples["base"]) <= 2 * measure.MIN_PRECISION_ROUNDS
+    shared = [a and b for a, b in zip(measure.disturbed(samples["base"]), measure.disturbed(samples["fast"]))]
+    assert sum(shared) >= 2  # flagged, and kept
+
+
+def test_one_sided_bursts_widen_the_interval_until_the_cap():
+    rule = _rule(max_time_s=0.3)  # 0.6 s for the two cells: about 38 rounds of 16 ms
+    samples = drive(rule, _bursty(one_sided=True))
+    n = len(samples["base"])
+    assert rule.reason == "cap" and 30 <= n <= 45
+    assert not _met(samples, "fast") and rule.widths["fast"] > TARGET
+    flagged = measure.disturbed(samples["fast"])
+    assert sum(flagged) >= 10 and not any(measure.disturbed(samples["base"]))
+    # the interval is computed on a schedule, not every round
+    assert rule.n_checks < n / 3
+
+
+def test_the_cap_counts_cells_that_failed_and_a_missing_baseline_falls_back_to_the_floor():
+    rule = _rule(max_time_s=1.0)
+    times = {"base": [0.01] * 12, "fast": [0.005] * 12}
+    assert not rule.done({"fast": times["fast"][:3], "base": times["base"][:3]}, {"fast": 1, "base": 1}, "base", 0.1)
+    # the baseline failed: no speedup to make precise; the floor decides
+    assert rule.done({"fast": times["fast"]}, {"fast": 1}, None, 0.2) and rule.reason == "floor"
+    alone = _rule(max_time_s=1.0)  # the baseline alone is left: no speedup either
+    assert alone.done({"base": times["base"]}, {"base": 1}, "base", 0.2) and alone.reason == "floor"
+    short = _rule(max_time_s=1.0)
+    assert not short.done({"base": [0.01] * 3, "fast": [0.005] * 3}, {"base": 1, "fast": 1}, "base", 1.9)
+    assert short.done({"base": [0.01] * 3}, {"base": 1}, "base", 2.0) and short.reason == "cap"
+
+
+def test_precision_needs_enough_rounds_and_a_finite_interval():
+    assert measure.half_width(2.0, 1.96, 2.02) == pytest.approx(0.02)
+    assert np.isnan(measure.half_width(2.0, float("nan"), float("nan")))
+    assert measure.precision_met(2.0, 1.99, 2.01, measure.MIN_PRECISION_ROUNDS, 0.02)
+    assert not measure.precision_met(2.0, 1.99, 2.01, measure.MIN_PRECISION_ROUNDS - 1, 0.02)
+    assert not measure.precision_met(2.0, 1.9, 2.01, 50, 0.02)
+    assert not measure.precision_met(2.0, float("nan"), float("nan"), 50, 0.02)
+
+
+def test_the_setting_is_validated():
+    from pydantic import ValidationError
+
+    assert TimingConfig().speedup_precision is None
+    for bad in (0, -0.1, 1.5):
+        with pytest.raises(ValidationError):
+            TimingConfig(speedup_precision=bad)
+    assert measure.TimingPolicy.of(TimingConfig(speedup_precision=0.03)).speedup_precision == 0.03
+
+
+def test_rows_record_precision_and_disturbed_rounds(write_config):
+    """The columns a timed group's rows carry, from the rounds the stop rule left (no workers needed)."""
+    from harness import schema
+    from harness.config import load_config
+    from harness.runner import Outcome, _precision_columns
+
+    cfg = load_config(write_config("name: p\nmodel: {kind: elman, hidden: 4}\ntask: {kind: random, vocab: 5, seq_len: 3}\n"
+                                   "backends: [numpy, 'numpy:wildml']\ntiming: {speedup_precision: 0.02}\n"))
+    base_cell, other_cell = cfg.cells()
+    rng = np.random.default_rng(3)
+    base_s = list(0.010 * (1 + 0.004 * rng.standard_normal(40)))
+    other_s = list(0.005 * (1 + 0.004 * rng.standard_normal(40)))
+    base_s[5] *= 1.5  # one burst on both sides, one on the other cell alone
+    other_s[5] *= 1.5
+    other_s[9] *= 1.5
+    base = Outcome(base_cell, samples=base_s, stop_reason="target")
+    other = Outcome(other_cell, samples=other_s, stop_reason="target")
+    row = dict(zip(("speedup", "speedup_lo", "speedup_hi"), paired_speedup(base_s, other_s)))
+    cols = _precision_columns(other, base, row)
+    assert set(cols) == set(schema.PRECISION_COLUMNS)
+    assert cols["precision_met"] is True and cols["speedup_half_width"] <= 0.02 and cols["stop_reason"] == "target"
+    assert (cols["n_disturbed_rounds"], cols["n_disturbed_shared"], cols["n_disturbed_one_sided"]) == (2, 1, 1)
+    base_cols = _precision_columns(base, base, {"speedup": 1.0, "speedup_lo": 1.0, "speedup_hi": 1.0})
+    assert base_cols["n_disturbed_rounds"] == 1 and base_cols["precision_met"] is None
+    assert set(base_cols) == set(schema.PRECISION_COLUMNS)
+    loose = _precision_columns(Outcome(other_cell, samples=other_s[:12], stop_reason="cap"), base,
+                               {"speedup": 2.0, "speedup_lo": 1.8, "speedup_hi": 2.3})
+    assert loose["precision_met"] is False and loose["speedup_half_width"] == pytest.approx(0.15)
+
+
+def _rows_for_tables():
+    common = {"group": "g", "workload": "train_step", "model": "elman", "task": "random", "dtype": "float32",
+              "batch": 1, "hidden_size": 8, "seq_len": 4, "input_size": 4, "output_size": 4, "threads": 1,
+              "device": "cpu", "bptt": "full", "layers": 1, "tokens": False, "status": "ok", "median_s": 0.001,
+              "compile_s": 0.1, "baseline": "numpy", "speedup_precision": 0.02}
+    return [dict(common, backend="numpy", variant="fast", speedup=1.0, speedup_lo=1.0, speedup_hi=1.0),
+            dict(common, backend="native", variant="default", speedup=2.0, speedup_lo=1.99, speedup_hi=2.02,
+                 speedup_half_width=0.01, precision_met=True),
+            dict(common, backend="jax", variant="default", speedup=1.5, speedup_lo=1.3, speedup_hi=1.71,
+                 speedup_half_width=0.14, precision_met=False)]
+
+
+def test_tables_flag_a_speedup_that_missed_its_target(capsys):
+    import pandas as pd
+
+    from harness import cli
+    from harness.report import fmt_speedup, imprecise, precision_note
+
+    rows = _rows_for_tables()
+    assert [imprecise(r) for r in rows] == [False, False, True]
+    assert fmt_speedup(rows[1]) == "2x [1.99, 2.02]"
+    assert fmt_speedup(rows[2]) == "1.5x [1.3, 1.71] (±14.0%, target ±2.0% not met)"
+    assert precision_note(pd.DataFrame(rows)).startswith("1 speedup(s) hit max_time_s")
+    assert precision_note(pd.DataFrame(rows[:2])) is None
+    assert precision_note(pd.DataFrame([{k: v for k, v in rows[0].items() if k != "speedup_precision"}])) is None
+
+    class Store:
+        timings = rows
+        meta = {"name": "t", "baseline": "numpy"}
+
+    cli._print_summary(Store())
+    out = capsys.readouterr()
+    assert "not met" in out.out
+    assert "loose:" in out.err and "1 speedup(s)" in out.err
+
+
+@pytest.mark.slow
+def test_a_run_records_precision_through_the_results_folder(fake_backends, write_config, tmp_path):
+    """Workers, stop rule and parquet together: a cell that cannot reach an impossible target is flagged."""
+    import pandas as pd
+
+    import harness
+    from harness.config import load_config
+    from harness.results import RunStore
+    from harness.runner import Runner, finish_meta, new_run_meta
+
+    path = write_config("name: prec\nmodel: {kind: elman, hidden: 8}\n"
+                        "task: {kind: random, vocab: 20, seq_len: 6, n_sequences: 16, n_eval: 8}\n"
+                        "backends: [ref, 'ref:slow']\n"
+                        "timing: {warmup: 1, min_rounds: 3, min_time_s: 0.02, max_time_s: 0.4, timeout_s: 20, "
+                        "round_s: 0.005, speedup_precision: 0.000001}\n")
+    cfg = load_config(path)
+    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+    runner = Runner(cfg, store)
+    runner.gemm_peaks = {"float32|threads=1": 1.0}
+    runner.run()
+    finish_meta(store)
+    t = harness.load_run(tmp_path / "run").timings.set_index("variant")
+    assert list(t["stop_reason"]) == ["cap", "cap"] and t.loc["slow", "n_samples"] >= measure.MIN_PRECISION_ROUNDS
+    assert not bool(t.loc["slow", "precision_met"]) and t.loc["slow", "speedup_half_width"] > 0
+    assert t.loc["slow", "speedup_precision"] == 0.000001 and t.loc["slow", "n_disturbed_one_sided"] >= 0
+    assert pd.isna(t.loc["plain", "precision_met"])  # the baseline's own 1x has nothing to meet
