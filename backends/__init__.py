@@ -81,10 +81,10 @@ def plugins() -> dict[str, Plugin]:
 
 
 def registry() -> dict[str, tuple[str, str]]:
-    """Every backend name -> ``(module, class)``: installed plugins, the built-in ones, then
+    """Every backend name -> ``(module, class)``: the built-in ones, installed plugins, and
     ``HARNESS_BACKENDS`` over both."""
     found = {name: (p.module, p.cls) for name, p in plugins().items()}
-    return {**found, **REGISTRY, **_plugins()}
+    return {**REGISTRY, **found, **_plugins()}  # a plugin never takes a built-in name (see _entry_points)
 
 
 def origin(name: str) -> str:
