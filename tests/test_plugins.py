@@ -169,3 +169,52 @@ def test_check_reports_a_broken_plugin_without_crashing(broken_plugins):
     result = CliRunner().invoke(app, ["check", "--backends", "raising,missing"])
     assert result.exit_code == 0, result.output  # unavailable is not a mismatch
     assert "licence server unreachable" in result.output and "failed to import" in result.output
+
+
+# -- harness.testing in this process -------------------------------------------------------------
+def _few_cases():
+    from harness.testing import conformance_cases
+
+    return [c for c in conformance_cases(quick=True) if c.label.startswith("elman")][:3]
+
+
+def test_check_backend_passes_a_correct_backend_and_returns_every_result(fake_backends):
+    from harness.testing import check_backend
+
+    results = check_backend("ref", cases=_few_cases())
+    assert [r.status for r in results] == ["pass"] * 3
+    assert all(r.worst_ratio <= 1 for r in results)
+
+
+def test_check_backend_catches_a_one_percent_error(fake_backends):
+    from harness.testing import ConformanceError, check_backend
+
+    with pytest.raises(ConformanceError, match=r"bad:wrong: 3 of 3 conformance case\(s\) failed\n  fail: elman"):
+        check_backend("bad:wrong", cases=_few_cases())
+
+
+def test_check_backend_refuses_a_check_that_checked_nothing(fake_backends):
+    from harness.testing import ConformanceError, check_backend
+
+    with pytest.raises(ConformanceError, match="no conformance case passed.*supports nothing"):
+        check_backend("bad:unsupported", cases=_few_cases())
+
+
+def test_check_helpers_fail_on_an_unavailable_or_unknown_backend(broken_plugins):
+    from harness.testing import ConformanceError, check_backend, check_case
+
+    with pytest.raises(ConformanceError, match="licence server unreachable"):
+        check_backend("raising", cases=_few_cases())
+    with pytest.raises(ConformanceError, match="failed to import"):
+        check_case("missing", _few_cases()[0])
+    with pytest.raises(ConformanceError, match="unknown backend 'nosuch'"):
+        check_backend("nosuch")
+
+
+def test_check_case_skips_an_unsupported_case_with_the_reason():
+    from harness.testing import check_case, conformance_cases
+
+    lstm = next(c for c in conformance_cases(quick=True) if c.label.startswith("lstm"))
+    assert check_case("numpy", lstm).status == "pass"
+    with pytest.raises(pytest.skip.Exception, match="batch 1 only"):
+        check_case("numpy:wildml", next(c for c in conformance_cases() if c.batch == 3))
