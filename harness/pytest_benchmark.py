@@ -107,6 +107,8 @@ def import_json(path, out=None, baseline: str | None = None) -> Path:
         "importer_host": machine.host_name(),
     }
     out = Path(out) if out is not None else Path("results") / run_id
+    if (out / "run.json").exists():
+        raise HarnessError(f"{out}: a run already exists there; choose another --out")
     store = RunStore.create(out, meta)
     store.add(rows, [])
     statuses = store.meta["cells"]
