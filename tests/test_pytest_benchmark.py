@@ -123,6 +123,7 @@ def test_any_pytest_benchmark_file_imports_and_reports(tmp_path, with_data):
         assert len(t.loc["test_sum[array]", "samples_s"]) == 0
     assert _invoke("report", run_dir).exit_code == 0
     assert (run_dir / "plots" / "speedup.png").exists()
+    assert "None" not in (run_dir / "report.md").read_text()  # a foreign benchmark is named by its group
     again = _invoke("import", path, "--out", run_dir)
     assert again.exit_code == 2 and "a run already exists there" in again.output
 
