@@ -1,10 +1,17 @@
 """The registry of backends. Modules are imported lazily and import failures become
-"unavailable: <reason>" entries rather than crashes."""
+"unavailable: <reason>" entries rather than crashes.
+
+Three sources, in this order of precedence: ``HARNESS_BACKENDS`` (a quick override for one
+shell or test), the built-in :data:`REGISTRY`, and installed packages that declare an entry
+point in the group ``rnn_harness.backends`` (``name = "module:Class"``).
+"""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
+import sys
 from dataclasses import dataclass
 
 from harness.errors import HarnessError
@@ -34,9 +41,60 @@ def _plugins() -> dict[str, tuple[str, str]]:
     return out
 
 
+ENTRY_POINT_GROUP = "rnn_harness.backends"
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """A backend declared by an installed package's entry point."""
+
+    name: str
+    module: str
+    cls: str
+    value: str  # the entry point as declared, for messages
+    dist: str  # the distribution that declares it
+
+
+@functools.lru_cache(maxsize=4)
+def _entry_points(path: tuple[str, ...]) -> tuple[dict[str, Plugin], tuple[Plugin, ...]]:
+    """Installed plugins by name, and those left out because their name was taken.
+
+    Cached per ``sys.path`` (scanning every installed distribution costs tens of ms)."""
+    from importlib.metadata import entry_points
+
+    found: dict[str, Plugin] = {}
+    shadowed: list[Plugin] = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep.dist, "name", None) or "an unknown distribution"
+        module, _, attr = ep.value.partition(":")
+        plugin = Plugin(ep.name, module.strip(), attr.strip(), ep.value, dist)
+        if ep.name in REGISTRY or ep.name in found:
+            shadowed.append(plugin)
+        else:
+            found[ep.name] = plugin
+    return found, tuple(shadowed)
+
+
+def plugins() -> dict[str, Plugin]:
+    """Backends from installed packages (entry-point group ``rnn_harness.backends``)."""
+    return _entry_points(tuple(sys.path))[0]
+
+
 def registry() -> dict[str, tuple[str, str]]:
-    """The built-in backends plus any registered through ``HARNESS_BACKENDS``."""
-    return {**REGISTRY, **_plugins()}
+    """Every backend name -> ``(module, class)``: the built-in ones, installed plugins, and
+    ``HARNESS_BACKENDS`` over both."""
+    found = {name: (p.module, p.cls) for name, p in plugins().items()}
+    return {**REGISTRY, **found, **_plugins()}  # a plugin never takes a built-in name (see _entry_points)
+
+
+def origin(name: str) -> str:
+    """Where a registered backend comes from: ``built-in``, ``HARNESS_BACKENDS`` or ``plugin <dist>``."""
+    if name in _plugins():
+        return "HARNESS_BACKENDS"
+    if name in REGISTRY:
+        return "built-in"
+    found = plugins().get(name)
+    return f"plugin {found.dist}" if found else "unknown"
 
 
 def split_name(full: str) -> tuple[str, str | None]:
@@ -51,10 +109,31 @@ def backend_class(name: str):
     if name not in known:
         raise HarnessError(f"unknown backend {name!r}; known backends are {', '.join(known)}")
     module, cls = known[name]
+    where = f"{module}:{cls}" + ("" if origin(name) == "built-in" else f", {origin(name)}")
+    if not (module and cls):
+        raise HarnessError(f"unavailable: backend {name!r} ({where}): expected an entry point 'module:Class'")
     try:
-        return getattr(importlib.import_module(module), cls)
+        obj = getattr(importlib.import_module(module), cls)
     except Exception as exc:  # a broken or missing module is reported, never fatal
-        raise HarnessError(f"unavailable: backend {name!r} failed to import: {type(exc).__name__}: {exc}") from exc
+        raise HarnessError(f"unavailable: backend {name!r} failed to import ({where}): {type(exc).__name__}: {exc}") from exc
+    problem = _class_problem(name, obj)
+    if problem:
+        raise HarnessError(f"unavailable: backend {name!r} ({where}): {problem}")
+    return obj
+
+
+def _class_problem(name: str, obj) -> str:
+    """Why ``obj`` cannot serve as the backend ``name`` (empty when it can)."""
+    from backends.base import Backend
+
+    if not (isinstance(obj, type) and issubclass(obj, Backend)):
+        return f"{obj!r} is not a subclass of backends.base.Backend"
+    if obj.name != name:
+        return f"the class calls itself {obj.name!r}; its name attribute must match the registered name"
+    variants = obj.variants
+    if not (isinstance(variants, tuple) and variants and all(isinstance(v, str) and v for v in variants)):
+        return f"variants must be a non-empty tuple of names, got {variants!r}"
+    return ""
 
 
 def validate_name(full: str) -> str:
@@ -77,7 +156,11 @@ def create(full: str):
     """Instantiate ``name[:variant]``."""
     name, variant = split_name(full)
     validate_name(full)
-    return backend_class(name)(variant)
+    cls = backend_class(name)
+    try:
+        return cls(variant)
+    except Exception as exc:  # a constructor that raises makes the backend unavailable, not the run fail
+        raise HarnessError(f"unavailable: backend {full!r} could not be created: {type(exc).__name__}: {exc}") from exc
 
 
 @dataclass
@@ -89,22 +172,35 @@ class Listing:
     reason: str
     devices: tuple[str, ...]
     environment: str | None
+    origin: str = "built-in"  # or "plugin <distribution>", "HARNESS_BACKENDS"
 
 
 def list_backends() -> list[Listing]:
-    """Every registered backend and variant with its availability here."""
+    """Every registered backend and variant with its availability here; plugins that could not be
+    registered (their name is taken) are listed too, as unavailable with the reason."""
     rows: list[Listing] = []
     for name in registry():
+        source = origin(name)
         try:
             cls = backend_class(name)
         except HarnessError as exc:
-            rows.append(Listing(name, "-", name, False, str(exc), (), None))
+            rows.append(Listing(name, "-", name, False, str(exc), (), None, source))
             continue
         for variant in cls.variants:
-            inst = cls(variant)
+            full = name if variant == cls.variants[0] else f"{name}:{variant}"
+            try:
+                inst = create(full)
+            except HarnessError as exc:
+                rows.append(Listing(name, variant, full, False, str(exc), cls.devices, cls.environment, source))
+                continue
             try:
                 ok, why = inst.availability()
             except Exception as exc:  # availability must never crash the listing
-                ok, why = False, f"unavailable: {type(exc).__name__}: {exc}"
-            rows.append(Listing(name, variant, inst.full_name, ok, why, cls.devices, cls.environment))
+                ok, why = False, f"unavailable: availability() raised {type(exc).__name__}: {exc}"
+            rows.append(Listing(name, variant, inst.full_name, ok, why, cls.devices, cls.environment, source))
+    for p in _entry_points(tuple(sys.path))[1]:
+        taken = "a built-in backend" if p.name in REGISTRY else f"the plugin of {plugins()[p.name].dist}"
+        rows.append(Listing(p.name, "-", f"{p.name} ({p.dist})", False,
+                            f"unavailable: the name {p.name!r} is taken by {taken}; this entry point ({p.value}) is ignored",
+                            (), None, f"plugin {p.dist}"))
     return rows

@@ -117,7 +117,10 @@ def screen(backend: Backend, problem: Problem) -> tuple[str, str]:
     status, why = screen_device(backend, problem.device)
     if status != "ok":
         return status, why
-    ok, why = backend.supports(problem)
+    try:
+        ok, why = backend.supports(problem)
+    except Exception as exc:
+        return "unavailable", f"unavailable: supports() raised {type(exc).__name__}: {exc}"
     if not ok:
         return "unsupported", why
     return "ok", ""
@@ -126,7 +129,10 @@ def screen(backend: Backend, problem: Problem) -> tuple[str, str]:
 def screen_device(backend: Backend, device: str) -> tuple[str, str]:
     """The first two steps of :func:`screen`: the backend's availability here, then ``device``:
     ``unsupported`` when the backend has no implementation for it, ``unavailable`` when this machine lacks it."""
-    ok, why = backend.availability()
+    try:
+        ok, why = backend.availability()
+    except Exception as exc:  # a broken (e.g. third-party) backend is unavailable, never a crash
+        return "unavailable", f"unavailable: availability() raised {type(exc).__name__}: {exc}"
     if not ok:
         return "unavailable", why
     ok, why = backend.supports_device(device)

@@ -344,6 +344,47 @@ def env_remove(name: Annotated[str, typer.Argument(help="Environment name.")]):
     console.print(f"removed environment {name}")
 
 
+@app.command("import")
+def import_cmd(
+    json_file: Annotated[Path, typer.Argument(help="A pytest-benchmark JSON file (--benchmark-json, or a saved one).")],
+    out: Annotated[Optional[Path], typer.Option("--out", help="Results folder (default results/<file name>-<time>).")] = None,
+    baseline: Annotated[Optional[str], typer.Option("--baseline", help="Backend (benchmark name) speedups are measured against; default the recorded one, else the first of each group.")] = None,
+):
+    """Turn pytest-benchmark results into a run folder, for plot, report and compare."""
+    from harness.pytest_benchmark import import_json
+
+    try:
+        path = import_json(json_file, out, baseline)
+    except HarnessError as exc:
+        _fail(exc, 2)
+    from harness.results import RunStore
+
+    store = RunStore.open(path)
+    console.print(f"imported {len(store.timings)} benchmarks -> {path}", highlight=False)
+    console.print(f"  speedup intervals: {store.meta['speedup_interval']}", highlight=False)
+    _print_summary(store)
+
+
+@app.command("export")
+def export_cmd(
+    run_dir: Annotated[Path, typer.Argument(help="A results folder.")],
+    fmt: Annotated[str, typer.Option("--format", help="Output format: pytest-benchmark.")] = "pytest-benchmark",
+    out: Annotated[Optional[Path], typer.Option("--out", help="Output file (default RUN_DIR/pytest-benchmark.json).")] = None,
+):
+    """Write a run's timed cells in another tool's format (pytest-benchmark JSON)."""
+    from harness.pytest_benchmark import FORMAT, export_json
+
+    try:
+        if fmt != FORMAT:
+            raise HarnessError(f"--format: expected {FORMAT}, got {fmt!r}")
+        path, n, left_out = export_json(run_dir, out)
+    except HarnessError as exc:
+        _fail(exc, 2)
+    console.print(f"wrote {n} benchmarks -> {path}", highlight=False)
+    for why in left_out:
+        console.print(escape(f"  left out {why}"), highlight=False)
+
+
 def main():
     """Console-script entry point."""
     try:

@@ -74,7 +74,11 @@ def run_conformance(names: list[str] | None, quick: bool = False, device: str = 
     results: list[CaseResult] = []
     for full in names:
         full = backends.validate_name(full)
-        cls = backends.backend_class(backends.split_name(full)[0])
+        try:
+            cls = backends.backend_class(backends.split_name(full)[0])
+        except HarnessError as exc:  # known but broken here (a plugin that fails to import): a result, not a crash
+            results.append(CaseResult(full, "*", "*", "unavailable", str(exc)))
+            continue
         if progress is not None:
             progress.print(f"checking {full} ({len(cases)} cases) ...", highlight=False, markup=False)
         if cls.environment is not None:

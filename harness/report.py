@@ -159,6 +159,8 @@ def _run_section(meta: dict, timings: pd.DataFrame, run_dir: Path) -> list:
         ["baseline", f"`{meta.get('baseline', '?')}`"],
         ["git commit", f"`{meta.get('git_commit') or 'unknown'}`"],
     ]
+    if meta.get("speedup_interval"):  # an imported run: its rounds were not taken in turn
+        rows.append(["speedup intervals", str(meta["speedup_interval"])])
     return [Heading(2, "Run"), Table(["", ""], rows)]
 
 
