@@ -38,6 +38,43 @@ class DivergedError(Exception):
     """The loss became NaN or infinite."""
 
 
+def verify_step(p, b, x, y, lr: float) -> dict:
+    """The next step (or forward pass) of backend ``b`` on problem ``p`` against the reference, on ``x, y``.
+
+    For a step, the parameter *change* is compared with the reference's change from the
+    same starting parameters, so a wrong gradient cannot hide behind a small learning rate.
+    The bound is :mod:`harness.tolerance`'s: the reference runs a second time in the cell's
+    dtype only when the float64 comparison alone is not met.
+    """
+    from harness import reference
+    from harness.tolerance import Tolerance, update_floor, worst
+
+    tol = Tolerance.of(p.dtype, b.tolerance(p))
+    start = reference.params_like(b.get_params(), p.dtype)  # a copy: the step may update views in place
+    before = reference.params_like(start, np.float64)
+    if p.workload == "forward":
+        got = b.forward(x)
+        b.sync()
+        ratios = tol.judge({"outputs": (got, reference.outputs(p.model, before, x))},
+                           low=lambda: {"outputs": reference.outputs(p.model, start, x)})
+    else:
+        loss = b.sgd_step(x, y, lr)
+        b.sync()
+        after = b.get_params()
+
+        def changes(params):
+            want_loss, want = reference.sgd_step(p.model, params, x, y, lr)
+            return {"loss": want_loss} | {f"update of {k}": np.asarray(v, np.float64) - before[k]
+                                          for k, v in want.items()}
+
+        got = {"loss": loss} | {f"update of {k}": np.asarray(after[k], np.float64) - before[k] for k in before}
+        want = changes(before)
+        floors = {f"update of {k}": v for k, v in update_floor(tol, p, before, x).items()}
+        ratios = tol.judge({k: (got[k], want[k]) for k in want}, low=lambda: changes(start), floors=floors)
+    name, ratio = worst(ratios)
+    return {"ok": bool(ratio <= 1.0), "worst": name, "ratio": ratio, "bound": tol.describe()}
+
+
 class CellState:
     """The state of one cell in its worker: its backend, data and parameters."""
 
@@ -85,41 +122,8 @@ class CellState:
         return {"compile_s": compile_s, "warm_s": warm_s}
 
     def verify(self) -> dict:
-        """This cell's own next step (or forward pass) against the reference, on its own data.
-
-        For a step, the parameter *change* is compared with the reference's change from the
-        same starting parameters, so a wrong gradient cannot hide behind a small learning rate.
-        The bound is :mod:`harness.tolerance`'s: the reference runs a second time in the cell's
-        dtype only when the float64 comparison alone is not met.
-        """
-        from harness import reference
-        from harness.tolerance import Tolerance, update_floor, worst
-
-        p, b = self.problem, self.backend
-        tol = Tolerance.of(p.dtype, b.tolerance(p))
-        start = reference.params_like(b.get_params(), p.dtype)  # a copy: the step may update views in place
-        before = reference.params_like(start, np.float64)
-        if p.workload == "forward":
-            got = b.forward(self.x)
-            b.sync()
-            ratios = tol.judge({"outputs": (got, reference.outputs(p.model, before, self.x))},
-                               low=lambda: {"outputs": reference.outputs(p.model, start, self.x)})
-        else:
-            loss = b.sgd_step(self.x, self.y, self.lr)
-            b.sync()
-            after = b.get_params()
-
-            def changes(params):
-                want_loss, want = reference.sgd_step(p.model, params, self.x, self.y, self.lr)
-                return {"loss": want_loss} | {f"update of {k}": np.asarray(v, np.float64) - before[k]
-                                              for k, v in want.items()}
-
-            got = {"loss": loss} | {f"update of {k}": np.asarray(after[k], np.float64) - before[k] for k in before}
-            want = changes(before)
-            floors = {f"update of {k}": v for k, v in update_floor(tol, p, before, self.x).items()}
-            ratios = tol.judge({k: (got[k], want[k]) for k in want}, low=lambda: changes(start), floors=floors)
-        name, ratio = worst(ratios)
-        return {"ok": bool(ratio <= 1.0), "worst": name, "ratio": ratio, "bound": tol.describe()}
+        """This cell's own next step (or forward pass) against the reference, on its own data."""
+        return verify_step(self.problem, self.backend, self.x, self.y, self.lr)
 
     def rounds(self, n: int, inner: int) -> list[float]:
         """``n`` rounds of ``inner`` calls each; seconds per call of each round."""
