@@ -1,7 +1,7 @@
 """How far correct float32 SGD steps land from the float64 reference, as a fraction of the bound.
 
-For each backend and shape, one SGD step from the cell's initial parameters on the cell's
-own batch (what the check before timing compares), per parameter update:
+For each backend and shape, what the check before timing compares: after the cell's warm-up
+steps (``timing.warmup``), one more SGD step on the cell's own batch, per parameter update:
 
 - ``spec``: |got - ref64| over SPEC's float32 bound alone (``1e-3 |ref| + 1e-5 max|ref|`` plus
   the ``4 eps |p|`` rounding of the update), the rule before :mod:`harness.tolerance`;
@@ -80,12 +80,11 @@ def measure(shape: str, names: list[str]) -> list[dict]:
 
     rows = []
     for batch, group in cells(shape, names).items():
-        want = low = None
         for cell in group:
             p = cell.problem
             state = CellState(protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed,
                                             cell.threads, cell.train.lr))
-            state.warmup(0)  # compile only: every backend steps from the same initial parameters
+            state.warmup(cell.timing.warmup)  # as the runner does before it verifies
             b = state.backend
             start = reference.params_like(b.get_params(), "float32")
             before = reference.params_like(start, np.float64)
@@ -93,9 +92,8 @@ def measure(shape: str, names: list[str]) -> list[dict]:
             b.sync()
             after = b.get_params()
             b.close()
-            if want is None:  # the initial parameters and data are the cell's, shared by its backends
-                want = reference.sgd_step(p.model, before, state.x, state.y, state.lr)[1]
-                low = reference.sgd_step(p.model, copy.deepcopy(start), state.x, state.y, state.lr)[1]
+            want = reference.sgd_step(p.model, before, state.x, state.y, state.lr)[1]
+            low = reference.sgd_step(p.model, copy.deepcopy(start), state.x, state.y, state.lr)[1]
             change = lambda params: {k: np.asarray(v, np.float64) - before[k] for k, v in params.items()}  # noqa: E731
             spec, rule, own = fractions(change(after), change(want), change(low), before, p, state.x)
             worst = max(spec, key=spec.get)

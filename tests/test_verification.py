@@ -195,3 +195,51 @@ def test_float64_is_judged_by_spec_alone_and_float32_asks_for_the_low_reference_
     assert t32.judge({"a": (off, want)}, low=low)["a"] < 1 and calls
     assert t64.judge({"a": (off, want)}, low=low)["a"] > 1e3  # float64: no such allowance
     assert t32.judge({"a": (off * 1.01, want)}, low=low)["a"] > 1
+
+
+# -- a group whose baseline did not verify --------------------------------------------------------
+
+@pytest.mark.slow
+def test_failed_baseline_speedups_are_over_the_fastest_verified_backend_and_say_so(fake_backends, write_config,
+                                                                                  tmp_path):
+    import harness
+    from harness.report import speedup_note, write_report
+    from harness.results import RunStore
+    from harness.runner import Runner, finish_meta, new_run_meta
+
+    text = """
+name: failed-baseline
+seed: 1
+model: {kind: elman, hidden: 8}
+task: {kind: random, vocab: 20, seq_len: 6, n_sequences: 16, n_eval: 8}
+workloads: [train_step]
+batch: [2]
+backends: ['bad:wrong', ref, 'ref:slow']
+baseline: 'bad:wrong'
+timing: {warmup: 1, min_rounds: 4, min_time_s: 0.05, max_time_s: 1, timeout_s: 4}
+"""
+    cfg = load_config(write_config(text))
+    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+    Runner(cfg, store).run()
+    finish_meta(store)
+    run = harness.load_run(tmp_path / "run")
+    t = run.timings.set_index(run.timings["backend"] + ":" + run.timings["variant"])
+    assert t.loc["bad:wrong", "status"] == "mismatch" and np.isnan(t.loc["bad:wrong", "speedup"])
+    assert (t["baseline_status"] == "mismatch").all()
+    assert t.loc["ref:plain", "speedup_over"] == "ref" and t.loc["ref:slow", "speedup_over"] == "ref"
+    assert t.loc["ref:plain", "speedup"] == pytest.approx(1.0) and t.loc["ref:slow", "speedup"] < 1
+    note = speedup_note(run.timings)
+    assert note == "baseline bad:wrong is mismatch: speedups are over ref, the fastest verified backend here"
+    report = next(p for p in write_report(tmp_path / "run") if p.suffix == ".md").read_text()
+    assert note in report
+
+
+def test_a_verified_baseline_needs_no_note():
+    import pandas as pd
+
+    from harness.report import speedup_note
+
+    rows = pd.DataFrame([{"baseline": "numpy", "baseline_status": "ok", "status": "ok", "speedup_over": "numpy"}])
+    assert speedup_note(rows) == ""
+    rows = pd.DataFrame([{"baseline": "numpy", "baseline_status": "error", "status": "error", "speedup_over": None}])
+    assert speedup_note(rows) == "baseline numpy is error and no backend here ran ok: no speedups"
