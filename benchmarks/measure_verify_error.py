@@ -8,6 +8,10 @@ steps (``timing.warmup``), one more SGD step on the cell's own batch, per parame
 - ``rule``: the same over :mod:`harness.tolerance`'s bound (what the check uses now);
 - ``ref32``: the reference's own float32 run over SPEC's bound, on the same inputs.
 
+With ``--wrong``, the deliberately wrong backends of tests/wrong_backends.py (numpy with one
+gradient 1.01x, a missing bias gradient, a truncation window one step short) take the same
+step, and their ``rule`` fraction shows by how much the check catches them.
+
 Shapes: ``bigbatch`` (Elman hidden 8, vocab 20, T 5, token input, batch 64/256/1000) and
 ``deepbench`` (the ReLU RNN of configs/deepbench.yaml, input = hidden = 1760, T 25, batch 16).
 Run: ``python benchmarks/measure_verify_error.py [--shapes bigbatch deepbench] [--backends ...]``.
@@ -73,7 +77,19 @@ def fractions(got: dict, want: dict, low: dict, before: dict, problem, x) -> tup
     return spec, rule, own
 
 
-def measure(shape: str, names: list[str]) -> list[dict]:
+def _backend(name: str):
+    """A registered backend, or ``wrong:<variant>`` from tests/wrong_backends.py."""
+    import backends
+
+    if not name.startswith("wrong:"):
+        return backends.create(name)
+    sys.path.insert(0, str(ROOT / "tests"))
+    from wrong_backends import WrongBackend
+
+    return WrongBackend(name.split(":", 1)[1])
+
+
+def measure(shape: str, names: list[str], wrong: bool = False) -> list[dict]:
     """One row per backend and batch of a shape."""
     from harness import protocol, reference
     from harness.worker import CellState
@@ -95,13 +111,21 @@ def measure(shape: str, names: list[str]) -> list[dict]:
             want = reference.sgd_step(p.model, before, state.x, state.y, state.lr)[1]
             low = reference.sgd_step(p.model, copy.deepcopy(start), state.x, state.y, state.lr)[1]
             change = lambda params: {k: np.asarray(v, np.float64) - before[k] for k, v in params.items()}  # noqa: E731
-            spec, rule, own = fractions(change(after), change(want), change(low), before, p, state.x)
-            worst = max(spec, key=spec.get)
-            rows.append({"shape": shape, "batch": batch, "backend": cell.backend, "worst": worst,
-                         "spec": spec[worst], "rule": max(rule.values()), "ref32": own[worst],
-                         "per_tensor": {k: (spec[k], rule[k], own[k]) for k in spec}})
-            print(f"{shape:9s} B={batch:<5d} {cell.backend:12s} worst {worst:5s}  got/SPEC {spec[worst]:9.3g}  "
-                  f"got/rule {max(rule.values()):6.3g}  ref32/SPEC {own[worst]:9.3g}", flush=True)
+            results = [(cell.backend, after)]
+            if wrong and cell is group[0]:  # the wrong backends step from this backend's parameters
+                for variant in ("scaled", "nobias", "window"):
+                    w = _backend(f"wrong:{variant}")
+                    w.prepare(p, {k: v.copy() for k, v in start.items()}, threads=cell.threads)
+                    w.sgd_step(state.x, state.y, state.lr)
+                    results.append((f"wrong:{variant}", w.get_params()))
+            for name, params in results:
+                spec, rule, own = fractions(change(params), change(want), change(low), before, p, state.x)
+                worst = max(spec, key=spec.get)
+                rows.append({"shape": shape, "batch": batch, "backend": name, "worst": worst,
+                             "spec": spec[worst], "rule": max(rule.values()), "ref32": own[worst],
+                             "per_tensor": {k: (spec[k], rule[k], own[k]) for k in spec}})
+                print(f"{shape:9s} B={batch:<5d} {name:12s} worst {worst:5s}  got/SPEC {spec[worst]:9.3g}  "
+                      f"got/rule {max(rule.values()):6.3g}  ref32/SPEC {own[worst]:9.3g}", flush=True)
     return rows
 
 
@@ -110,9 +134,10 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", nargs="+", default=["bigbatch", "deepbench"], choices=["bigbatch", "deepbench"])
     ap.add_argument("--backends", nargs="+", default=["numpy", "torch", "torch:fused", "jax", "native"])
     ap.add_argument("--per-tensor", action="store_true", help="also print every tensor's three fractions")
+    ap.add_argument("--wrong", action="store_true", help="also the deliberately wrong backends (tests/wrong_backends.py)")
     args = ap.parse_args(argv)
     for shape in args.shapes:
-        for row in measure(shape, args.backends):
+        for row in measure(shape, args.backends, args.wrong):
             if args.per_tensor:
                 for k, (s, r, o) in row["per_tensor"].items():
                     print(f"    {k:6s} got/SPEC {s:9.3g}  got/rule {r:6.3g}  ref32/SPEC {o:9.3g}")

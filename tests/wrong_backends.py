@@ -3,7 +3,8 @@
 Each is the numpy backend with one deliberate error in what it computes:
 
 - ``wrong:scaled``: the gradient (and so the update) of one tensor is 1.01 times the right one;
-- ``wrong:nobias``: the recurrent bias gets no gradient (it never moves);
+- ``wrong:nobias``: the recurrent bias gets no gradient (it never moves); on a model without
+  biases, the output weights ``W_hy`` instead;
 - ``wrong:window``: truncated BPTT with a window one step shorter than the model asks for
   (``full`` becomes ``truncated: T - 2``).
 
@@ -28,6 +29,8 @@ class WrongBackend(NumpyBackend):
     scaled_tensor = "W_hh"
 
     def _bias(self) -> str:
+        if not self.problem.model.bias:
+            return "W_hy"
         return "b_h" if self.problem.model.kind == "elman" else "b"
 
     def prepare(self, problem, params, device="cpu", threads=1):
