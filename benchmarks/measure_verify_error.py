@@ -9,8 +9,10 @@ steps (``timing.warmup``), one more SGD step on the cell's own batch, per parame
 - ``ref32``: the reference's own float32 run over SPEC's bound, on the same inputs.
 
 With ``--wrong``, the deliberately wrong backends of tests/wrong_backends.py (numpy with one
-gradient 1.01x, a missing bias gradient, a truncation window one step short) take the same
-step, and their ``rule`` fraction shows by how much the check catches them.
+gradient 1.01x, a missing bias gradient, a truncation window one step short, and one of K = 4)
+take the same step, and their ``rule`` fraction shows by how much the check catches them;
+``exact(window)`` is the float64 step with the window one step short, over the same bounds:
+below 1, no float32 computation could tell that window from the right one.
 
 Shapes: ``bigbatch`` (Elman hidden 8, vocab 20, T 5, token input, batch 64/256/1000) and
 ``deepbench`` (the ReLU RNN of configs/deepbench.yaml, input = hidden = 1760, T 25, batch 16).
@@ -113,11 +115,15 @@ def measure(shape: str, names: list[str], wrong: bool = False) -> list[dict]:
             change = lambda params: {k: np.asarray(v, np.float64) - before[k] for k, v in params.items()}  # noqa: E731
             results = [(cell.backend, after)]
             if wrong and cell is group[0]:  # the wrong backends step from this backend's parameters
-                for variant in ("scaled", "nobias", "window"):
+                for variant, k in (("scaled", None), ("nobias", None), ("window", None), ("window", 4)):
                     w = _backend(f"wrong:{variant}")
+                    w.window_k = k
                     w.prepare(p, {k: v.copy() for k, v in start.items()}, threads=cell.threads)
                     w.sgd_step(state.x, state.y, state.lr)
-                    results.append((f"wrong:{variant}", w.get_params()))
+                    results.append((f"wrong:{variant}" + (f"={k}" if k else ""), w.get_params()))
+                    if variant == "window" and k is None:  # how far the wrong window's exact step is from the right one
+                        exact = reference.sgd_step(w._impl.problem.model, before, state.x, state.y, state.lr)[1]
+                        results.append(("exact(window)", exact))
             for name, params in results:
                 spec, rule, own = fractions(change(params), change(want), change(low), before, p, state.x)
                 worst = max(spec, key=spec.get)

@@ -6,7 +6,7 @@ Each is the numpy backend with one deliberate error in what it computes:
 - ``wrong:nobias``: the recurrent bias gets no gradient (it never moves); on a model without
   biases, the output weights ``W_hy`` instead;
 - ``wrong:window``: truncated BPTT with a window one step shorter than the model asks for
-  (``full`` becomes ``truncated: T - 2``).
+  (``full`` becomes ``truncated: T - 2``), or ``truncated: window_k`` when that is set.
 
 Registered through HARNESS_BACKENDS like tests/fake_backends.py, so workers load them too.
 """
@@ -27,6 +27,7 @@ class WrongBackend(NumpyBackend):
     name = "wrong"
     variants = ("scaled", "nobias", "window")
     scaled_tensor = "W_hh"
+    window_k = None  # the wrong window's K; None: one step shorter than the model's
 
     def _bias(self) -> str:
         if not self.problem.model.bias:
@@ -38,6 +39,7 @@ class WrongBackend(NumpyBackend):
         if self.variant == "window":
             bptt = problem.model.bptt
             k = bptt.k - 1 if bptt.mode == "truncated" else problem.seq_len - 2
+            k = k if self.window_k is None else self.window_k
             inner = replace(problem, model=replace(problem.model, bptt=Bptt("truncated", k)))
         super().prepare(inner, params, device, threads)
         self.problem = problem
