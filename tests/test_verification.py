@@ -82,7 +82,7 @@ def _kink_problem(bptt, seed, H=64, T=6, B=8):
     """A ReLU RNN whose first pre-activations sit within float32 rounding of zero for half the units:
     every batch row starts with the same input, and b_h cancels that input's projection in float64.
     Which side of the kink each unit takes is then float32 rounding's choice, as at DeepBench's
-    shape (input = hidden = 1760), where it happens to a few of 704,000 pre-activations."""
+    shape (input = hidden = 1760), where it happens to one of 704,000 pre-activations after a warm-up step."""
     model = ModelSpec.from_mapping({"kind": "elman", "activation": "relu", "hidden": H, "head": "mse", "bptt": bptt})
     problem = Case("kink", model, False, H, H, T, B, "float32", seed=seed).problem()
     rng = np.random.default_rng(seed)
