@@ -98,7 +98,7 @@ def speedup_note(group: pd.DataFrame) -> str:
     """Empty when a group's speedups are over its baseline; otherwise what they are over, and why."""
     head = group.iloc[0]
     status = head.get("baseline_status")
-    if not isinstance(status, str) or status == "ok":
+    if not isinstance(status, str) or status == "ok" or head.get("workload") == "train":  # training has no speedups
         return ""
     over = group[group["speedup_over"].notna()] if "speedup_over" in group else group.iloc[:0]
     if over.empty:
