@@ -136,7 +136,7 @@ def _draw(path: Path):
 
 def _print_summary(store):
     from harness.labels import backend_label, group_label
-    from harness.report import fmt_speedup, imprecise, precision_note
+    from harness.report import fmt_speedup, imprecise, precision_note, speedup_note
     from harness.timing import spread_warnings
     import pandas as pd
 
@@ -152,7 +152,9 @@ def _print_summary(store):
         if r["group"] != last_group:
             if last_group is not None:
                 table.add_section()
-            table.add_row(f"[bold]{escape(r['workload'] + ' ' + group_label(r))}[/]", "", "", "", "", "")
+            note = speedup_note(df[df["group"] == r["group"]])  # a failed baseline: what speedups are over
+            table.add_row(f"[bold]{escape(r['workload'] + ' ' + group_label(r))}[/]", "", "", "", "",
+                          f"[yellow]{escape(note)}[/]" if note else "")
             last_group = r["group"]
         med = f"{r['median_s'] * 1e3:.3g} ms" if pd.notna(r.get("median_s")) else "-"
         sp = escape(fmt_speedup(r))

@@ -110,7 +110,8 @@ def plot_speedup(timings: pd.DataFrame, out: Path):
         ax.set_xlim(min(0.8, float(np.nanmin(d["speedup_lo"].fillna(d["speedup"]))) * 0.7), top * 2.2)
         _number_axis(ax.xaxis, "x")
         ax.set_title(textwrap.fill(panel, 52), fontsize=10)
-        ax.set_xlabel(f"speedup over {d['baseline'].iloc[0]} (bars: 95% CI)")
+        over = d["speedup_over"].dropna() if "speedup_over" in d else d["baseline"]  # a failed baseline's stand-in
+        ax.set_xlabel(f"speedup over {(over if len(over) else d['baseline']).iloc[0]} (bars: 95% CI)")
         for yi, s, r in zip(y, d["speedup"], right):
             ax.text(max(r, s) * 1.08, yi, f"{s:.3g}x", va="center", fontsize=9)
     return _save(plt, fig, axes, len(panels), out)

@@ -115,6 +115,20 @@ def precision_note(timings: pd.DataFrame) -> str | None:
             "(marked 'not met'): read them as loose, not as tight figures.")
 
 
+def speedup_note(group: pd.DataFrame) -> str:
+    """Empty when a group's speedups are over its baseline; otherwise what they are over, and why."""
+    head = group.iloc[0]
+    status = head.get("baseline_status")
+    if not isinstance(status, str) or status == "ok" or head.get("workload") == "train":  # training has no speedups
+        return ""
+    over = group[group["speedup_over"].notna()] if "speedup_over" in group else group.iloc[:0]
+    if over.empty:
+        return f"baseline {head['baseline']} is {status} and no backend here ran ok: no speedups"
+    ref = over.iloc[0]["speedup_over"]
+    kind = "verified" if "verified_ratio" in group and group["verified_ratio"].notna().any() else "ok"
+    return f"baseline {head['baseline']} is {status}: speedups are over {ref}, the fastest {kind} backend here"
+
+
 def _f(v, spec: str = ".3g", unit: str = "") -> str:
     return f"{v:{spec}}{unit}" if _num(v) else "-"
 
@@ -259,6 +273,8 @@ def _results_section(timings: pd.DataFrame) -> list:
     for _, g in df.groupby("group", sort=False):
         head = g.iloc[0]
         out.append(Heading(3, f"{head['workload']} · {group_label(head)}"))
+        if speedup_note(g):
+            out.append(Para(speedup_note(g) + "."))
         rows = []
         for _, r in g.iterrows():
             rows.append([r["label"], r["status"], fmt_time(r.get("median_s")), fmt_time(r.get("iqr_s")),

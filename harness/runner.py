@@ -9,6 +9,7 @@ and the speedup comes from paired rounds with a bootstrap interval.
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -298,6 +299,7 @@ class Runner:
 
         base_name = outcomes[0].cell.baseline
         base = next((o for o in outcomes if o.cell.backend == base_name), None)
+        over = _speedup_reference(outcomes, base)  # the baseline, or the fastest verified cell when it failed
         rows, curves = [], []
         versions = self.store.meta.setdefault("versions", {})
         for o in outcomes:
@@ -312,10 +314,11 @@ class Runner:
                 work = "train_step" if p.workload == "train" else p.workload
                 row["gflops"] = p.flops(work) / stats.median_s / 1e9
             row.update(self._peak_columns(o.cell))
-            if (o.status == "ok" and p.workload != "train" and base is not None and base.status == "ok"
-                    and base.samples and o.samples):
-                row["speedup"], row["speedup_lo"], row["speedup_hi"] = paired_speedup(base.samples, o.samples)
-            row.update(_precision_columns(o, base, row))
+            row["baseline_status"] = base.status if base is not None else "absent"
+            if o.status == "ok" and p.workload != "train" and over is not None and o.samples:
+                row["speedup"], row["speedup_lo"], row["speedup_hi"] = paired_speedup(over.samples, o.samples)
+                row["speedup_over"] = over.cell.backend
+            row.update(_precision_columns(o, over, row))
             if o.verify:
                 row["verified_ratio"] = o.verify["ratio"]
                 _conformance_entry(self.store.meta, o.cell.backend, o.verify)
@@ -358,6 +361,15 @@ def _precision_columns(o: Outcome, base: Outcome | None, row: dict) -> dict:
         if target is not None:
             cols["precision_met"] = measure.precision_met(point, lo, hi, n, target)
     return cols
+
+
+def _speedup_reference(outcomes: list[Outcome], base: Outcome | None) -> Outcome | None:
+    """What a group's speedups are measured against: its baseline when that ran (and verified) ok;
+    otherwise the fastest cell that did, named on every row (``speedup_over``) and in the summaries."""
+    if base is not None and base.status == "ok" and base.samples:
+        return base
+    ran = [o for o in outcomes if o.status == "ok" and o.samples and o.cell.problem.workload != "train"]
+    return min(ran, key=lambda o: statistics.median(o.samples), default=None)
 
 
 def _conformance_entry(meta: dict, backend: str, verify: dict) -> None:

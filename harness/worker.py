@@ -38,6 +38,43 @@ class DivergedError(Exception):
     """The loss became NaN or infinite."""
 
 
+def verify_step(p, b, x, y, lr: float) -> dict:
+    """The next step (or forward pass) of backend ``b`` on problem ``p`` against the reference, on ``x, y``.
+
+    For a step, the parameter *change* is compared with the reference's change from the
+    same starting parameters, so a wrong gradient cannot hide behind a small learning rate.
+    The bound is :mod:`harness.tolerance`'s: the reference runs a second time in the cell's
+    dtype only when the float64 comparison alone is not met.
+    """
+    from harness import reference
+    from harness.tolerance import Tolerance, update_floor, worst
+
+    tol = Tolerance.of(p.dtype, b.tolerance(p))
+    start = reference.params_like(b.get_params(), p.dtype)  # a copy: the step may update views in place
+    before = reference.params_like(start, np.float64)
+    if p.workload == "forward":
+        got = b.forward(x)
+        b.sync()
+        ratios = tol.judge({"outputs": (got, reference.outputs(p.model, before, x))},
+                           low=lambda: {"outputs": reference.outputs(p.model, start, x)})
+    else:
+        loss = b.sgd_step(x, y, lr)
+        b.sync()
+        after = b.get_params()
+
+        def changes(params):
+            want_loss, want = reference.sgd_step(p.model, params, x, y, lr)
+            return {"loss": want_loss} | {f"update of {k}": np.asarray(v, np.float64) - before[k]
+                                          for k, v in want.items()}
+
+        got = {"loss": loss} | {f"update of {k}": np.asarray(after[k], np.float64) - before[k] for k in before}
+        want = changes(before)
+        floors = {f"update of {k}": v for k, v in update_floor(tol, p, before, x).items()}
+        ratios = tol.judge({k: (got[k], want[k]) for k in want}, low=lambda: changes(start), floors=floors)
+    name, ratio = worst(ratios)
+    return {"ok": bool(ratio <= 1.0), "worst": name, "ratio": ratio, "bound": tol.describe()}
+
+
 class CellState:
     """The state of one cell in its worker: its backend, data and parameters."""
 
@@ -85,40 +122,8 @@ class CellState:
         return {"compile_s": compile_s, "warm_s": warm_s}
 
     def verify(self) -> dict:
-        """This cell's own next step (or forward pass) against the reference, on its own data.
-
-        For a step, the parameter *change* is compared with the reference's change from the
-        same starting parameters, so a wrong gradient cannot hide behind a small learning rate.
-        """
-        from harness import reference
-        from harness.check import TOLERANCES, compare
-
-        p, b = self.problem, self.backend
-        rtol, atol = TOLERANCES[p.dtype]
-        custom = b.tolerance(p)
-        if custom is not None:
-            rtol, atol = custom[0], custom[1]
-        before = reference.params_like(b.get_params(), np.float64)
-        ratios = {}
-        if p.workload == "forward":
-            got = b.forward(self.x)
-            b.sync()
-            r, name = compare("outputs", got, reference.outputs(p.model, before, self.x), rtol, atol)
-            ratios[name] = r
-        else:
-            loss = b.sgd_step(self.x, self.y, self.lr)
-            b.sync()
-            after = b.get_params()
-            want_loss, want = reference.sgd_step(p.model, before, self.x, self.y, self.lr)
-            ratios["loss"] = compare("loss", loss, want_loss, rtol, atol)[0]
-            eps = float(np.finfo(p.dtype).eps)
-            for k, v in want.items():  # the subtraction itself loses ~eps * |p| in the run's dtype
-                r, name = compare(f"update of {k}", np.asarray(after[k], np.float64) - before[k], v - before[k],
-                                  rtol, atol, floor=4 * eps * np.abs(before[k]))
-                ratios[name] = r
-        worst = max(ratios, key=ratios.get)
-        return {"ok": bool(ratios[worst] <= 1.0), "worst": worst, "ratio": float(ratios[worst]),
-                "bound": f"{rtol:g}*|ref| + {atol:g}*max|ref|"}
+        """This cell's own next step (or forward pass) against the reference, on its own data."""
+        return verify_step(self.problem, self.backend, self.x, self.y, self.lr)
 
     def rounds(self, n: int, inner: int) -> list[float]:
         """``n`` rounds of ``inner`` calls each; seconds per call of each round."""

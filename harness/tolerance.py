@@ -1,0 +1,132 @@
+"""How close to the reference a backend must come (docs/spec.md, "Conformance tolerances").
+
+One rule for every comparison, ``harness check`` and the check before a cell is timed:
+elementwise, per tensor, with ``m = max|ref|`` over the tensor,
+
+    |got - ref| <= rtol |ref| + atol m + sensitivity |ref_low - ref| + floor
+
+``ref`` is the reference in float64 on the backend's inputs. ``ref_low`` is the same
+reference run in the backend's own dtype on the same inputs: where float32 rounding itself
+moves the answer (a ReLU pre-activation within rounding of zero takes the other side of the
+kink, a sum that cancels), every correct float32 computation moves with it, and the bound
+widens there and nowhere else. ``floor`` is an allowance the caller knows of, like the
+rounding of an update applied to a parameter in place (:func:`update_floor`). In float64
+``ref_low`` is ``ref``, so the float64 check is SPEC's alone.
+
+Worker-safe: numpy and the reference only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+
+# SPEC's bound: |got - ref| <= rtol * |ref| + atol * max|ref|
+SPEC_TOLERANCES = {"float64": (1e-9, 1e-12), "float32": (1e-3, 1e-5)}
+# How far a correct low-precision backend may be from float64, in multiples of the reference's
+# own low-precision error at the same element: the backend and the reference round the same
+# problem in different orders, so their errors share a size, not a value.
+SENSITIVITY = 4.0
+# Roundings allowed to an update ``after - before`` that is applied to ``p`` at once: one
+# rounding of ``p + step`` is at most eps/2 |p|; 4 eps |p| leaves room for a backend that
+# forms ``p - lr g`` in two operations.
+UPDATE_ROUNDINGS = 4.0
+
+Tensors = Mapping[str, tuple[object, object]]  # name -> (got, want)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """The bound for one dtype; ``sensitivity`` is 0 where the reference runs at the backend's precision."""
+
+    rtol: float
+    atol: float  # times max|ref| over the tensor
+    sensitivity: float
+    eps: float  # the backend's machine epsilon
+    why: str = ""  # a backend's reason for a looser rtol/atol
+
+    @classmethod
+    def of(cls, dtype: str, custom: tuple[float, float, str] | None = None) -> "Tolerance":
+        """The bound for ``dtype``; ``custom`` is a backend's own ``(rtol, atol, why)``."""
+        rtol, atol = SPEC_TOLERANCES[str(dtype)]
+        why = ""
+        if custom is not None:
+            rtol, atol, why = custom
+        sensitivity = 0.0 if np.dtype(dtype) == np.float64 else SENSITIVITY
+        return cls(rtol, atol, sensitivity, float(np.finfo(dtype).eps), why)
+
+    @property
+    def low_dtype(self) -> str | None:
+        """The dtype the reference must also run in, or None when float64 is the backend's own."""
+        return "float32" if self.sensitivity else None
+
+    def describe(self) -> str:
+        """The bound as ``harness check`` and run.json show it."""
+        text = f"{self.rtol:g}*|ref| + {self.atol:g}*max|ref|"
+        return text + (f" + {self.sensitivity:g}*|ref32 - ref|" if self.sensitivity else "")
+
+    def ratio(self, got, want, want_low=None, floor=0.0) -> float:
+        """``max |got - want| / bound`` over the tensor; above 1 is a mismatch."""
+        return compare("", got, want, self.rtol, self.atol, floor, want_low, self.sensitivity)[0]
+
+    def judge(self, tensors: Tensors, low: Callable[[], Mapping[str, object]] | None = None,
+              floors: Mapping[str, object] | None = None) -> dict[str, float]:
+        """Ratio per tensor name. ``low()`` gives the low-precision reference per name; it is called
+        (the reference's second run) only when some tensor misses the bound without it."""
+        floors = floors or {}
+
+        def one(k, want_low=None):
+            got, want = tensors[k]
+            return compare(k, got, want, self.rtol, self.atol, floors.get(k, 0.0), want_low, self.sensitivity)
+
+        found = {k: one(k) for k in tensors}
+        missed = [k for k, (r, _) in found.items() if 1.0 < r < float("inf")]
+        if missed and low is not None and self.sensitivity:
+            lows = low()
+            found.update({k: one(k, lows[k]) for k in missed})
+        return {label: r for r, label in found.values()}
+
+
+def compare(name, got, want, rtol, atol_scale, floor=0.0, want_low=None, sensitivity=0.0):
+    """``(max |got - want| / bound, label)`` with the bound ``rtol |want| + atol_scale max|want| + floor
+    + sensitivity |want_low - want|``, elementwise; a ratio above 1 is a mismatch, and a wrong shape or a
+    non-finite value is ``inf`` with the label saying which."""
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape:
+        return float("inf"), f"{name}: shape {got.shape} != {want.shape}"
+    if not np.all(np.isfinite(got)):
+        return float("inf"), f"{name}: non-finite values"
+    if not want.size:
+        return 0.0, name
+    bound = rtol * np.abs(want) + atol_scale * float(np.abs(want).max()) + floor + 1e-300
+    if want_low is not None and sensitivity:
+        bound = bound + sensitivity * np.abs(np.asarray(want_low, dtype=np.float64) - want)
+    return float((np.abs(got - want) / bound).max()), name
+
+
+def update_floor(tol: Tolerance, problem, before: Mapping[str, np.ndarray], x) -> dict[str, np.ndarray]:
+    """What rounding alone may add to each parameter's update ``after - before`` in the backend's dtype.
+
+    A dense update ``p + step`` rounds once or twice at ``|p|``: ``4 eps |p|``. A token-input
+    table may be updated one token occurrence at a time (a sparse embedding update adds each
+    occurrence's share in place), so row ``v`` rounds once per occurrence of ``v`` in ``x``, each
+    time at ``|p|`` rather than at the gradient's size. ``n`` roundings of at most ``eps/2 |p|``
+    each stay below ``n eps/2 |p|`` whatever their signs, and they are not independent (a batch
+    that repeats a sequence adds the same share again and again), so the allowance is the
+    worst case, ``max(4, n_v) eps |p|``.
+    """
+    floors = {k: UPDATE_ROUNDINGS * tol.eps * np.abs(np.asarray(v, np.float64)) for k, v in before.items()}
+    if problem.tokens:
+        table = "W_xh" if problem.model.kind == "elman" else "W_ih"
+        counts = np.bincount(np.asarray(x).ravel(), minlength=floors[table].shape[0])
+        floors[table] = floors[table] * np.maximum(counts / UPDATE_ROUNDINGS, 1.0)[:, None]
+    return floors
+
+
+def worst(ratios: Mapping[str, float]) -> tuple[str, float]:
+    """The tensor furthest past (or closest to) its bound, and its ratio."""
+    name = max(ratios, key=ratios.get)
+    return name, float(ratios[name])
