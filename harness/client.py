@@ -219,7 +219,11 @@ class WorkerProcess:
                 self.buf += chunk
             line, _, self.buf = self.buf.partition(b"\n")
             text = line.decode("utf-8", "replace")
-            reply = protocol.decode_reply(text)
+            try:
+                reply = protocol.decode_reply(text)
+            except protocol.ProtocolError as exc:  # a broken channel: this cell fails, the run goes on
+                self.kill()
+                raise WorkerFailure("error", f"{exc}\n{self.stderr_tail()}") from None
             if reply is not None:
                 break
             self.stray.append(text)
