@@ -99,7 +99,7 @@ def run_cmd(
                                       f"`harness run {cfg.path} --resume {store.path}`", highlight=False)
                     raise typer.Exit(stopped.exit_code)
                 except HarnessError as exc:
-                    _close_run(store, interrupted=True)
+                    _close_run(store, interrupted=True, quiet=True)  # the disk may refuse this too: say it once
                     _fail(exc, 1)
                 if not _close_run(store):
                     raise typer.Exit(1)
@@ -115,14 +115,15 @@ def run_cmd(
                 store.close()
 
 
-def _close_run(store, interrupted: bool = False) -> bool:
-    """Write the run's closing metadata; False (with the reason printed) when the disk refuses it."""
+def _close_run(store, interrupted: bool = False, quiet: bool = False) -> bool:
+    """Write the run's closing metadata; False (with the reason printed unless ``quiet``) when the disk refuses it."""
     from harness.runner import finish_meta
 
     try:
         finish_meta(store, interrupted=interrupted)
     except HarnessError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        if not quiet:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return False
     return True
 

@@ -286,10 +286,8 @@ def estimate_bytes(cell: Cell) -> float:
     item = 4 if p.dtype == "float32" else 8
     gates = 4 if m.kind == "lstm" else 1
     h = m.hidden
-    params = 0
-    for layer in range(m.layers):
-        d_in = p.input_size if layer == 0 else h
-        params += gates * (d_in * h + h * h + h)
+    # closed forms, not loops over layers: an absurd layer count must be refused at once
+    params = gates * (p.input_size * h + h * h + h) + (m.layers - 1) * gates * (2 * h * h + h)
     params += h * p.output_size + p.output_size
     activations = p.seq_len * p.batch * (h * m.layers * (2 * gates + 1) + 2 * p.output_size)
     n_seq = task.n_sequences + task.n_eval
@@ -349,7 +347,10 @@ def _format_pydantic(exc: ValidationError, path: str) -> HarnessError:
         return HarnessError(f"{path}: {where}: required key is missing")
     msg = err["msg"].removeprefix("Value error, ")
     if "expected" not in msg:
-        msg = msg.replace("Input should be", "expected").replace("a valid number", "a number")
+        for said, meant in (("Input should be", "expected"), ("a valid integer", "an integer"), ("a valid number", "a number"),
+                            ("a valid boolean", "true or false"), ("a valid string", "text"), ("a valid list", "a list"),
+                            ("a valid dictionary", "a mapping")):
+            msg = msg.replace(said, meant)
         msg = f"{msg}, got {short_repr(err.get('input'))}"
     return HarnessError(f"{path}: {where}: {msg}")
 
