@@ -458,6 +458,10 @@ def parse_yaml(path: str) -> list:
     except yaml.MarkedYAMLError as exc:
         what = " ".join(str(p) for p in (exc.context, exc.problem) if p)
         raise HarnessError(f"{path}: {_where(exc.problem_mark or exc.context_mark)}: not valid YAML: {what}") from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow, anywhere in the file
+        line = text[: exc.position].count("\n") + 1
+        raise HarnessError(f"{path}: line {line}: not valid YAML: {exc.reason} character "
+                           f"{chr(exc.character)!r} is not allowed") from None
     except (yaml.YAMLError, RecursionError, ValueError, OverflowError) as exc:
         raise HarnessError(f"{path}: not valid YAML: {short_repr(str(exc), 120)}") from None
 

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 import harness
 from harness.cli import app
-from harness.config import estimate_bytes, load_config
+from harness.config import load_config
 from harness.errors import HarnessError
-from harness.results import FolderLock, RunStore, config_fingerprint, write_json
+from harness.results import RunStore, write_json
 from harness.runner import Runner, finish_meta, new_run_meta
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,6 +129,8 @@ def test_worker_reads_text_only_from_a_regular_file(tmp_path):
 
 
 def test_memory_refusal_shows_the_estimate(fake_backends, tmp_path):
+    from harness.config import estimate_bytes
+
     path = tmp_path / "cfg.yaml"
     path.write_text(BASE.replace("hidden: 8}", "hidden: 4096}") + "batch: 64\n")
     cfg = load_config(path)  # fits this machine
@@ -192,6 +194,8 @@ def test_runs_started_in_the_same_second_get_their_own_ids(fake_backends, tmp_pa
 
 
 def _started_run(tmp_path, cfg):
+    from harness.results import config_fingerprint
+
     meta = new_run_meta(cfg)
     meta["config_fingerprint"] = config_fingerprint(cfg)
     store = RunStore.create(tmp_path / "run", meta)
