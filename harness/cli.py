@@ -29,8 +29,13 @@ console = _console()
 err_console = _console(stderr=True)
 
 
-def _split_csv(value: str | None) -> list[str] | None:
-    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+def _split_csv(value: str | None, option: str = "--backends") -> list[str] | None:
+    if value is None:
+        return None
+    parts = [v.strip() for v in value.split(",") if v.strip()]
+    if not parts:  # "--backends ," must not quietly mean "every backend"
+        raise HarnessError(f"{option}: expected a comma-separated list of names, got {value!r}")
+    return parts
 
 
 def _fail(exc: HarnessError, code: int = 2):
@@ -54,49 +59,73 @@ def run_cmd(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from harness.config import load_config
-    from harness.results import RunStore
-    from harness.runner import Runner, finish_meta, new_run_meta
+    from harness.client import kill_all_workers, stop_on_signals
+    from harness.results import RunStore, config_fingerprint
+    from harness.runner import Runner, new_run_meta
+
+    stores = []
+    with stop_on_signals() as stopped:
+        try:
+            try:
+                executor = _executor(executor_opt, scheduler, workers)
+                if resume is not None:
+                    if len(configs) > 1:
+                        raise HarnessError("--resume takes one config (the one the run was started with)")
+                    loaded = [load_config(configs[0], _split_csv(backends_opt), profile)]
+                    stores.append(RunStore.open(resume, lock=True, fingerprint=config_fingerprint(loaded[0])))
+                else:
+                    loaded = [load_config(c, _split_csv(backends_opt), profile) for c in configs]
+                    for cfg in loaded:
+                        meta = new_run_meta(cfg)
+                        meta["config_fingerprint"] = config_fingerprint(cfg)
+                        if out is None or len(loaded) > 1:
+                            stores.append(RunStore.create_unique(out or Path("results"), meta))
+                        else:
+                            stores.append(RunStore.create(out, meta, lock=True))
+            except HarnessError as exc:
+                _fail(exc, 2)
+
+            for cfg, store in zip(loaded, stores):
+                console.print(f"[bold]{cfg.name}[/]: {len(cfg.cells())} cells -> {store.path}", highlight=False)
+                columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                           TextColumn("eta"), TimeRemainingColumn()]
+                try:
+                    with Progress(*columns, console=err_console, transient=False) as progress:
+                        Runner(cfg, store, console=err_console).run(progress, executor)
+                except KeyboardInterrupt:
+                    kill_all_workers()
+                    _close_run(store, interrupted=True)
+                    err_console.print(f"interrupted ({stopped.name}): finished cells are saved; continue with "
+                                      f"`harness run {cfg.path} --resume {store.path}`", highlight=False)
+                    raise typer.Exit(stopped.exit_code)
+                except HarnessError as exc:
+                    _close_run(store, interrupted=True, quiet=True)  # the disk may refuse this too: say it once
+                    _fail(exc, 1)
+                if not _close_run(store):
+                    raise typer.Exit(1)
+                _print_summary(store)
+                if not no_plots:
+                    _draw(store.path)
+        except KeyboardInterrupt:  # before any cell ran (loading, creating the folder) or while summarising
+            kill_all_workers()
+            err_console.print(f"interrupted ({stopped.name})", highlight=False)
+            raise typer.Exit(stopped.exit_code)
+        finally:
+            for store in stores:
+                store.close()
+
+
+def _close_run(store, interrupted: bool = False, quiet: bool = False) -> bool:
+    """Write the run's closing metadata; False (with the reason printed unless ``quiet``) when the disk refuses it."""
+    from harness.runner import finish_meta
 
     try:
-        executor = _executor(executor_opt, scheduler, workers)
-        if resume is not None:
-            if len(configs) > 1:
-                raise HarnessError("--resume takes one config (the one the run was started with)")
-            store = RunStore.open(resume)
-            loaded = [load_config(configs[0], _split_csv(backends_opt), profile)]
-            stores = [store]
-        else:
-            loaded = [load_config(c, _split_csv(backends_opt), profile) for c in configs]
-            stores = []
-            for cfg in loaded:
-                meta = new_run_meta(cfg)
-                if out is None:
-                    path = Path("results") / meta["run_id"]
-                else:
-                    path = out / meta["run_id"] if len(loaded) > 1 else out
-                stores.append(RunStore.create(path, meta))
+        finish_meta(store, interrupted=interrupted)
     except HarnessError as exc:
-        _fail(exc, 2)
-
-    for cfg, store in zip(loaded, stores):
-        console.print(f"[bold]{cfg.name}[/]: {len(cfg.cells())} cells -> {store.path}", highlight=False)
-        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("eta"), TimeRemainingColumn()]
-        try:
-            with Progress(*columns, console=err_console, transient=False) as progress:
-                Runner(cfg, store, console=err_console).run(progress, executor)
-        except KeyboardInterrupt:
-            finish_meta(store, interrupted=True)
-            err_console.print(f"interrupted: finished cells are saved; continue with "
-                              f"`harness run {cfg.path} --resume {store.path}`", highlight=False)
-            raise typer.Exit(130)
-        except HarnessError as exc:
-            finish_meta(store, interrupted=True)
-            _fail(exc, 1)
-        finish_meta(store)
-        _print_summary(store)
-        if not no_plots:
-            _draw(store.path)
+        if not quiet:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        return False
+    return True
 
 
 def _executor(kind: str, scheduler: str | None, workers: int | None):
@@ -268,7 +297,10 @@ def check_cmd(
     from harness.conformance import run_conformance
 
     try:
-        results = run_conformance(_split_csv(backends_opt), quick=quick, device=device,
+        if device not in ("cpu", "gpu"):
+            raise HarnessError(f"--device: expected cpu or gpu, got {device!r}")
+        names = _split_csv(backends_opt)
+        results = run_conformance(names, quick=quick, device=device,
                                   progress=None if json_out else err_console)
     except HarnessError as exc:
         _fail(exc)
@@ -278,7 +310,15 @@ def check_cmd(
     else:
         _print_check(results, verbose)
     bad = [r for r in results if r.status in ("fail", "error")]
-    raise typer.Exit(1 if bad else 0)
+    # a check that checked nothing must not pass: no backend available here, or one asked for by name
+    checked = {r.backend for r in results if r.status in ("pass", "fail", "error")}
+    missing = sorted({r.backend for r in results} - checked) if names else []
+    if not checked:
+        err_console.print(f"[bold red]error:[/] no backend could be checked on device {device} "
+                          f"(every one is unavailable or unsupported there)", highlight=False)
+    elif missing:
+        err_console.print(f"[bold red]error:[/] not checked on device {device}: {', '.join(missing)}", highlight=False)
+    raise typer.Exit(1 if bad or not checked or missing else 0)
 
 
 def _print_check(results, verbose: bool):

@@ -12,7 +12,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import weakref
+from contextlib import contextmanager
 from pathlib import Path
 
 from harness import envs, protocol
@@ -21,6 +24,55 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 OOM_MARKERS = ("MemoryError", "std::bad_alloc", "out of memory", "OutOfMemory", "RESOURCE_EXHAUSTED")
 # Plumbing every worker gets; not part of a cell's recorded environment.
 PLUMBING_VARS = ("PYTHONUNBUFFERED",)
+
+
+# Every worker this process started and has not yet ended: an interrupt kills them all, whichever
+# phase (start, compile, warm-up, timing) it came in, so none runs on untimed and unsupervised.
+_LIVE: "weakref.WeakSet[WorkerProcess]" = weakref.WeakSet()
+
+
+def kill_all_workers() -> int:
+    """Kill every worker this process started that is still running; their number."""
+    workers = list(_LIVE)
+    for worker in workers:
+        worker.kill()
+    return len(workers)
+
+
+class Stop:
+    """Which signal stopped a run (SIGINT unless another was caught) and the exit code it gives."""
+
+    def __init__(self):
+        self.signum = signal.SIGINT
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(self.signum)
+
+
+@contextmanager
+def stop_on_signals():
+    """Within it SIGTERM and SIGHUP end a run as Ctrl-C does (KeyboardInterrupt, so every ``finally``
+    runs and kills its workers); the :class:`Stop` it yields tells which signal and the exit code."""
+    stop = Stop()
+
+    def handler(signum, frame):
+        stop.signum = signum
+        raise KeyboardInterrupt
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 class WorkerFailure(Exception):
@@ -131,6 +183,7 @@ class WorkerProcess:
         self.oom_kills = _oom_kills()
         self.proc = subprocess.Popen([python, "-m", "harness.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, env=env, cwd=str(PROJECT_ROOT), start_new_session=True)
+        _LIVE.add(self)
         self.buf = b""
         # what the run set for this worker (recorded with the cell), not what it inherited
         self.env = {k: v for k, v in (recorded or {}).items() if k not in PLUMBING_VARS}
@@ -166,7 +219,11 @@ class WorkerProcess:
                 self.buf += chunk
             line, _, self.buf = self.buf.partition(b"\n")
             text = line.decode("utf-8", "replace")
-            reply = protocol.decode_reply(text)
+            try:
+                reply = protocol.decode_reply(text)
+            except protocol.ProtocolError as exc:  # a broken channel: this cell fails, the run goes on
+                self.kill()
+                raise WorkerFailure("error", f"{exc}\n{self.stderr_tail()}") from None
             if reply is not None:
                 break
             self.stray.append(text)
@@ -204,6 +261,7 @@ class WorkerProcess:
 
     def kill(self) -> None:
         """Kill the worker and everything it started."""
+        _LIVE.discard(self)
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)

@@ -190,6 +190,9 @@ def compare_runs(run_a, run_b, threshold: float = 1.05, alpha: float = ALPHA) ->
     ta = ta.assign(label=backend_label(ta))
     tb = tb.assign(label=backend_label(tb))
     pairs, only_a, only_b = _match(ta, tb)
+    if not pairs:  # nothing compared is no evidence of "no regression" (a CI check pointed at the wrong run)
+        raise HarnessError(f"{run_b}: no cell in common with {run_a} ({len(ta)} and {len(tb)} cells); "
+                           f"expected two runs of the same config")
     result = Comparison(str(a.run_id), str(b.run_id), threshold, alpha, _machine(a.meta), _machine(b.meta),
                         only_a=[_cell_name(ta.iloc[i]) for i in only_a],
                         only_b=[_cell_name(tb.iloc[j]) for j in only_b])

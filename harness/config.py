@@ -9,6 +9,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import math
+import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -17,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harness.errors import HarnessError
-from harness.spec import DTYPES, ModelSpec, Problem, TaskSpec
+from harness.spec import DTYPES, MAX_INT, ModelSpec, Problem, TaskSpec, short_repr
 
 DEFAULT_ENV = {
     # glibc returning freed buffers to the OS on every step costs page faults that
@@ -28,16 +31,21 @@ DEFAULT_ENV = {
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # strict: "2", "yes" and [true] are not numbers; no inf/nan (every cell would fail on them)
+    model_config = ConfigDict(extra="forbid", validate_default=True, strict=True, allow_inf_nan=False)
+
+
+COUNT_CAP = 10**9  # loop counts beyond this are a typo, not a plan
+SECONDS_CAP = 7 * 24 * 3600.0  # a week
 
 
 class TimingConfig(_Strict):
-    warmup: int = Field(2, ge=0, description="untimed calls after compiling")
-    min_rounds: int = Field(10, ge=3)
-    min_time_s: float = Field(1.0, ge=0)
-    max_time_s: float = Field(10.0, gt=0)
-    timeout_s: float = Field(600.0, gt=0, description="per worker request (init, warm-up, a round, training)")
-    round_s: Optional[float] = Field(None, gt=0, description="target length of one round; default min_time_s / min_rounds")
+    warmup: int = Field(2, ge=0, le=COUNT_CAP, description="untimed calls after compiling")
+    min_rounds: int = Field(10, ge=3, le=COUNT_CAP)
+    min_time_s: float = Field(1.0, ge=0, le=SECONDS_CAP)
+    max_time_s: float = Field(10.0, gt=0, le=SECONDS_CAP)
+    timeout_s: float = Field(600.0, gt=0, le=SECONDS_CAP, description="per worker request (init, warm-up, a round, training)")
+    round_s: Optional[float] = Field(None, gt=0, le=SECONDS_CAP, description="target length of one round; default min_time_s / min_rounds")
     verify: bool = Field(True, description="check each cell's own step against the reference before timing it")
     speedup_precision: Optional[float] = Field(
         None, gt=0, lt=1, description="keep taking rounds until every speedup's 95% interval is within this share "
@@ -45,12 +53,12 @@ class TimingConfig(_Strict):
 
 
 class TrainConfig(_Strict):
-    epochs: int = Field(1, ge=1)
+    epochs: int = Field(1, ge=1, le=COUNT_CAP)
     lr: float = Field(0.005, gt=0)
-    eval_every: int = Field(500, ge=1, description="examples between evaluations")
+    eval_every: int = Field(500, ge=1, le=COUNT_CAP, description="examples between evaluations")
     target_loss: Optional[float] = None
-    patience: int = Field(2, ge=1)
-    time_budget_s: Optional[float] = Field(None, gt=0)
+    patience: int = Field(2, ge=1, le=COUNT_CAP)
+    time_budget_s: Optional[float] = Field(None, gt=0, le=SECONDS_CAP)
     halve_lr_on_rise: bool = False
 
 
@@ -58,10 +66,17 @@ IntOrList = Union[int, list[int]]
 StrOrList = Union[str, list[str]]
 
 
+# ``name`` becomes a folder under results/: one plain folder name, never a path
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+# variables the harness itself sets up for a worker; a config's env must not replace them
+RESERVED_ENV = ("HARNESS_", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUNBUFFERED")
+THREADS_CAP = 4096
+
+
 class RawConfig(_Strict):
     name: str = Field(..., min_length=1)
     description: str = ""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_INT)
     dtype: StrOrList = "float32"
     model: dict[str, Any] = Field(default_factory=dict)
     task: dict[str, Any] = Field(default_factory=lambda: {"kind": "random", "input_size": 32})
@@ -76,12 +91,21 @@ class RawConfig(_Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     env: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_ENV))
 
-    @field_validator("batch", "threads")
+    @field_validator("name")
     @classmethod
-    def _positive(cls, v):
+    def _name(cls, v):
+        if not NAME_PATTERN.fullmatch(v):
+            raise ValueError(f"expected a plain folder name (letters, digits, '.', '_', '-', '+'; no '/'), got {short_repr(v)}")
+        return v
+
+    @field_validator("batch", "threads", mode="before")
+    @classmethod
+    def _positive(cls, v, info):
         values = v if isinstance(v, list) else [v]
-        if not values or any(isinstance(x, bool) or x < 1 for x in values):
-            raise ValueError(f"expected a positive integer or a list of them, got {v!r}")
+        cap = THREADS_CAP if info.field_name == "threads" else MAX_INT
+        if not values or any(isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= cap for x in values):
+            raise ValueError(f"expected a positive integer or a list of them{' (at most %d)' % cap if cap < MAX_INT else ''}, "
+                             f"got {short_repr(v)}")
         return values
 
     @field_validator("dtype")
@@ -90,7 +114,7 @@ class RawConfig(_Strict):
         values = v if isinstance(v, list) else [v]
         bad = [x for x in values if x not in DTYPES]
         if bad or not values:
-            raise ValueError(f"expected one of {', '.join(DTYPES)} (or a list), got {v!r}")
+            raise ValueError(f"expected one of {', '.join(DTYPES)} (or a list), got {short_repr(v)}")
         return values
 
     @field_validator("device")
@@ -99,15 +123,23 @@ class RawConfig(_Strict):
         values = v if isinstance(v, list) else [v]
         bad = [x for x in values if x not in ("cpu", "gpu")]
         if bad or not values:
-            raise ValueError(f"expected cpu or gpu (or a list), got {v!r}")
+            raise ValueError(f"expected cpu or gpu (or a list), got {short_repr(v)}")
         return values
 
     @field_validator("env", mode="before")
     @classmethod
     def _env(cls, v):
-        if isinstance(v, dict):
-            return {**DEFAULT_ENV, **{str(k): str(val) for k, val in v.items()}}
-        return v
+        if not isinstance(v, dict):
+            raise ValueError(f"expected a mapping of variable name -> text, got {short_repr(v)}")
+        for k, val in v.items():
+            if not isinstance(k, str) or not k or "=" in k or "\0" in k:
+                raise ValueError(f"expected variable names without '=' or NUL, got {short_repr(k)}")
+            if k.startswith(RESERVED_ENV):
+                raise ValueError(f"{k} is set by the harness itself (it chooses backends and worker plumbing), "
+                                 f"expected other variable names")
+            if not isinstance(val, str) or "\0" in val:
+                raise ValueError(f"expected text values (quote numbers), got {k}: {short_repr(val)}")
+        return {**DEFAULT_ENV, **v}
 
 
 @dataclass(frozen=True)
@@ -127,11 +159,30 @@ class Cell:
 
     @property
     def group_key(self) -> str:
-        """Cells that differ only by backend share a key and are timed side by side."""
+        """Cells that differ only by backend share a key and are timed side by side. The key holds every
+        setting that changes a result, so two cells with one key are the same measurement."""
         p = self.problem
         sweep = ",".join(f"{k}={v}" for k, v in self.point.items())
-        return (f"{p.workload}|{p.device}|{p.dtype}|{p.model.describe()}|{self.task.kind}|T={p.seq_len}"
-                f"|D={p.input_size}|O={p.output_size}|B={p.batch}|threads={self.threads}|{sweep}")
+        key = (f"{p.workload}|{p.device}|{p.dtype}|{p.model.describe()}|{self.task.kind}|T={p.seq_len}"
+               f"|D={p.input_size}|O={p.output_size}|B={p.batch}|threads={self.threads}|{sweep}")
+        settings = self.settings_key()
+        return f"{key}|{settings}" if settings else key
+
+    def settings_key(self) -> str:
+        """What else the cell's result depends on, where it differs from the defaults: the task's own
+        sizes, train and timing settings (unless swept, hence in the sweep part), the seed and env."""
+        parts = []
+        for k, v in self.task.to_mapping().items():
+            if v != getattr(_DEFAULT_TASK, k) and k not in ("kind", "seq_len", "input_size", "output_size"):
+                parts.append(f"task.{k}={v}")
+        for section, settings, default in (("train", self.train, _DEFAULT_TRAIN), ("timing", self.timing, _DEFAULT_TIMING)):
+            for k, v in settings.model_dump().items():
+                if v != getattr(default, k) and f"{section}.{k}" not in self.point:
+                    parts.append(f"{section}.{k}={v}")
+        if self.seed:
+            parts.append(f"seed={self.seed}")
+        parts += [f"env.{k}={v}" for k, v in sorted(self.env.items()) if DEFAULT_ENV.get(k) != v]
+        return ",".join(parts)
 
     @property
     def cell_id(self) -> str:
@@ -192,7 +243,63 @@ class RunConfig:
                 for b in order:
                     cells.append(Cell(b, prob, task, threads, point["values"], point["train"], point["timing"],
                                       baseline, dict(r.env), r.seed))
-        return cells
+        # the same measurement asked for twice (a repeated sweep value, a document repeating another) runs
+        # once; a group's cells stay together in the order their group first appears
+        groups: dict[str, dict[str, Cell]] = {}
+        for cell in cells:
+            groups.setdefault(cell.group_key, {}).setdefault(cell.cell_id, cell)
+        return [cell for group in groups.values() for cell in group.values()]
+
+    def check_memory(self, limit_mb: float | None = None) -> None:
+        """Refuse, before anything runs, a config whose comparison group would need more memory than
+        the machine has (the group's workers run side by side), showing the estimate."""
+        if limit_mb is None:
+            from harness.client import memory_limit_mb
+
+            limit_mb = memory_limit_mb()
+        if not limit_mb:
+            return
+        groups: dict[str, list[Cell]] = {}
+        for cell in self.cells():
+            groups.setdefault(cell.group_key, []).append(cell)
+        for group in groups.values():
+            need_mb = sum(estimate_bytes(c) for c in group) / 2**20
+            if need_mb > limit_mb:
+                c = group[0]
+                p = c.problem
+                raise HarnessError(
+                    f"{self.path}: model.hidden/layers, batch, task sizes: expected a problem that fits in memory; "
+                    f"{p.workload} {p.model.describe()} B={p.batch} T={p.seq_len} D={p.input_size} O={p.output_size} "
+                    f"needs an estimated {_fmt_mb(need_mb)} for its {len(group)} worker(s), this machine has {_fmt_mb(limit_mb)}")
+
+
+_DEFAULT_TRAIN = TrainConfig()
+_DEFAULT_TIMING = TimingConfig()
+_DEFAULT_TASK = TaskSpec()
+
+
+def _fmt_mb(mb: float) -> str:
+    return f"{mb / 1024:.3g} GB" if mb >= 1024 else f"{mb:.3g} MB"
+
+
+def estimate_bytes(cell: Cell) -> float:
+    """A lower estimate of one cell's worker memory: parameters with their gradients and a copy,
+    the activations BPTT keeps (T x B x H per layer and gate), the outputs, and the data set."""
+    p, m, task = cell.problem, cell.problem.model, cell.task
+    item = 4 if p.dtype == "float32" else 8
+    gates = 4 if m.kind == "lstm" else 1
+    h = m.hidden
+    # closed forms, not loops over layers: an absurd layer count must be refused at once
+    params = gates * (p.input_size * h + h * h + h) + (m.layers - 1) * gates * (2 * h * h + h)
+    params += h * p.output_size + p.output_size
+    activations = p.seq_len * p.batch * (h * m.layers * (2 * gates + 1) + 2 * p.output_size)
+    n_seq = task.n_sequences + task.n_eval
+    per_step_in = 1 if p.tokens else p.input_size
+    per_step_out = 1 if m.head == "softmax_xent" else p.output_size
+    data = n_seq * p.seq_len * (per_step_in + per_step_out)
+    if task.kind == "lm_markov":
+        data += (task.vocab or 0) * task.branching
+    return float(item) * (3 * params + activations + data)
 
 
 def device_baselines(raw: RawConfig) -> dict[str, str]:
@@ -243,8 +350,123 @@ def _format_pydantic(exc: ValidationError, path: str) -> HarnessError:
         return HarnessError(f"{path}: {where}: required key is missing")
     msg = err["msg"].removeprefix("Value error, ")
     if "expected" not in msg:
-        msg = f"{msg}, got {err.get('input')!r}"
+        for said, meant in (("Input should be", "expected"), ("a valid integer", "an integer"), ("a valid number", "a number"),
+                            ("a valid boolean", "true or false"), ("a valid string", "text"), ("a valid list", "a list"),
+                            ("a valid dictionary", "a mapping")):
+            msg = msg.replace(said, meant)
+        msg = f"{msg}, got {short_repr(err.get('input'))}"
     return HarnessError(f"{path}: {where}: {msg}")
+
+
+# -- strict YAML ----------------------------------------------------------------------------------
+MAX_DEPTH = 40  # nesting levels; real configs use 4
+MAX_EXPANDED_NODES = 100_000  # nodes once every alias is expanded; real configs have a few hundred
+
+
+class _YamlRefused(Exception):
+    def __init__(self, mark, message: str):
+        super().__init__(message)
+        self.mark = mark
+
+
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that also refuses what a config never needs and a hostile file uses:
+    duplicate keys (silently, the last would win), deep nesting (the composer recurses), aliases
+    that refer to their own node, alias bombs (a few hundred bytes expanding to gigabytes), and
+    integers no consumer can hold."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+        self._open_anchors: set[str] = set()
+        self._size: dict[int, int] = {}  # id(node) -> node count once expanded
+        self._total = 0  # over the documents so far
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self._open_anchors:
+                raise _YamlRefused(event.start_mark, f"alias *{event.anchor} refers to the node that contains it")
+            return super().compose_node(parent, index)
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _YamlRefused(event.start_mark, f"nested more than {MAX_DEPTH} levels deep")
+        anchor = getattr(event, "anchor", None)
+        if anchor:
+            self._open_anchors.add(anchor)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+            self._open_anchors.discard(anchor)
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+            self._no_duplicate_keys(node)
+        elif isinstance(node, yaml.SequenceNode):
+            children = node.value
+        else:
+            children = []
+        size = 1 + sum(self._size.get(id(c), 1) for c in children)
+        if parent is None:  # a document's root: count every document of the file together
+            self._total += size
+            size = self._total
+        if size > MAX_EXPANDED_NODES:
+            raise _YamlRefused(node.start_mark, f"expands to more than {MAX_EXPANDED_NODES} values "
+                                                f"once its aliases are expanded (an alias bomb?)")
+        self._size[id(node)] = size
+        return node
+
+    @staticmethod
+    def _no_duplicate_keys(node) -> None:
+        seen = {}
+        for key, _ in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                continue
+            ident = (key.tag, key.value)
+            if ident in seen:
+                raise _YamlRefused(key.start_mark, f"duplicate key {short_repr(key.value)} "
+                                                   f"(first at line {seen[ident].line + 1})")
+            seen[ident] = key.start_mark
+
+    def construct_yaml_int(self, node):
+        value = super().construct_yaml_int(node)
+        if abs(value) > MAX_INT:
+            raise _YamlRefused(node.start_mark, f"expected an integer below 2**63, got {short_repr(node.value)}")
+        return value
+
+
+StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+
+
+def _where(mark) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "somewhere"
+
+
+def parse_yaml(path: str) -> list:
+    """The documents of a YAML file, through :class:`StrictLoader`; HarnessError naming the file and
+    the place on anything it cannot read."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise HarnessError(f"{path}: cannot read config: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise HarnessError(f"{path}: line {line}: expected UTF-8 text, got byte 0x{data[exc.start]:02x}") from None
+    try:
+        return list(yaml.load_all(text, Loader=StrictLoader))
+    except _YamlRefused as exc:
+        raise HarnessError(f"{path}: {_where(exc.mark)}: {exc}") from None
+    except yaml.MarkedYAMLError as exc:
+        what = " ".join(str(p) for p in (exc.context, exc.problem) if p)
+        raise HarnessError(f"{path}: {_where(exc.problem_mark or exc.context_mark)}: not valid YAML: {what}") from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow, anywhere in the file
+        line = text[: exc.position].count("\n") + 1
+        raise HarnessError(f"{path}: line {line}: not valid YAML: {exc.reason} character "
+                           f"{chr(exc.character)!r} is not allowed") from None
+    except (yaml.YAMLError, RecursionError, ValueError, OverflowError) as exc:
+        raise HarnessError(f"{path}: not valid YAML: {short_repr(str(exc), 120)}") from None
 
 
 SWEEPABLE = {
@@ -263,6 +485,7 @@ def _set_path(mapping: dict, dotted: str, value) -> None:
     node[parts[-1]] = value
 
 
+MAX_CELLS = 20_000  # a week of cells at 30 s each; more is a runaway sweep
 REPLACED_KEYS = {"sweep", "profiles"}  # a later document's own sweep/profiles replace the first one's
 # mappings that are one choice among alternatives ({truncated: K} or {tail: K}), so replaced whole
 REPLACED_LEAVES = {"bptt"}
@@ -285,14 +508,7 @@ def load_config(path: str | Path, backends_override: list[str] | None = None, pr
     full DeepBench list behind ``--profile full``.
     """
     path = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise HarnessError(f"{path}: cannot read config: {exc.strerror}") from None
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as exc:
-        raise HarnessError(f"{path}: not valid YAML: {exc}") from None
+    docs = [d for d in parse_yaml(path) if d is not None]
     if not docs:
         raise HarnessError(f"{path}: the file holds no config")
     for i, doc in enumerate(docs):
@@ -316,7 +532,23 @@ def load_config(path: str | Path, backends_override: list[str] | None = None, pr
     for i, source in enumerate(sources):
         label = f"{path}: document {i + 1}" if len(sources) > 1 and i > 0 else path
         parts.append(_load_part(source, label, backends_override))
-    return RunConfig(parts, path, docs)
+    n_cells = sum(len(points) * len(raw.device) * len(raw.dtype) * len(raw.workloads) * len(raw.batch)
+                  * len(raw.threads) * len(raw.backends) for raw, points in parts)
+    if n_cells > MAX_CELLS:
+        raise HarnessError(f"{path}: sweep, batch, threads, backends: expected at most {MAX_CELLS} cells, got {n_cells}")
+    config = RunConfig(parts, path, docs)
+    config.check_memory()
+    return config
+
+
+def _check_text_file(file: str, where: str) -> None:
+    """A task's text must be a regular file (not a folder, /dev/zero or a pipe that never ends)."""
+    try:
+        st = Path(file).stat()
+    except (OSError, ValueError):
+        raise HarnessError(f"{where}: no such file {short_repr(file)}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise HarnessError(f"{where}: expected a regular text file, got {short_repr(file)} (not a regular file)")
 
 
 def _check_baseline(raw: RawConfig, name: str, where: str) -> str:
@@ -368,6 +600,8 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None):
         paths = key.split(",")
         for one in paths:
             section, _, leaf = one.strip().partition(".")
+            if one.strip() != one and len(paths) == 1:
+                raise HarnessError(f"{path}: sweep.{short_repr(key)}: expected a key without surrounding spaces")
             if section not in SWEEPABLE or leaf not in SWEEPABLE[section]:
                 sections = ", ".join(f"{s}.<key>" for s in SWEEPABLE)
                 raise HarnessError(f"{path}: sweep.{key}: no such scalar key to sweep (expected {sections} with a valid key)")
@@ -376,6 +610,9 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None):
         if len(paths) > 1 and not all(isinstance(v, list) and len(v) == len(paths) for v in values):
             raise HarnessError(f"{path}: sweep.{key}: a sweep over {len(paths)} keys zips them; expected a list of {len(paths)}-element lists")
 
+    n_points = math.prod(len(v) for v in raw.sweep.values())
+    if n_points > MAX_CELLS:
+        raise HarnessError(f"{path}: sweep: expected at most {MAX_CELLS} combinations, got {n_points}")
     points = []
     keys = list(raw.sweep)
     for combo in itertools.product(*(raw.sweep[k] for k in keys)):
@@ -401,8 +638,8 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None):
             raise HarnessError(f"{path}: {where}model.head: task {task.kind} needs softmax_xent, got {model.head!r}")
         if task.kind in ("sobel", "frame_diff") and model.head != "mse":
             raise HarnessError(f"{path}: {where}model.head: task {task.kind} needs mse, got {model.head!r}")
-        if task.kind == "lm_text" and task.path != "sample" and not Path(task.path).exists():
-            raise HarnessError(f"{path}: {where}task.path: no such file {task.path!r}")
+        if task.kind == "lm_text" and task.path != "sample":
+            _check_text_file(task.path, f"{path}: {where}task.path")
         if "train" in raw.workloads:
             small = [b for b in raw.batch if b > task.n_eval or b > task.n_sequences]
             if small:

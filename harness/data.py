@@ -8,6 +8,7 @@ evaluation set and facts about the task (``meta``), such as a known loss floor.
 from __future__ import annotations
 
 import re
+import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +111,28 @@ def _lm_markov(task, model, rng, n, dtype):
     return seq[:-1], seq[1:], {"row_entropy": row_entropy, "entropy_rate_note": "loss_floor = mean entropy of the true next-token distribution over the evaluation set"}
 
 
+MAX_TEXT_BYTES = 1 << 30
+
+
+def read_text_file(path: Path, max_bytes: int = MAX_TEXT_BYTES) -> str:
+    """A task's text: a regular file (never a folder, /dev/zero or a pipe that never ends), at most
+    ``max_bytes`` long, undecodable bytes replaced."""
+    try:
+        st = path.stat()
+    except OSError:
+        raise HarnessError(f"task.path: no such file {str(path)[:200]!r}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise HarnessError(f"task.path: expected a regular text file, got {str(path)[:200]!r}")
+    if st.st_size > max_bytes:
+        raise HarnessError(f"task.path: expected a text file of at most {max_bytes >> 20} MB, got {st.st_size >> 20} MB")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise HarnessError(f"task.path: cannot read {str(path)[:200]!r}: {exc.strerror}") from None
+    return data[:max_bytes].decode("utf-8", errors="replace")
+
+
 def tokenize_text(text: str, vocab: int) -> tuple[list[list[int]], list[str]]:
     """WildML preprocessing: lower-cased word sentences wrapped in start/end; the ``vocab - 1`` most
     frequent words (start and end among them) keep ids, every other word becomes UNKNOWN."""
@@ -127,9 +150,7 @@ def tokenize_text(text: str, vocab: int) -> tuple[list[list[int]], list[str]]:
 
 def _lm_text(task, model, rng, n, dtype):
     path = Path(task.path) if task.path != "sample" else SAMPLE_TEXT
-    if not path.exists():
-        raise HarnessError(f"task.path: no such file {str(path)!r}")
-    ids, itos = tokenize_text(path.read_text(encoding="utf-8", errors="replace"), task.vocab)
+    ids, itos = tokenize_text(read_text_file(path), task.vocab)
     stream = np.array([i for s in ids for i in s], dtype=np.int64)
     T = task.seq_len
     if stream.size < T + 2:

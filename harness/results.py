@@ -6,6 +6,9 @@ interrupted run keeps every finished comparison group and ``--resume`` does the 
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
 import json
 import os
 import tempfile
@@ -28,16 +31,77 @@ TIMING_COLUMNS = [
 FINAL_STATUSES = {"ok", "error", "timeout", "oom", "diverged", "mismatch", "unsupported", "unavailable"}
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _disk_error(path: Path, exc: OSError) -> HarnessError:
+    """A write that failed (a full or read-only disk, no permission), said plainly: what is already
+    on disk stays as it was (every write replaces a whole file at once)."""
+    why = exc.strerror or type(exc).__name__
+    hint = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
+            errno.EROFS: "the file system is read-only", errno.EACCES: "no permission to write there",
+            errno.EPERM: "no permission to write there"}.get(exc.errno, why)
+    return HarnessError(f"{path}: cannot write results: {hint} ({why}); the results saved before are kept")
+
+
 def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+    except OSError as exc:
+        raise _disk_error(path, exc) from None
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are shared files like any other
         os.replace(tmp, path)
+    except OSError as exc:
+        raise _disk_error(path, exc) from None
     finally:
         if os.path.exists(tmp):
-            os.unlink(tmp)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def config_fingerprint(config) -> str:
+    """A digest of everything a config asks for (each document, as validated): ``--resume`` compares it
+    with the one the run was started with."""
+    dumps = [raw.model_dump(mode="json") for raw, _ in config.parts]
+    return hashlib.sha256(json.dumps(dumps, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class FolderLock:
+    """An exclusive lock on a results folder (``.lock``, held with flock while the run writes there):
+    a second run into the same folder is refused instead of overwriting the first one's files. The
+    kernel drops it when the process dies, so a killed run can be resumed."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path / ".lock", "a+")
+        except OSError as exc:
+            raise _disk_error(self.path, exc) from None
+        try:
+            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._fh.close()
+            raise HarnessError(f"{self.path}: another run is writing to this folder; wait for it or choose another --out") from None
+        self._fh.seek(0)
+        self._fh.truncate()
+        self._fh.write(f"{os.getpid()}\n")
+        self._fh.flush()
+
+    def release(self) -> None:
+        """Let other runs write here again."""
+        if not self._fh.closed:
+            fcntl.flock(self._fh, fcntl.LOCK_UN)
+            self._fh.close()
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -67,28 +131,78 @@ class RunStore:
     timings: list[dict] = field(default_factory=list)
     curves: list[dict] = field(default_factory=list)
 
+    lock: FolderLock | None = None
+
     @classmethod
-    def create(cls, path: Path, meta: dict) -> "RunStore":
+    def create(cls, path: Path, meta: dict, lock: bool = False) -> "RunStore":
+        """A new run in ``path``; with ``lock`` the folder stays locked until :meth:`close` (or exit)."""
         path = Path(path)
+        held = FolderLock(path) if lock else None
         if (path / "run.json").exists():
+            if held:
+                held.release()
             raise HarnessError(f"{path}: a run already exists there; use --resume {path} to finish it or choose another --out")
-        store = cls(path, meta)
-        store.save()
+        store = cls(path, meta, lock=held)
+        try:
+            store.save()
+        except HarnessError:
+            store.close()
+            raise
         return store
 
     @classmethod
-    def open(cls, path: Path) -> "RunStore":
-        """Reopen an existing run (for --resume)."""
+    def create_unique(cls, parent: Path, meta: dict) -> "RunStore":
+        """A new locked run in ``parent/<run_id>``; a run id already taken there (two runs started in the
+        same second) gets a suffix, so two runs never share an id or a folder."""
+        base = meta["run_id"]
+        for n in range(1, 1000):
+            run_id = base if n == 1 else f"{base}-{n}"
+            path = Path(parent) / run_id
+            if (path / "run.json").exists():
+                continue
+            try:
+                held = FolderLock(path)
+            except HarnessError:
+                if (path / ".lock").exists():  # another run holds it
+                    continue
+                raise
+            if (path / "run.json").exists():
+                held.release()
+                continue
+            store = cls(path, {**meta, "run_id": run_id}, lock=held)
+            try:
+                store.save()
+            except HarnessError:
+                store.close()
+                raise
+            return store
+        raise HarnessError(f"{parent}: no free folder for run {base}")
+
+    @classmethod
+    def open(cls, path: Path, lock: bool = False, fingerprint: str | None = None) -> "RunStore":
+        """Reopen an existing run (for --resume); with ``fingerprint``, only if it was started with
+        the config of that :func:`config_fingerprint`."""
         path = Path(path)
         if not (path / "run.json").exists():
             raise HarnessError(f"{path}: not a results folder (no run.json)")
-        meta = json.loads((path / "run.json").read_text())
-        timings = pd.read_parquet(path / "timings.parquet").to_dict("records") if (path / "timings.parquet").exists() else []
-        curves = pd.read_parquet(path / "curves.parquet").to_dict("records") if (path / "curves.parquet").exists() else []
-        for row in timings:  # parquet hands list columns back as arrays
-            if row.get("samples_s") is not None:
-                row["samples_s"] = [float(v) for v in row["samples_s"]]
-        return cls(path, meta, timings, curves)
+        held = FolderLock(path) if lock else None
+        try:
+            meta, timings, curves = _read_folder(path)
+            started = meta.get("config_fingerprint")
+            if fingerprint is not None and started is not None and started != fingerprint:
+                raise HarnessError(f"{path}: --resume: this run was started with another config (or other --backends / "
+                                   f"--profile); resume it with the config and options it was started with "
+                                   f"({meta.get('config_path', 'see run.json')})")
+        except HarnessError:
+            if held:
+                held.release()
+            raise
+        return cls(path, meta, timings, curves, lock=held)
+
+    def close(self) -> None:
+        """Release the folder's lock (if this store holds it)."""
+        if self.lock is not None:
+            self.lock.release()
 
     def done_cells(self) -> set[str]:
         return {r["cell_id"] for r in self.timings if r.get("status") in FINAL_STATUSES}
@@ -108,6 +222,31 @@ class RunStore:
         write_table(self.path / "timings.parquet", self.timings, TIMING_COLUMNS)
         write_table(self.path / "curves.parquet", self.curves)
         write_json(self.path / "run.json", self.meta)
+
+
+def _read_folder(path: Path) -> tuple[dict, list[dict], list[dict]]:
+    """run.json and the tables of a run to be resumed; HarnessError when one is damaged."""
+    try:
+        meta = json.loads((path / "run.json").read_text(encoding="utf-8"))
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as exc:
+        raise HarnessError(f"{path / 'run.json'}: damaged, cannot resume this run ({str(exc)[:100]}); "
+                           f"start a new run with another --out") from None
+    tables = []
+    for name in ("timings.parquet", "curves.parquet"):
+        try:
+            tables.append(pd.read_parquet(path / name).to_dict("records") if (path / name).exists() else [])
+        except Exception as exc:  # pyarrow raises its own error types for a truncated or foreign file
+            raise HarnessError(f"{path / name}: damaged, cannot resume this run ({type(exc).__name__}: "
+                               f"{str(exc)[:100]}); start a new run with another --out") from None
+    timings, curves = tables
+    if timings and "cell_id" not in timings[0]:
+        raise HarnessError(f"{path / 'timings.parquet'}: not a timings table (no cell_id column); cannot resume this run")
+    for row in timings:  # parquet hands list columns back as arrays
+        if row.get("samples_s") is not None:
+            row["samples_s"] = [float(v) for v in row["samples_s"]]
+    return meta, timings, curves
 
 
 @dataclass

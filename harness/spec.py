@@ -9,6 +9,8 @@ Each ``from_mapping`` takes the same mapping a YAML config holds and raises
 from __future__ import annotations
 
 import dataclasses
+import math
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -25,8 +27,22 @@ DEVICES = ("cpu", "gpu")
 WORKLOADS = ("forward", "train_step", "train")
 
 
+# Integers a config may hold: what every consumer (NumPy, Parquet, C++) can represent.
+MAX_INT = 2**63 - 1
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlevel = 40, 40, 4, 4, 2
+_SHORT.maxlong = 24
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to a short prefix, so an error message never quotes a huge (or recursive) value whole."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _fail(where: str, expected: str, got: Any) -> HarnessError:
-    return HarnessError(f"{where}: expected {expected}, got {got!r}")
+    return HarnessError(f"{where}: expected {expected}, got {short_repr(got)}")
 
 
 def _check_keys(mapping: Mapping, allowed, where: str) -> None:
@@ -40,7 +56,7 @@ def _check_keys(mapping: Mapping, allowed, where: str) -> None:
 
 
 def _pos_int(value: Any, where: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or value > MAX_INT:
         what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise _fail(where, what, value)
     return value
@@ -59,8 +75,8 @@ def _bool(value: Any, where: str) -> bool:
 
 
 def _pos_float(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise _fail(where, "a positive number", value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
+        raise _fail(where, "a finite positive number", value)
     return float(value)
 
 
@@ -222,7 +238,7 @@ class TaskSpec:
             raise HarnessError(f"{where}.path: task lm_text needs the path of a text file")
         if kind == "random" and spec.input_size is None and spec.vocab is None:
             raise HarnessError(f"{where}.input_size: task random needs input_size (dense) or vocab (tokens)")
-        if spec.path is not None and not isinstance(spec.path, str):
+        if spec.path is not None and (not isinstance(spec.path, str) or not spec.path or "\0" in spec.path):
             raise _fail(f"{where}.path", "a file path", spec.path)
         return spec
 

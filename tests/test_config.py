@@ -15,6 +15,13 @@ backends: [ref]
 """
 
 
+def with_keys(patch: str) -> str:
+    """BASE with the top-level keys ``patch`` sets replaced (a YAML key may appear once)."""
+    keys = {line.split(":", 1)[0] for line in patch.splitlines() if line and not line[0].isspace()}
+    kept = [line for line in BASE.splitlines() if line.split(":", 1)[0] not in keys]
+    return "\n".join(kept) + "\n" + patch + "\n"
+
+
 @pytest.mark.parametrize(
     "patch, expected",
     [
@@ -42,7 +49,7 @@ backends: [ref]
     ],
 )
 def test_bad_values_name_file_and_key(fake_backends, write_config, patch, expected):
-    path = write_config(BASE + patch + "\n")
+    path = write_config(with_keys(patch))
     with pytest.raises(HarnessError) as err:
         load_config(path)
     msg = str(err.value)
@@ -52,7 +59,7 @@ def test_bad_values_name_file_and_key(fake_backends, write_config, patch, expect
 
 
 def test_cli_reports_bad_config_with_exit_2_and_no_traceback(fake_backends, write_config):
-    path = write_config(BASE + "model: {kind: elman, hidden: -3}\n")
+    path = write_config(with_keys("model: {kind: elman, hidden: -3}"))
     result = CliRunner().invoke(app, ["run", str(path)])
     assert result.exit_code == 2
     out = result.output
@@ -98,7 +105,7 @@ def test_error_in_a_later_document_names_it(fake_backends, write_config):
 
 
 def test_sweep_may_zip_several_keys_and_is_replaced_by_later_documents(fake_backends, write_config):
-    text = BASE + "sweep: {'model.hidden,task.input_size': [[4, 3], [8, 6]]}\ntask: {kind: random, input_size: 2, seq_len: 5}\n---\nsweep: {model.hidden: [16]}\n"
+    text = with_keys("sweep: {'model.hidden,task.input_size': [[4, 3], [8, 6]]}\ntask: {kind: random, input_size: 2, seq_len: 5}") + "---\nsweep: {model.hidden: [16]}\n"
     cells = load_config(write_config(text)).cells()
     assert [(c.problem.model.hidden, c.problem.input_size) for c in cells] == [(4, 3), (8, 6), (16, 2)]
     with pytest.raises(HarnessError, match="zips them"):
