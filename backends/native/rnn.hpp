@@ -354,25 +354,37 @@ void run_team(int n, double scale, Profile* prof, F&& f) {
     }
 }
 
-// A GEMM split over the team along its larger output dimension; no barrier.
+// The block [r0, r1) x [c0, c1) of C = alpha op(A) op(B) + beta C.
+template <class T>
+void block_gemm(bool ta, bool tb, int r0, int r1, int c0, int c1, int K, T alpha, const T* A, int lda, const T* B,
+                int ldb, T beta, T* C, int ldc) {
+    if (r0 >= r1 || c0 >= c1) return;
+    gemm(ta, tb, r1 - r0, c1 - c0, K, alpha, ta ? A + r0 : A + (std::size_t)r0 * lda, lda,
+         tb ? B + (std::size_t)c0 * ldb : B + c0, ldb, beta, C + (std::size_t)r0 * ldc + c0, ldc);
+}
+
+// This member's block of an M x N product with K-deep sums shared as panels across the
+// team, along the larger output dimension (the whole product on the leader, nothing
+// elsewhere, below kParGemm). The same split for every caller, so a later pass over
+// the same block (a fused update) needs no barrier.
+inline void gemm_block(const Team& tm, int M, int N, double K, int& r0, int& r1, int& c0, int& c1) {
+    r0 = c0 = 0, r1 = M, c1 = N;
+    if (!tm.split((double)M * N * K, kParGemm)) {
+        if (!tm.leader()) r1 = 0;
+    } else if (N >= M) {
+        tm.share(N, (int)kAlign, c0, c1);
+    } else {
+        tm.share(M, 1, r0, r1);
+    }
+}
+
+// A GEMM split over the team as panels (gemm_block); no barrier.
 template <class T>
 void pgemm(const Team& tm, bool ta, bool tb, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb,
            T beta, T* C, int ldc) {
-    if (!tm.split((double)M * N * K, kParGemm)) {
-        if (tm.leader()) gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    int lo, hi;
-    if (N >= M) {
-        tm.share(N, (int)kAlign, lo, hi);
-        if (lo < hi)
-            gemm(ta, tb, M, hi - lo, K, alpha, A, lda, tb ? B + (std::size_t)lo * ldb : B + lo, ldb, beta, C + lo, ldc);
-    } else {
-        tm.share(M, 1, lo, hi);
-        if (lo < hi)
-            gemm(ta, tb, hi - lo, N, K, alpha, ta ? A + lo : A + (std::size_t)lo * lda, lda, B, ldb, beta,
-                 C + (std::size_t)lo * ldc, ldc);
-    }
+    int r0, r1, c0, c1;
+    gemm_block(tm, M, N, K, r0, r1, c0, c1);
+    block_gemm(ta, tb, r0, r1, c0, c1, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 template <class T>
@@ -463,13 +475,10 @@ class Worker {
         if (grads_.size() != lay_.total) grads_.assign(lay_.total, T(0));
     }
 
-    // The scratch gradient of a deep fused product: the largest GEMM-updated weight
-    // (every tensor but a token embedding, which is updated by rows).
+    // The scratch gradients of deep fused products, at the parameters' own offsets: each
+    // weight its own block, so no product waits for another's update to free the scratch.
     void ensure_fuse_scratch() {
-        std::size_t need = 0;
-        for (std::size_t i = 0; i < lay_.tensors.size(); ++i)
-            if (!(cfg_.tokens && lay_.tensors[i].offset == lay_.layers[0].W_in)) need = std::max(need, lay_.tensors[i].size());
-        if (scratch_.size() < need) scratch_.assign(need, T(0));
+        if (scratch_.size() < lay_.total) scratch_.assign(lay_.total, T(0));
     }
 
     T* grads() { return grads_.data(); }
@@ -789,17 +798,20 @@ class Worker {
         } else if (K <= kFuseDepth) {
             pgemm(tm, ta, tb, M, N, K, -s.lr, A, lda, B, ldb, T(1), s.P + off, N);
         } else {  // one rounding at the size of the weight, not one per panel of K
-            T* g = scratch_.data();
-            pgemm(tm, ta, tb, M, N, K, T(1), A, lda, B, ldb, T(0), g, N);
-            tm.barrier();
-            int r0 = 0, r1 = M;
-            if (tm.split((double)M * N, kParRows)) tm.share(M, 1, r0, r1);
-            else if (!tm.leader()) r1 = r0;
+            // each thread updates the very block it computed into the weight's own scratch:
+            // no barrier before the update, none after it
+            T* g = scratch_.data() + off;
+            int r0, r1, c0, c1;
+            gemm_block(tm, M, N, K, r0, r1, c0, c1);
+            block_gemm(ta, tb, r0, r1, c0, c1, K, T(1), A, lda, B, ldb, T(0), g, N);
             T* p = s.P + off;
             const T lr = s.lr;
+            for (int r = r0; r < r1; ++r) {
+                T* pr = p + (std::size_t)r * N;
+                const T* gr = g + (std::size_t)r * N;
 #pragma omp simd
-            for (std::size_t i = (std::size_t)r0 * N; i < (std::size_t)r1 * N; ++i) p[i] -= lr * g[i];
-            tm.barrier();  // the scratch is reused by the next product
+                for (int c = c0; c < c1; ++c) pr[c] -= lr * gr[c];
+            }
         }
     }
 
