@@ -26,6 +26,7 @@ class _Threaded:
 
     def prepare(self, problem, params, device="cpu", threads=1):
         self.split_scale = 0.0
+        self.adapt_threads = False  # every call on both threads, never the one-thread choice
         super().prepare(problem, params, device, threads=self.threads)
 
 
@@ -202,7 +203,7 @@ def test_profile_counts_phases_threads_and_barriers(recurrence, per_step):
     backend.prepare(problem, params, threads=2)
     backend.sgd_step(x, y, 0.1)
     assert backend.profile() is None  # off by default
-    backend.split_scale, backend.recurrence, backend.profiling = 0.0, recurrence, True
+    backend.split_scale, backend.recurrence, backend.profiling, backend.adapt_threads = 0.0, recurrence, True, False
     backend.prepare(problem, params, threads=2)
     for _ in range(3):
         backend.sgd_step(x, y, 0.1)
@@ -221,3 +222,24 @@ def test_profile_counts_phases_threads_and_barriers(recurrence, per_step):
     barriers = prof["barriers"][0] / 3
     assert (barriers >= 2 * 11) == per_step, barriers
     assert backend.profile()["steps"] == 0  # reset
+
+
+def test_team_size_is_timed_and_the_faster_kept():
+    backend = _native()
+    problem = _problem({"kind": "elman", "hidden": 16}, tokens=False, D=4, O=3, T=6, B=8, dtype="float32")
+    params = ref.init_params(problem.model, 4, 3, seed=5, dtype="float32")
+    rng = np.random.default_rng(6)
+    x, y = rng.normal(size=(6, 8, 4)).astype(np.float32), rng.integers(0, 3, size=(6, 8))
+    backend.split_scale, backend.profiling = 0.0, True
+    backend.prepare(problem, params, threads=2)
+    for _ in range(6):  # the probe: the team and one thread in turn, three calls each
+        backend.sgd_step(x, y, 0.1)
+    assert backend.profile(reset=True)["team_sizes"] == {1: 3, 2: 3}
+    for _ in range(10):  # then the faster of the two, every call
+        backend.sgd_step(x, y, 0.1)
+    assert backend.profile()["team_sizes"] in ({1: 10}, {2: 10})
+    backend.adapt_threads = False
+    backend.prepare(problem, params, threads=2)
+    for _ in range(4):
+        backend.sgd_step(x, y, 0.1)
+    assert backend.profile()["team_sizes"] == {2: 4}

@@ -163,6 +163,7 @@ Config make_config(nb::dict s) {
     c.output_size = nb::cast<int>(s["output_size"]);
     c.tokens = nb::cast<bool>(s["tokens"]);
     if (s.contains("split_scale")) c.split_scale = nb::cast<double>(s["split_scale"]);
+    if (s.contains("adapt_threads")) c.adapt = nb::cast<bool>(s["adapt_threads"]);
     if (s.contains("recurrence")) {
         const std::string r = str("recurrence");
         if (r == "auto") c.recurrence = 0;

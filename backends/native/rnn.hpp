@@ -53,6 +53,7 @@ struct Config {
     double clip = 0.0;  // <= 0: no clipping
     double split_scale = 1.0;  // scales the work thresholds below; 0 splits everything (tests)
     int recurrence = 0;        // how a split recurrence is shared: 0 by size, 1 batch rows, 2 hidden units
+    bool adapt = true;         // time one thread against the team and keep the faster (TeamTuner)
     int input_size = 0;
     int output_size = 0;
     bool tokens = false;
@@ -1128,6 +1129,48 @@ class Worker {
     }
 };
 
+// Chooses, per kind of call and (T, B) shape, between one thread and the whole team by
+// timing both. Whether a team repays its barriers depends on whether the other cores
+// are free at the moment, which no size threshold can know on a machine shared with
+// other work: a thread taken off its core stalls every barrier of the step. The first
+// 2 * kProbe calls alternate one thread and the team, the faster median is kept, and
+// every kRetune calls the probe is repeated (the load changes).
+class TeamTuner {
+  public:
+    static constexpr int kProbe = 3, kRetune = 100;
+
+    int pick(int full, int Tn, int Bn) {
+        if (full <= 1) return full;
+        if (Tn != T_ || Bn != B_ || full != full_) {
+            T_ = Tn, B_ = Bn, full_ = full;
+            restart();
+        }
+        if (probes_ < 2 * kProbe) return probes_ % 2 == 0 ? full : 1;
+        return chosen_;
+    }
+
+    void record(int used, std::int64_t ns) {
+        if (full_ <= 1) return;
+        if (probes_ < 2 * kProbe) {
+            (used == 1 ? one_ : team_)[probes_ / 2] = ns;
+            if (++probes_ == 2 * kProbe) chosen_ = median(team_) < median(one_) ? full_ : 1;
+        } else if (++since_ >= kRetune) {
+            restart();
+        }
+    }
+
+  private:
+    int T_ = -1, B_ = -1, full_ = 0, probes_ = 0, since_ = 0, chosen_ = 1;
+    std::int64_t one_[kProbe] = {}, team_[kProbe] = {};
+    void restart() { probes_ = 0, since_ = 0; }
+    static std::int64_t median(std::int64_t* v) {
+        std::int64_t c[kProbe];
+        std::copy(v, v + kProbe, c);
+        std::nth_element(c, c + kProbe / 2, c + kProbe);
+        return c[kProbe / 2];
+    }
+};
+
 // The network: shared parameters and one worker per thread (sync, async) or one
 // worker for the whole team (default).
 template <class T>
@@ -1175,12 +1218,21 @@ class Net {
         return largest >= kParTeam * scale || (double)Bn * H * G >= kParStep * scale ? threads_ : 1;
     }
 
+    // Runs f(team) on the team size `tuner` picks out of `full` threads, and tells it the time.
+    template <class F>
+    void tuned_team(TeamTuner& tuner, int full, const Batch<T>& in, F&& f) {
+        const int n = cfg_.adapt ? tuner.pick(full, in.T_, in.B) : full;
+        const std::int64_t t0 = now_ns();
+        run_team(n, cfg_.split_scale, prof_.get(), f);
+        if (cfg_.adapt) tuner.record(n, now_ns() - t0);
+    }
+
     // Inference outputs into out (T*B, O).
     void forward(const Batch<T>& in, T* out) {
         Worker<T>& w = *workers_[0];
         w.ensure(in.T_, in.B);
-        run_team(team_size(in.T_, in.B), cfg_.split_scale, prof_.get(),
-                 [&](const Team& tm) { w.forward_head(tm, P_.data(), in, false, T(1), out); });
+        tuned_team(tune_fwd_, team_size(in.T_, in.B), in,
+                   [&](const Team& tm) { w.forward_head(tm, P_.data(), in, false, T(1), out); });
     }
 
     // Reported loss; gradients of the objective in `grads` (flat layout).
@@ -1190,7 +1242,7 @@ class Net {
         std::fill(grads, grads + lay_.total, T(0));
         double total = 0;
         const T inv_b = T(1) / in.B;
-        run_team(team_size(in.T_, in.B), cfg_.split_scale, prof_.get(), [&](const Team& tm) {
+        tuned_team(tune_grad_, team_size(in.T_, in.B), in, [&](const Team& tm) {
             double l = w.forward_head(tm, P_.data(), in, true, inv_b);
             if (tm.leader()) total = l;
             w.backward(tm, P_.data(), Sink<T>{nullptr, grads, T(0)}, in);
@@ -1220,6 +1272,7 @@ class Net {
     std::vector<std::int64_t> rows_;
     int gen_ = 0;
     std::unique_ptr<Profile> prof_;
+    TeamTuner tune_fwd_, tune_grad_, tune_step_;
 
     T clipped(T g) const {
         if (cfg_.clip > 0) {
@@ -1293,7 +1346,7 @@ class Net {
         else w.ensure_grads();
         double total = 0;
         const T inv_b = T(1) / in.B;
-        run_team(team_size(in.T_, in.B), cfg_.split_scale, prof_.get(), [&](const Team& tm) {
+        tuned_team(tune_step_, team_size(in.T_, in.B), in, [&](const Team& tm) {
             double l = w.forward_head(tm, P_.data(), in, true, inv_b);
             if (tm.leader()) total = l;
             if (fused) {
@@ -1357,7 +1410,8 @@ class Net {
             G[i] = workers_[i]->grads();
         }
         const T inv_b = T(1) / in.B;
-        run_team(nw, cfg_.split_scale, prof_.get(), [&](const Team& tm) {
+        // the same nw slices whatever the team size, so the tuner changes no result
+        tuned_team(tune_step_, nw, in, [&](const Team& tm) {
             const Team solo{0, 1, cfg_.split_scale, nullptr, tm.prof, tm.slot};
             for (int i = tm.tid; i < nw; i += tm.nth) {
                 const int b0 = (int)((long)in.B * i / nw), b1 = (int)((long)in.B * (i + 1) / nw);
