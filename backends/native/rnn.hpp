@@ -570,9 +570,13 @@ class Worker {
 
     // How a per-step recurrence of Bn rows is shared by the team. By batch rows: each
     // thread runs its own sequences through every step with no barrier at all, but reads
-    // all of W_hh, so only while W_hh stays in each core's L2 and each thread keeps enough
-    // rows to use the GEMM well. By hidden units: each thread keeps its block of W_hh's
-    // columns (rows of W_hh^T in the backward) and the team meets at one barrier per step.
+    // all of W_hh and needs kMinRows rows to use the GEMM well. By hidden units: each
+    // thread keeps its block of W_hh's columns (rows of W_hh^T in the backward) and the
+    // team meets at one barrier per step. Batch rows whenever they keep at least half the
+    // team busy. On two threads (Elman 512, B 32, T 50) batch rows cut each thread's CPU
+    // time per step 1.9-2.0x against one thread, hidden units 1.3x (111 barriers per step,
+    // each spinning); for the LSTM 500 (W_hh 4 MB, out of L2; T 80) 1.93x against 1.76x,
+    // with 7 barriers per step instead of 165.
     enum class Split { None, Batch, Hidden };
     Split recurrence_split(const Team& tm, int Bn, int& parts) const {
         parts = 1;
@@ -583,7 +587,7 @@ class Worker {
             return Split::Batch;
         }
         parts = std::min(tm.nth, Bn / kMinRows);
-        if (resident_ && parts >= 2) return Split::Batch;
+        if (parts >= 2 && 2 * parts >= tm.nth) return Split::Batch;
         parts = 1;
         return Split::Hidden;
     }
