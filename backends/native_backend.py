@@ -16,9 +16,9 @@ Variants:
   buffers; the per-worker gradients are summed and ONE SGD update applied (the spec's step,
   up to summation order).
 
-Both time one thread against the whole team per call shape and keep the faster
-(``adapt_threads``; re-timed every 100 calls): on a machine whose other cores are busy
-a team loses to one thread, and the engine should never be slower with more threads.
+Both time one thread against the whole team per call shape and run the faster
+(``adapt_threads``; every 10th call tries the other): on a machine whose other cores
+are busy a team loses to one thread, and more threads should never be slower.
 - ``async``: a parameter server: each thread pulls the shared parameters, computes the
   gradient of one sequence at a time on its local copy and pushes ``lr * g / B`` back
   under a lock. Not the spec's SGD, so it is only run for ``workload: train``.
@@ -91,8 +91,8 @@ class NativeBackend(Backend):
         self.recurrence = "auto"
         #: collect the engine's per-phase and per-thread counters (see ``profile``)
         self.profiling = False
-        #: let the engine time one thread against all ``threads`` per call shape and keep
-        #: the faster (re-timed every 100 calls); off: every call forks the whole team
+        #: let the engine time one thread against all ``threads`` per call shape and run
+        #: the faster (every 10th call tries the other); off: every call forks the whole team
         self.adapt_threads = True
 
     def availability(self) -> tuple[bool, str]:

@@ -1137,42 +1137,34 @@ class Worker {
 // timing both. Whether a team repays its barriers depends on whether the other cores
 // are free at the moment, which no size threshold can know on a machine shared with
 // other work: a thread taken off its core stalls every barrier of the step. The first
-// 2 * kProbe calls alternate one thread and the team, the faster median is kept, and
-// every kRetune calls the probe is repeated (the load changes).
+// 2 * kProbe calls alternate the team and one thread; after that every call runs the
+// choice with the lower running mean (exponentially weighted) and every kExplore-th
+// call the other one, so the choice follows the load as it changes.
 class TeamTuner {
   public:
-    static constexpr int kProbe = 3, kRetune = 100;
+    static constexpr int kProbe = 3, kExplore = 10;
 
     int pick(int full, int Tn, int Bn) {
         if (full <= 1) return full;
         if (Tn != T_ || Bn != B_ || full != full_) {
             T_ = Tn, B_ = Bn, full_ = full;
-            restart();
+            calls_ = 0, mean_[0] = mean_[1] = 0;
         }
-        if (probes_ < 2 * kProbe) return probes_ % 2 == 0 ? full : 1;
-        return chosen_;
+        const bool team = calls_ < 2 * kProbe ? calls_ % 2 == 0 : (mean_[1] < mean_[0]) != (calls_ % kExplore == 0);
+        return team ? full : 1;
     }
 
     void record(int used, std::int64_t ns) {
         if (full_ <= 1) return;
-        if (probes_ < 2 * kProbe) {
-            (used == 1 ? one_ : team_)[probes_ / 2] = ns;
-            if (++probes_ == 2 * kProbe) chosen_ = median(team_) < median(one_) ? full_ : 1;
-        } else if (++since_ >= kRetune) {
-            restart();
-        }
+        double& m = mean_[used == 1 ? 0 : 1];
+        m = m == 0 ? (double)ns : 0.7 * m + 0.3 * (double)ns;
+        ++calls_;
     }
 
   private:
-    int T_ = -1, B_ = -1, full_ = 0, probes_ = 0, since_ = 0, chosen_ = 1;
-    std::int64_t one_[kProbe] = {}, team_[kProbe] = {};
-    void restart() { probes_ = 0, since_ = 0; }
-    static std::int64_t median(std::int64_t* v) {
-        std::int64_t c[kProbe];
-        std::copy(v, v + kProbe, c);
-        std::nth_element(c, c + kProbe / 2, c + kProbe);
-        return c[kProbe / 2];
-    }
+    int T_ = -1, B_ = -1, full_ = 0;
+    long calls_ = 0;
+    double mean_[2] = {0, 0};  // one thread, the team: running mean of a call's nanoseconds
 };
 
 // The network: shared parameters and one worker per thread (sync, async) or one
