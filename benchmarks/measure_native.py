@@ -147,7 +147,8 @@ def _profile_summary(prof: dict) -> dict:
                   "wait_ms": [v / n * 1e3 for v in d["wait_seconds"]]}
            for name, d in prof["phases"].items() if max(d["seconds"]) > 0}
     return {"phases": per, "cpu_ms": [v / n * 1e3 for v in prof["cpu_seconds"]],
-            "wall_ms": [v / n * 1e3 for v in prof["wall_seconds"]], "barriers": [b / n for b in prof["barriers"]]}
+            "wall_ms": [v / n * 1e3 for v in prof["wall_seconds"]], "barriers": [b / n for b in prof["barriers"]],
+            "team_sizes": {str(k): v for k, v in prof["team_sizes"].items()}}
 
 
 def child(args) -> None:
@@ -202,7 +203,8 @@ def _profile_text(shape: str, threads: int, name: str, prof: dict) -> str:
         return " ".join(f"{x:7.2f}" for x in v)
 
     lines = [f"# {shape} threads={threads} {name}: per thread, ms per step: CPU {nums(prof['cpu_ms'])}, "
-             f"wall {nums(prof['wall_ms'])}, barriers {nums(prof['barriers'])}"]
+             f"wall {nums(prof['wall_ms'])}, barriers {nums(prof['barriers'])}; "
+             f"steps by team size {prof['team_sizes']} (the engine times one thread against the team)"]
     for phase, d in prof["phases"].items():
         lines.append(f"#   {phase:20s} CPU {nums(d['cpu_ms'])}   barrier wait {nums(d['wait_ms'])}")
     return "\n".join(lines)

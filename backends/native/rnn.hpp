@@ -65,8 +65,8 @@ struct Config {
 // across threads. kParTeam: a step whose largest product is smaller runs on one thread
 // altogether; on a 2-core machine shared with other work each barrier can cost
 // 0.1-0.2 ms, which made the WildML step (largest product 16M) 2x slower on two threads.
-// kParStep: the per-step recurrent product (B x H x G) split across the team, with a
-// barrier each step. At 1 << 18 the LSTM 700/500/80 batch-1 step went from 26.5 to 15 ms
+// kParStep: the per-step recurrent product (B x H x G) split across the team (by batch
+// rows with no barrier, or by hidden units with a barrier each step: recurrence_split). At 1 << 18 the LSTM 700/500/80 batch-1 step went from 26.5 to 15 ms
 // on two threads (half of W_hh stays in each core's L2); at 1 << 16 an LSTM 128 batch-1
 // step took 25x longer in one of three runs while another process held the other core.
 constexpr double kParTeam = 1 << 25;
