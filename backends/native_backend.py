@@ -7,11 +7,18 @@ engine parallelises with OpenMP and keeps that BLAS single-threaded.
 
 Variants:
 
-- ``default``: one minibatch, every phase (GEMMs, the per-step recurrence, the head)
-  split across ``threads`` OpenMP threads.
-- ``sync``: the minibatch's sequences split across ``threads`` threads, each with its own
-  buffers; the per-thread gradients are summed and ONE SGD update applied (the spec's step,
+- ``default``: one minibatch, ONE thread team per call: the big GEMMs (input projection
+  over all T, output layer, weight gradients over T*B) split as panels across the team
+  with single-threaded BLAS calls, the per-step recurrence split by batch rows (no
+  barrier per step) while W_hh fits in L2, by hidden units (one barrier per step)
+  otherwise; phases too small to repay a split run on one thread.
+- ``sync``: the minibatch's sequences split across ``threads`` workers, each with its own
+  buffers; the per-worker gradients are summed and ONE SGD update applied (the spec's step,
   up to summation order).
+
+Both time one thread against the whole team per call shape and run the faster
+(``adapt_threads``; every 10th call tries the other): on a machine whose other cores
+are busy a team loses to one thread, and more threads should never be slower.
 - ``async``: a parameter server: each thread pulls the shared parameters, computes the
   gradient of one sequence at a time on its local copy and pushes ``lr * g / B`` back
   under a lock. Not the spec's SGD, so it is only run for ``workload: train``.
@@ -78,6 +85,15 @@ class NativeBackend(Backend):
         #: multiplies the engine's minimum work per thread split; 0 splits every phase,
         #: which lets tests reach the multi-thread code paths on tiny shapes
         self.split_scale = 1.0
+        #: how a recurrence split across threads is shared: "auto" (by size), "batch"
+        #: (sequences per thread, no barrier per step) or "hidden" (units per thread,
+        #: one barrier per step); tests force each to reach both code paths
+        self.recurrence = "auto"
+        #: collect the engine's per-phase and per-thread counters (see ``profile``)
+        self.profiling = False
+        #: let the engine time one thread against all ``threads`` per call shape and run
+        #: the faster (every 10th call tries the other); off: every call forks the whole team
+        self.adapt_threads = True
 
     def availability(self) -> tuple[bool, str]:
         """Usable when the compiled module imports and SciPy's BLAS capsules load."""
@@ -141,8 +157,26 @@ class NativeBackend(Backend):
         net_class = mod.Net32 if self._dtype == np.float32 else mod.Net64
         # the engine's threads each call the BLAS: its own pool would oversubscribe the cores
         self._blas_threads_before = mod.set_blas_threads(1)
-        spec = _engine_spec(problem) | {"split_scale": float(self.split_scale)}
+        spec = _engine_spec(problem) | {"split_scale": float(self.split_scale), "recurrence": self.recurrence,
+                                        "adapt_threads": bool(self.adapt_threads)}
         self._net = net_class(spec, self.variant, max(1, int(threads)), 1, arrays)
+        self._net.set_profiling(bool(self.profiling))
+
+    def profile(self, reset: bool = False) -> dict | None:
+        """The engine's counters since profiling started (None when ``profiling`` is off).
+
+        ``phases[name]["seconds"]``: per thread, wall seconds inside the phase;
+        ``["wait_seconds"]``: the part spent at barriers; ``["cpu_seconds"]``: the thread's CPU
+        time in it (robust to a loaded machine, where wall time includes time off the core). ``wall_seconds`` / ``cpu_seconds``:
+        per thread, wall and CPU time of its team runs (the difference is time it was
+        runnable but off its core); ``barriers``, ``runs`` per thread; ``team_sizes``: team
+        runs by thread count; ``steps``: SGD steps counted. ``reset`` clears the counters."""
+        if self._net is None:
+            return None
+        out = self._net.profile()
+        if reset and out is not None:
+            self._net.set_profiling(True)
+        return out
 
     def warm_up(self, batch) -> None:
         """Allocate the buffers for this batch shape (parameters untouched)."""

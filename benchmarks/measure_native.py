@@ -1,8 +1,8 @@
 """Side-by-side sgd_step timings of the native backend against the reference, NumPy and PyTorch.
 
-Every contender runs in ONE process per thread count, in alternating rounds (the
-order reverses every round), so machine noise hits them alike; what is worth quoting
-is the ratios. Each thread count gets a fresh child process whose environment merges
+Every contender runs in ONE process per thread count, in alternating rounds
+(``harness.measure.time_interleaved``: the order reverses every round), so machine
+noise hits them alike; what is worth quoting is the ratios. Each thread count gets a fresh child process whose environment merges
 what every contender asks for (``Backend.environment_variables``) plus the allocator
 settings of DESIGN.md, applied identically to all. GFLOP/s is
 ``Problem.flops("train_step") / median``, set against a float32 NumPy GEMM
@@ -10,6 +10,11 @@ settings of DESIGN.md, applied identically to all. GFLOP/s is
 
     python benchmarks/measure_native.py                     # all shapes, threads 1 and 2
     python benchmarks/measure_native.py --shapes wildml-t4 --rounds 50
+    python benchmarks/measure_native.py --shapes elman512 --contenders native --profile
+
+``--profile`` switches on the native engine's counters and prints, per native
+contender, each phase's CPU milliseconds per step on every thread (robust to a
+loaded machine) and the barrier waits.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -35,6 +39,13 @@ SHAPES = {
                      seq_len=50, batch=32),
     "lstm512": dict(model={"kind": "lstm", "hidden": 512}, input_size=512, output_size=512, tokens=False,
                     seq_len=50, batch=32),
+    # configs/threads.yaml and threads_lstm.yaml: the thread-scaling shapes
+    "elman100": dict(model={"kind": "elman", "hidden": 100}, input_size=128, output_size=128, tokens=False,
+                     seq_len=50, batch=32),
+    "elman512": dict(model={"kind": "elman", "hidden": 512}, input_size=128, output_size=128, tokens=False,
+                     seq_len=50, batch=32),
+    "lstm500": dict(model={"kind": "lstm", "hidden": 500}, input_size=700, output_size=128, tokens=False,
+                    seq_len=80, batch=32),
 }
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1000000000", "MALLOC_TRIM_THRESHOLD_": "1000000000"}
 CONTENDERS = ("native", "native:sync", "numpy", "torch", "torch:fused")
@@ -88,12 +99,12 @@ def _make(shape: dict, dtype="float32"):
     return problem, params, x, y
 
 
-def _steppers(problem, params, x, y, threads: int, names):
-    """name -> zero-argument callable doing one timed unit; plus notes on skipped contenders."""
+def _steppers(problem, params, x, y, threads: int, names, profile: bool = False):
+    """name -> zero-argument callable doing one timed unit; notes on skipped contenders; the backends."""
     import backends
     from harness import reference as ref
 
-    steps, notes = {}, {}
+    steps, notes, made = {}, {}, {}
     state = {"p": {k: v.astype(np.float64) for k, v in params.items()}}
 
     def reference_step():
@@ -112,8 +123,11 @@ def _steppers(problem, params, x, y, threads: int, names):
         if not ok:
             notes[full] = f"skipped: {why}"
             continue
+        if profile and hasattr(b, "profiling"):
+            b.profiling = True
         b.prepare(problem, {k: v.copy() for k, v in params.items()}, device="cpu", threads=threads)
         b.warm_up((x, y))
+        made[full] = b
 
         def step(b=b):
             b.sgd_step(x, y, LR)
@@ -123,27 +137,37 @@ def _steppers(problem, params, x, y, threads: int, names):
     a = np.random.default_rng(2).random((GEMM_N, GEMM_N), dtype=np.float32)
     out = np.empty_like(a)
     steps["gemm-peak"] = lambda: np.matmul(a, a, out=out)
-    return steps, notes
+    return steps, notes, made
+
+
+def _profile_summary(prof: dict) -> dict:
+    """Per phase and thread: CPU ms per step and barrier-wait ms per step; per thread totals."""
+    n = max(1, prof["steps"])
+    per = {name: {"cpu_ms": [v / n * 1e3 for v in d["cpu_seconds"]],
+                  "wait_ms": [v / n * 1e3 for v in d["wait_seconds"]]}
+           for name, d in prof["phases"].items() if max(d["seconds"]) > 0}
+    return {"phases": per, "cpu_ms": [v / n * 1e3 for v in prof["cpu_seconds"]],
+            "wall_ms": [v / n * 1e3 for v in prof["wall_seconds"]], "barriers": [b / n for b in prof["barriers"]],
+            "team_sizes": {str(k): v for k, v in prof["team_sizes"].items()}}
 
 
 def child(args) -> None:
     """Runs every contender on every shape at one thread count; prints one JSON line per shape."""
+    from harness import measure
+
     names = [n for n in args.contenders.split(",") if n]
     pinned = _numpy_blas_threads(args.threads)
     for shape_name in args.shapes.split(","):
         problem, params, x, y = _make(SHAPES[shape_name])
-        steps, notes = _steppers(problem, params, x, y, args.threads, names)
-        samples = {k: [] for k in steps}
-        order = list(steps)
-        for k, f in steps.items():  # one untimed call each: first-touch and lazy set-up
+        steps, notes, made = _steppers(problem, params, x, y, args.threads, names, args.profile)
+        for f in steps.values():  # one untimed call each: first-touch and lazy set-up
             f()
-        for r in range(args.rounds):
-            for k in (order if r % 2 == 0 else order[::-1]):
-                if k == "reference" and r >= args.ref_rounds:
-                    continue
-                t0 = time.perf_counter_ns()
-                steps[k]()
-                samples[k].append((time.perf_counter_ns() - t0) * 1e-9)
+        for b in made.values():
+            if getattr(b, "profiling", False):
+                b.profile(reset=True)
+        samples = measure.time_interleaved({k: f for k, f in steps.items() if k != "reference"}, args.rounds)
+        samples["reference"] = measure.time_rounds(steps["reference"], n_rounds=args.ref_rounds)
+        profiles = {k: _profile_summary(b.profile()) for k, b in made.items() if getattr(b, "profiling", False)}
         stats = {}
         for k, v in samples.items():
             v = np.asarray(v)
@@ -152,7 +176,7 @@ def child(args) -> None:
             stats[k] = {"median_ms": med * 1e3, "iqr_ms": float(np.subtract(*np.percentile(v, [75, 25]))) * 1e3,
                         "n": int(v.size), "gflops": flops / med / 1e9}
         print(json.dumps({"shape": shape_name, "threads": args.threads, "stats": stats, "notes": notes,
-                          "numpy_blas": pinned, "loadavg": os.getloadavg()}), flush=True)
+                          "numpy_blas": pinned, "loadavg": os.getloadavg(), "profiles": profiles}), flush=True)
 
 
 def _table(results) -> str:
@@ -173,6 +197,19 @@ def _table(results) -> str:
     return "\n".join(lines)
 
 
+def _profile_text(shape: str, threads: int, name: str, prof: dict) -> str:
+    """The profile of one native contender as comment lines: CPU ms per step per thread, by phase."""
+    def nums(v):
+        return " ".join(f"{x:7.2f}" for x in v)
+
+    lines = [f"# {shape} threads={threads} {name}: per thread, ms per step: CPU {nums(prof['cpu_ms'])}, "
+             f"wall {nums(prof['wall_ms'])}, barriers {nums(prof['barriers'])}; "
+             f"steps by team size {prof['team_sizes']} (the engine times one thread against the team)"]
+    for phase, d in prof["phases"].items():
+        lines.append(f"#   {phase:20s} CPU {nums(d['cpu_ms'])}   barrier wait {nums(d['wait_ms'])}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="wildml-t4,wildml-full,dense512", help=f"comma list of {', '.join(SHAPES)}")
@@ -180,19 +217,25 @@ def main(argv=None) -> int:
     ap.add_argument("--contenders", default=",".join(CONTENDERS), help="backends beside the reference")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--ref-rounds", type=int, default=5, help="rounds that include the (slow) reference")
+    ap.add_argument("--profile", action="store_true", help="print the native engine's per-phase CPU time per thread")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         args.threads = int(args.threads)
         child(args)
         return 0
+    from harness.client import worker_cpus
+
     results = []
     for threads in [int(t) for t in args.threads.split(",")]:
         names = [n for n in args.contenders.split(",") if n]
         env = {**os.environ, **MALLOC_ENV, **_contender_env(names, threads)}
         cmd = [sys.executable, __file__, "--child", "--threads", str(threads), "--shapes", args.shapes,
                "--contenders", args.contenders, "--rounds", str(args.rounds), "--ref-rounds", str(args.ref_rounds)]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        cmd += ["--profile"] if args.profile else []
+        cpus = worker_cpus(threads)  # as the harness confines its workers: the first `threads` cores
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                              preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         if proc.returncode != 0:
             sys.stderr.write(proc.stderr)
             return proc.returncode
@@ -204,6 +247,8 @@ def main(argv=None) -> int:
                     print(f"# {res['shape']} threads={threads}: {k} {note}")
                 print(f"# {res['shape']} threads={threads}: load average {res['loadavg']}, "
                       f"NumPy BLAS {res['numpy_blas']}", flush=True)
+                for k, prof in res["profiles"].items():
+                    print(_profile_text(res["shape"], threads, k, prof), flush=True)
     print(_table(results))
     return 0
 

@@ -337,6 +337,40 @@ def plot_threads_batch(timings: pd.DataFrame, out: Path):
     return _save(plt, fig, axes, len(panels), out)
 
 
+def plot_threads(timings: pd.DataFrame, out: Path):
+    """Time per step against threads, a line per backend (dotted: its one-thread time divided
+    by the thread count), a panel per problem that was run at two or more thread counts."""
+    df = timings[(timings["status"] == "ok") & timings["median_s"].notna()].copy()
+    if df.empty or df["threads"].nunique() < 2:
+        return None
+    df["label"] = backend_label(df)
+    df["problem"] = df.apply(lambda r: f"{group_label(r, omit=('threads',))} · {r['workload']}", axis=1)
+    panels = [(problem, g) for problem, g in df.groupby("problem", sort=False)
+              if g.groupby("label")["threads"].nunique().max() >= 2]
+    if not panels:
+        return None
+    plt, sns, fig, axes = _grid(len(panels), 3, 5.6, 4.4)
+    palette = _palette(sns, df["label"])
+    for ax, (problem, g) in zip(axes.flat, panels):
+        for label, line in g.groupby("label", sort=True):
+            line = line.groupby("threads", as_index=False)[["median_s", "iqr_s"]].median().sort_values("threads")
+            half = (line["iqr_s"].fillna(0) / 2).to_numpy()
+            ax.errorbar(line["threads"], line["median_s"], yerr=half, marker="o", capsize=3, color=palette[label],
+                        label=label)
+            if 1 in set(line["threads"]) and len(line) >= 2:
+                one = float(line.loc[line["threads"] == 1, "median_s"].iloc[0])
+                ax.plot(line["threads"], one / line["threads"], ls=":", lw=1, color=palette[label])
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        _measured_ticks(ax.xaxis, g["threads"])
+        _seconds_axis(ax.yaxis)
+        ax.set_xlabel("threads")
+        ax.set_ylabel("median time per call (bars: IQR)")
+        ax.set_title(f"thread scaling\n{textwrap.fill(problem, 60)}", fontsize=9)
+        ax.legend(fontsize=8, title="dotted: ideal from 1 thread", title_fontsize=7)
+    return _save(plt, fig, axes, len(panels), out)
+
+
 def plot_train_tradeoff(timings: pd.DataFrame, out: Path):
     """Training time against the loss reached, a marker per backend x threads x batch (parallel minibatch)."""
     df = timings[(timings["status"] == "ok") & (timings["workload"] == "train")].copy()
@@ -464,6 +498,7 @@ def make_plots(run_dir) -> list[Path]:
         plot_scaling(run.timings, plots / "scaling.png"),
         plot_roofline(run.timings, plots / "roofline.png"),
         plot_threads_batch(run.timings, plots / "threads_batch.png"),
+        plot_threads(run.timings, plots / "threads.png"),
         plot_crossover(run.timings, plots / "crossover.png"),
         plot_train_tradeoff(run.timings, plots / "train_tradeoff.png"),
     ]

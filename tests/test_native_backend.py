@@ -26,6 +26,7 @@ class _Threaded:
 
     def prepare(self, problem, params, device="cpu", threads=1):
         self.split_scale = 0.0
+        self.adapt_threads = False  # every call on both threads, never the one-thread choice
         super().prepare(problem, params, device, threads=self.threads)
 
 
@@ -42,12 +43,13 @@ def test_conformance_matrix(variant):
     assert n_pass >= 0.9 * len(results), f"only {n_pass} of {len(results)} cases supported"
 
 
-@pytest.mark.parametrize("variant", ["default", "sync"])
-def test_two_threads_with_every_phase_split(variant):
+@pytest.mark.parametrize("variant,recurrence", [("default", "batch"), ("default", "hidden"), ("sync", "auto")])
+def test_two_threads_with_every_phase_split(variant, recurrence):
     from backends.native_backend import NativeBackend
 
     _native(variant)
     backend = type("ThreadedNative", (_Threaded, NativeBackend), {})(variant)
+    backend.recurrence = recurrence  # both ways of sharing the per-step recurrence
     # the WildML shapes cost reference time, not threading coverage: split_scale=0 already
     # drives every parallel path on the small cases; the realistic LSTM keeps the real thresholds
     cases = [c for c in check.all_cases(quick=True) if "wildml" not in c.label]
@@ -189,3 +191,55 @@ def test_fused_update_of_deep_products_rounds_once(kind):
     for k, v in plain.items():
         ulps = np.abs(fused[k].astype(np.float64) - v) / np.spacing(np.abs(v))
         assert ulps.max() <= 1, f"{k}: {ulps.max():.0f} ulp from the unfused update"
+
+
+@pytest.mark.parametrize("recurrence,per_step", [("batch", False), ("hidden", True)])
+def test_profile_counts_phases_threads_and_barriers(recurrence, per_step):
+    backend = _native()
+    problem = _problem({"kind": "elman", "hidden": 32}, tokens=False, D=8, O=5, T=12, B=16, dtype="float32")
+    params = ref.init_params(problem.model, 8, 5, seed=2, dtype="float32")
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(12, 16, 8)).astype(np.float32), rng.integers(0, 5, size=(12, 16))
+    backend.prepare(problem, params, threads=2)
+    backend.sgd_step(x, y, 0.1)
+    assert backend.profile() is None  # off by default
+    backend.split_scale, backend.recurrence, backend.profiling, backend.adapt_threads = 0.0, recurrence, True, False
+    backend.prepare(problem, params, threads=2)
+    for _ in range(3):
+        backend.sgd_step(x, y, 0.1)
+    prof = backend.profile(reset=True)
+    assert prof["steps"] == 3 and prof["runs"] == [3, 3] and prof["team_sizes"] == {2: 3}
+    phases = prof["phases"]
+    for name in ("input_projection", "recurrence_forward", "output_gemm", "head", "output_grads",
+                 "recurrence_backward", "weight_grads"):
+        for t in range(2):
+            assert phases[name]["seconds"][t] > 0 and phases[name]["cpu_seconds"][t] >= 0
+            assert phases[name]["wait_seconds"][t] <= phases[name]["seconds"][t]
+    for t in range(2):
+        inside = sum(p["seconds"][t] for p in phases.values())
+        assert inside <= prof["wall_seconds"][t] and 0 < prof["cpu_seconds"][t]
+    # the recurrence meets once per time step (forward and backward) only when split by hidden units
+    barriers = prof["barriers"][0] / 3
+    assert (barriers >= 2 * 11) == per_step, barriers
+    assert backend.profile()["steps"] == 0  # reset
+
+
+def test_team_size_is_timed_and_the_faster_kept():
+    backend = _native()
+    problem = _problem({"kind": "elman", "hidden": 16}, tokens=False, D=4, O=3, T=6, B=8, dtype="float32")
+    params = ref.init_params(problem.model, 4, 3, seed=5, dtype="float32")
+    rng = np.random.default_rng(6)
+    x, y = rng.normal(size=(6, 8, 4)).astype(np.float32), rng.integers(0, 3, size=(6, 8))
+    backend.split_scale, backend.profiling = 0.0, True
+    backend.prepare(problem, params, threads=2)
+    for _ in range(6):  # the probe: the team and one thread in turn, three calls each
+        backend.sgd_step(x, y, 0.1)
+    assert backend.profile(reset=True)["team_sizes"] == {1: 3, 2: 3}
+    for _ in range(10):  # then the faster of the two, and every 10th call the other
+        backend.sgd_step(x, y, 0.1)
+    assert sorted(backend.profile()["team_sizes"].values()) == [1, 9]
+    backend.adapt_threads = False
+    backend.prepare(problem, params, threads=2)
+    for _ in range(4):
+        backend.sgd_step(x, y, 0.1)
+    assert backend.profile()["team_sizes"] == {2: 4}

@@ -55,7 +55,7 @@ batch: [2]
 backends: [ref, 'ref:slow']
 """
 ALL_PLOTS = {"speedup.png", "loss_vs_time.png", "scaling.png", "roofline.png", "threads_batch.png", "crossover.png",
-             "train_tradeoff.png"}
+             "train_tradeoff.png", "threads.png"}
 
 
 def _seconds(cell) -> float:

@@ -163,6 +163,14 @@ Config make_config(nb::dict s) {
     c.output_size = nb::cast<int>(s["output_size"]);
     c.tokens = nb::cast<bool>(s["tokens"]);
     if (s.contains("split_scale")) c.split_scale = nb::cast<double>(s["split_scale"]);
+    if (s.contains("adapt_threads")) c.adapt = nb::cast<bool>(s["adapt_threads"]);
+    if (s.contains("recurrence")) {
+        const std::string r = str("recurrence");
+        if (r == "auto") c.recurrence = 0;
+        else if (r == "batch") c.recurrence = 1;
+        else if (r == "hidden") c.recurrence = 2;
+        else throw nb::value_error(("unknown recurrence split " + r + " (auto, batch, hidden)").c_str());
+    }
     if (c.hidden < 1 || c.layers < 1 || c.input_size < 1 || c.output_size < 1)
         throw nb::value_error("sizes must be positive");
     if ((c.bptt != Bptt::Full) && c.k < 1) throw nb::value_error("bptt K must be positive");
@@ -234,6 +242,49 @@ class PyNet {
 
     nb::list get_params() { return unpack(net_->params()); }
 
+    void set_profiling(bool on) { net_->set_profiling(on); }
+
+    // The counters since profiling was switched on: seconds per phase and thread (time in
+    // the phase, of it waiting at barriers, CPU time in it), and per thread the wall and CPU seconds of
+    // its team runs; None while profiling is off.
+    nb::object profile() {
+        const Profile* p = net_->profile();
+        if (!p) return nb::none();
+        nb::dict out, phases;
+        out["steps"] = p->steps;
+        for (int ph = 0; ph < kPhases; ++ph) {
+            std::vector<double> in, wait, cpu;
+            for (const ThreadProfile& t : p->threads) {
+                in.push_back(t.phase_ns[ph] * 1e-9);
+                wait.push_back(t.wait_ns[ph] * 1e-9);
+                cpu.push_back(t.phase_cpu_ns[ph] * 1e-9);
+            }
+            nb::dict d;
+            d["seconds"] = in;
+            d["wait_seconds"] = wait;
+            d["cpu_seconds"] = cpu;
+            phases[phase_name(ph)] = d;
+        }
+        out["phases"] = phases;
+        std::vector<double> wall, cpu;
+        std::vector<std::int64_t> barriers, runs;
+        for (const ThreadProfile& t : p->threads) {
+            wall.push_back(t.wall_ns * 1e-9);
+            cpu.push_back(t.cpu_ns * 1e-9);
+            barriers.push_back(t.barriers);
+            runs.push_back(t.runs);
+        }
+        out["wall_seconds"] = wall;
+        out["cpu_seconds"] = cpu;
+        out["barriers"] = barriers;
+        out["runs"] = runs;
+        nb::dict sizes;
+        for (int b = 0, lo = 1; b < 8; ++b, lo *= 2)
+            if (p->team_sizes[b]) sizes[nb::int_(lo)] = p->team_sizes[b];
+        out["team_sizes"] = sizes;  // team runs by size bin: 1, 2, 3-4 (key 4), 5-8 (key 8), ...
+        return out;
+    }
+
   private:
     std::unique_ptr<Net<T>> net_;
 
@@ -301,7 +352,9 @@ void bind_net(nb::module_& m, const char* name) {
         .def("forward", &PyNet<T>::forward, "x"_a)
         .def("loss_and_grads", &PyNet<T>::loss_and_grads, "x"_a, "y"_a)
         .def("sgd_step", &PyNet<T>::sgd_step, "x"_a, "y"_a, "lr"_a)
-        .def("get_params", &PyNet<T>::get_params);
+        .def("get_params", &PyNet<T>::get_params)
+        .def("set_profiling", &PyNet<T>::set_profiling, "on"_a)
+        .def("profile", &PyNet<T>::profile);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <new>
 #include <stdexcept>
@@ -51,6 +52,8 @@ struct Config {
     int k = 0;
     double clip = 0.0;  // <= 0: no clipping
     double split_scale = 1.0;  // scales the work thresholds below; 0 splits everything (tests)
+    int recurrence = 0;        // how a split recurrence is shared: 0 by size, 1 batch rows, 2 hidden units
+    bool adapt = true;         // time one thread against the team and keep the faster (TeamTuner)
     int input_size = 0;
     int output_size = 0;
     bool tokens = false;
@@ -62,14 +65,17 @@ struct Config {
 // across threads. kParTeam: a step whose largest product is smaller runs on one thread
 // altogether; on a 2-core machine shared with other work each barrier can cost
 // 0.1-0.2 ms, which made the WildML step (largest product 16M) 2x slower on two threads.
-// kParStep: the per-step recurrent product (B x H x G) split across the team, with a
-// barrier each step. At 1 << 18 the LSTM 700/500/80 batch-1 step went from 26.5 to 15 ms
+// kParStep: the per-step recurrent product (B x H x G) split across the team (by batch
+// rows with no barrier, or by hidden units with a barrier each step: recurrence_split). At 1 << 18 the LSTM 700/500/80 batch-1 step went from 26.5 to 15 ms
 // on two threads (half of W_hh stays in each core's L2); at 1 << 16 an LSTM 128 batch-1
 // step took 25x longer in one of three runs while another process held the other core.
 constexpr double kParTeam = 1 << 25;
 constexpr double kParGemm = 1 << 20;
 constexpr double kParStep = 1 << 18;
 constexpr double kParRows = 1 << 16;
+// Fewest sequences per thread for a recurrence split by batch rows: below it each
+// per-step product has too few rows to reuse W_hh from cache (automatic choice only).
+constexpr int kMinRows = 8;
 constexpr std::size_t kAlign = 16;  // elements: 64 bytes for float
 // Fused SGD adds -lr * (A^T B) into the parameters with beta = 1. BLAS splits a deep
 // product into panels of K (OpenBLAS: 256-384) and adds each panel's partial sum to C,
@@ -199,16 +205,64 @@ class Barrier {
     alignas(64) std::atomic<int> sleepers_{0};
 };
 
+// Profiling (off by default: no clock is read unless a Profile is attached). Per
+// thread and phase: the wall time spent in the phase and the part of it spent waiting
+// at barriers; per thread: the wall and CPU time (CLOCK_THREAD_CPUTIME_ID) of each
+// team run, whose difference is time the thread was runnable but off its core.
+enum Phase : int { kInputProj, kRecurFwd, kOutput, kHead, kOutGrads, kRecurBwd, kWeightGrads, kUpdate, kPhases };
+inline const char* phase_name(int p) {
+    static const char* names[kPhases] = {"input_projection", "recurrence_forward", "output_gemm", "head",
+                                         "output_grads", "recurrence_backward", "weight_grads", "update"};
+    return names[p];
+}
+
+inline std::int64_t now_ns() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (std::int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+inline std::int64_t cpu_ns() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (std::int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+struct alignas(64) ThreadProfile {  // one cache line apart: no false sharing between threads
+    std::int64_t phase_ns[kPhases] = {};
+    std::int64_t wait_ns[kPhases] = {};
+    std::int64_t phase_cpu_ns[kPhases] = {};
+    std::int64_t wall_ns = 0, cpu_ns = 0, barriers = 0, runs = 0;
+    int phase = -1;  // the phase this thread is in
+};
+
+struct Profile {
+    std::vector<ThreadProfile> threads;
+    std::int64_t steps = 0;
+    std::int64_t team_sizes[8] = {};  // how many runs used 1, 2, 3-4, 5-8, ... threads
+    explicit Profile(int n) : threads(std::max(1, n)) {}
+};
+
 // The OpenMP threads that share one worker's phases.
 struct Team {
     int tid = 0, nth = 1;
     double scale = 1.0;
     Barrier* sync = nullptr;
+    Profile* prof = nullptr;  // null: profiling off
+    int slot = 0;             // this thread's ThreadProfile (a solo team inside a larger one keeps its thread's)
     bool leader() const { return tid == 0; }
     // Whether `work` multiply-adds are worth splitting (threshold `base`).
     bool split(double work, double base) const { return nth > 1 && work >= base * scale; }
     void barrier() const {
-        if (nth > 1) sync->wait();
+        if (nth <= 1) return;
+        if (!prof) {
+            sync->wait();
+            return;
+        }
+        ThreadProfile& p = prof->threads[slot];
+        const std::int64_t t0 = now_ns();
+        sync->wait();
+        if (p.phase >= 0) p.wait_ns[p.phase] += now_ns() - t0;
+        ++p.barriers;
     }
     // This member's share of [0, n), in chunks that are multiples of `align`.
     void share(int n, int align, int& lo, int& hi) const {
@@ -217,13 +271,73 @@ struct Team {
         lo = std::min(n, tid * per);
         hi = std::min(n, lo + per);
     }
+    // This member's share of n rows among the first `parts` members (others get none).
+    void share_among(int n, int parts, int& lo, int& hi) const {
+        parts = std::max(1, std::min(parts, nth));
+        if (tid >= parts) {
+            lo = hi = n;
+            return;
+        }
+        lo = (int)((long)n * tid / parts);
+        hi = (int)((long)n * (tid + 1) / parts);
+    }
+};
+
+// Times one phase of one thread while it is in scope.
+class PhaseScope {
+  public:
+    PhaseScope(const Team& tm, Phase ph) : p_(tm.prof ? &tm.prof->threads[tm.slot] : nullptr) {
+        if (!p_) return;
+        prev_ = p_->phase;
+        p_->phase = ph;
+        t0_ = now_ns();
+        c0_ = cpu_ns();
+    }
+    ~PhaseScope() {
+        if (!p_) return;
+        p_->phase_ns[p_->phase] += now_ns() - t0_;
+        p_->phase_cpu_ns[p_->phase] += cpu_ns() - c0_;
+        p_->phase = prev_;
+    }
+
+  private:
+    ThreadProfile* p_;
+    int prev_ = -1;
+    std::int64_t t0_ = 0, c0_ = 0;
+};
+
+// Times a whole team run of one thread (wall and CPU).
+class RunScope {
+  public:
+    explicit RunScope(const Team& tm) : p_(tm.prof ? &tm.prof->threads[tm.slot] : nullptr) {
+        if (!p_) return;
+        w0_ = now_ns();
+        c0_ = cpu_ns();
+    }
+    ~RunScope() {
+        if (!p_) return;
+        p_->wall_ns += now_ns() - w0_;
+        p_->cpu_ns += cpu_ns() - c0_;
+        ++p_->runs;
+    }
+
+  private:
+    ThreadProfile* p_;
+    std::int64_t w0_ = 0, c0_ = 0;
 };
 
 // Runs f(team) on n threads (inline when n == 1).
 template <class F>
-void run_team(int n, double scale, F&& f) {
+void run_team(int n, double scale, Profile* prof, F&& f) {
+    if (prof) {
+        int bin = 0;
+        for (int k = 1; k < n && bin < 7; k *= 2) ++bin;
+        ++prof->team_sizes[bin];
+    }
     if (n <= 1) {
-        f(Team{0, 1, scale, nullptr});
+        Team tm{0, 1, scale, nullptr, prof, 0};
+        RunScope rs(tm);
+        f(tm);
         return;
     }
     Barrier sync(n), fewer(1);
@@ -234,29 +348,44 @@ void run_team(int n, double scale, F&& f) {
 #pragma omp single
             fewer.reset(got);
         }
-        f(Team{omp_get_thread_num(), got, scale, got == n ? &sync : &fewer});
+        const int tid = omp_get_thread_num();
+        Team tm{tid, got, scale, got == n ? &sync : &fewer, prof, tid};
+        RunScope rs(tm);
+        f(tm);
     }
 }
 
-// A GEMM split over the team along its larger output dimension; no barrier.
+// The block [r0, r1) x [c0, c1) of C = alpha op(A) op(B) + beta C.
+template <class T>
+void block_gemm(bool ta, bool tb, int r0, int r1, int c0, int c1, int K, T alpha, const T* A, int lda, const T* B,
+                int ldb, T beta, T* C, int ldc) {
+    if (r0 >= r1 || c0 >= c1) return;
+    gemm(ta, tb, r1 - r0, c1 - c0, K, alpha, ta ? A + r0 : A + (std::size_t)r0 * lda, lda,
+         tb ? B + (std::size_t)c0 * ldb : B + c0, ldb, beta, C + (std::size_t)r0 * ldc + c0, ldc);
+}
+
+// This member's block of an M x N product with K-deep sums shared as panels across the
+// team, along the larger output dimension (the whole product on the leader, nothing
+// elsewhere, below kParGemm). The same split for every caller, so a later pass over
+// the same block (a fused update) needs no barrier.
+inline void gemm_block(const Team& tm, int M, int N, double K, int& r0, int& r1, int& c0, int& c1) {
+    r0 = c0 = 0, r1 = M, c1 = N;
+    if (!tm.split((double)M * N * K, kParGemm)) {
+        if (!tm.leader()) r1 = 0;
+    } else if (N >= M) {
+        tm.share(N, (int)kAlign, c0, c1);
+    } else {
+        tm.share(M, 1, r0, r1);
+    }
+}
+
+// A GEMM split over the team as panels (gemm_block); no barrier.
 template <class T>
 void pgemm(const Team& tm, bool ta, bool tb, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb,
            T beta, T* C, int ldc) {
-    if (!tm.split((double)M * N * K, kParGemm)) {
-        if (tm.leader()) gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    int lo, hi;
-    if (N >= M) {
-        tm.share(N, (int)kAlign, lo, hi);
-        if (lo < hi)
-            gemm(ta, tb, M, hi - lo, K, alpha, A, lda, tb ? B + (std::size_t)lo * ldb : B + lo, ldb, beta, C + lo, ldc);
-    } else {
-        tm.share(M, 1, lo, hi);
-        if (lo < hi)
-            gemm(ta, tb, hi - lo, N, K, alpha, ta ? A + lo : A + (std::size_t)lo * lda, lda, B, ldb, beta,
-                 C + (std::size_t)lo * ldc, ldc);
-    }
+    int r0, r1, c0, c1;
+    gemm_block(tm, M, N, K, r0, r1, c0, c1);
+    block_gemm(ta, tb, r0, r1, c0, c1, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 template <class T>
@@ -347,13 +476,10 @@ class Worker {
         if (grads_.size() != lay_.total) grads_.assign(lay_.total, T(0));
     }
 
-    // The scratch gradient of a deep fused product: the largest GEMM-updated weight
-    // (every tensor but a token embedding, which is updated by rows).
+    // The scratch gradients of deep fused products, at the parameters' own offsets: each
+    // weight its own block, so no product waits for another's update to free the scratch.
     void ensure_fuse_scratch() {
-        std::size_t need = 0;
-        for (std::size_t i = 0; i < lay_.tensors.size(); ++i)
-            if (!(cfg_.tokens && lay_.tensors[i].offset == lay_.layers[0].W_in)) need = std::max(need, lay_.tensors[i].size());
-        if (scratch_.size() < need) scratch_.assign(need, T(0));
+        if (scratch_.size() < lay_.total) scratch_.assign(lay_.total, T(0));
     }
 
     T* grads() { return grads_.data(); }
@@ -365,10 +491,16 @@ class Worker {
     double forward_head(const Team& tm, const T* P, const Batch<T>& in, bool train, T inv_b, T* out) {
         for (int l = 0; l < cfg_.layers; ++l) forward_layer(tm, P, in, l);
         const int TB = in.T_ * in.B, H = cfg_.hidden, O = cfg_.output_size;
-        pgemm(tm, false, false, TB, O, H, T(1), top_h(in.B), H, P + lay_.W_hy, O, T(0), out, O);
-        tm.barrier();
-        head(tm, P, in, train, inv_b, out);
-        tm.barrier();
+        {
+            PhaseScope ps(tm, kOutput);
+            pgemm(tm, false, false, TB, O, H, T(1), top_h(in.B), H, P + lay_.W_hy, O, T(0), out, O);
+            tm.barrier();
+        }
+        {
+            PhaseScope ps(tm, kHead);
+            head(tm, P, in, train, inv_b, out);
+            tm.barrier();
+        }
         if (!tm.leader()) return 0.0;
         double total = 0.0;
         for (int r = 0; r < TB; ++r) total += row_loss_[r];
@@ -387,20 +519,33 @@ class Worker {
         if (!s.fused() && cfg_.tokens && tm.leader()) touched_.clear();
         LayerWs<T>& top = L_.back();
         const T* dZ = Z_.data() + (std::size_t)R0 * O;
-        // dh of the top layer first: the fused update below overwrites W_hy
-        pgemm(tm, false, true, nR, H, O, T(1), dZ, O, P + lay_.W_hy, O, T(0), top.DH.data() + (std::size_t)R0 * H, H);
-        tm.barrier();
-        grad_gemm(tm, s, lay_.W_hy, true, false, H, O, nR, top_h(Bn) + (std::size_t)R0 * H, H, dZ, O);
-        if (cfg_.bias) colsum(tm, s, lay_.b_y, dZ, nR, O);
+        {
+            PhaseScope ps(tm, kOutGrads);
+            // dh of the top layer first: the fused update below overwrites W_hy
+            pgemm(tm, false, true, nR, H, O, T(1), dZ, O, P + lay_.W_hy, O, T(0), top.DH.data() + (std::size_t)R0 * H,
+                  H);
+            tm.barrier();
+            grad_gemm(tm, s, lay_.W_hy, true, false, H, O, nR, top_h(Bn) + (std::size_t)R0 * H, H, dZ, O);
+            if (cfg_.bias) colsum(tm, s, lay_.b_y, dZ, nR, O);
+        }
         if (cfg_.bptt == Bptt::Truncated && cfg_.k < Tn - 1) {
-            lagged_backward(tm, P, in);
+            {
+                PhaseScope ps(tm, kRecurBwd);
+                lagged_backward(tm, P, in);
+            }
+            PhaseScope ps(tm, kWeightGrads);
             for (int l = cfg_.layers - 1; l >= 0; --l) layer_grads(tm, P, s, in, l, 0, false);
         } else {
             for (int l = cfg_.layers - 1; l >= 0; --l) {
-                window_backward(tm, P, in, l, t0);
+                {
+                    PhaseScope ps(tm, kRecurBwd);
+                    window_backward(tm, P, in, l, t0);
+                }
+                PhaseScope ps(tm, kWeightGrads);
                 layer_grads(tm, P, s, in, l, t0, l > 0);
             }
         }
+        PhaseScope ps(tm, kWeightGrads);
         tm.barrier();
     }
 
@@ -423,38 +568,88 @@ class Worker {
     const T* top_h(int Bn) const { return L_.back().Hs.data() + (std::size_t)Bn * cfg_.hidden; }
     const T* opt(const T* P, std::size_t off) const { return off == kNone ? zeros_.data() : P + off; }
 
+    // How a per-step recurrence of Bn rows is shared by the team. By batch rows: each
+    // thread runs its own sequences through every step with no barrier at all, but reads
+    // all of W_hh and needs kMinRows rows to use the GEMM well. By hidden units: each
+    // thread keeps its block of W_hh's columns (rows of W_hh^T in the backward) and the
+    // team meets at one barrier per step. Batch rows whenever they keep at least half the
+    // team busy. On two threads (Elman 512, B 32, T 50) batch rows cut each thread's CPU
+    // time per step 1.9-2.0x against one thread, hidden units 1.3x (111 barriers per step,
+    // each spinning); for the LSTM 500 (W_hh 4 MB, out of L2; T 80) 1.93x against 1.76x,
+    // with 7 barriers per step instead of 165.
+    enum class Split { None, Batch, Hidden };
+    Split recurrence_split(const Team& tm, int Bn, int& parts) const {
+        parts = 1;
+        if (!tm.split((double)Bn * cfg_.hidden * cfg_.gates(), kParStep)) return Split::None;
+        if (cfg_.recurrence == 2 || Bn < 2) return Split::Hidden;
+        if (cfg_.recurrence == 1) {
+            parts = std::min(tm.nth, Bn);
+            return Split::Batch;
+        }
+        parts = std::min(tm.nth, Bn / kMinRows);
+        if (parts >= 2 && 2 * parts >= tm.nth) return Split::Batch;
+        parts = 1;
+        return Split::Hidden;
+    }
+
     void forward_layer(const Team& tm, const T* P, const Batch<T>& in, int l) {
         const LayerSlots& sl = lay_.layers[l];
         LayerWs<T>& w = L_[l];
         const int Tn = in.T_, Bn = in.B, TB = Tn * Bn, H = cfg_.hidden, G = cfg_.gates();
         T* A = w.A.data();
-        if (l == 0 && cfg_.tokens) {  // x_t W_xh is the row gather W_xh[x_t]
-            int lo = 0, hi = TB;
-            if (tm.split((double)TB * G, kParRows)) tm.share(TB, 1, lo, hi);
-            else if (!tm.leader()) hi = 0;
-            const T* W = P + sl.W_in;
-            for (int r = lo; r < hi; ++r)
-                std::memcpy(A + (std::size_t)r * G, W + (std::size_t)in.tok[r] * G, sizeof(T) * G);
-        } else {
-            const T* X = l == 0 ? in.x : L_[l - 1].Hs.data() + (std::size_t)Bn * H;
-            pgemm(tm, false, false, TB, G, sl.din, T(1), X, sl.din, P + sl.W_in, G, T(0), A, G);
-        }
-        if (tm.leader()) {  // the initial state (earlier, larger batches may have used this block)
-            std::fill(w.Hs.begin(), w.Hs.begin() + (std::size_t)Bn * H, T(0));
-            if (cfg_.kind == Kind::Lstm) std::fill(w.C.begin(), w.C.begin() + (std::size_t)Bn * H, T(0));
-        }
         // A W_hh too big for L2 is repacked by every per-step product, and OpenBLAS packs
         // it 1.2-1.8x faster as a transposed operand (measured at 32 x 2048 x 512); a single
         // row goes to GEMV, which streams W_hh as it is
         const bool transposed = !resident_ && Tn > 2 && !(Bn == 1 && has_gemv(T(0)));
-        if (transposed) transpose(tm, P + sl.W_hh, H, G, w.WhhT);
-        tm.barrier();
-        const bool par = tm.split((double)Bn * H * G, kParStep);
+        {
+            PhaseScope ps(tm, kInputProj);
+            if (l == 0 && cfg_.tokens) {  // x_t W_xh is the row gather W_xh[x_t]
+                int lo = 0, hi = TB;
+                if (tm.split((double)TB * G, kParRows)) tm.share(TB, 1, lo, hi);
+                else if (!tm.leader()) hi = 0;
+                const T* W = P + sl.W_in;
+                for (int r = lo; r < hi; ++r)
+                    std::memcpy(A + (std::size_t)r * G, W + (std::size_t)in.tok[r] * G, sizeof(T) * G);
+            } else {
+                const T* X = l == 0 ? in.x : L_[l - 1].Hs.data() + (std::size_t)Bn * H;
+                pgemm(tm, false, false, TB, G, sl.din, T(1), X, sl.din, P + sl.W_in, G, T(0), A, G);
+            }
+            if (tm.leader()) {  // the initial state (earlier, larger batches may have used this block)
+                std::fill(w.Hs.begin(), w.Hs.begin() + (std::size_t)Bn * H, T(0));
+                if (cfg_.kind == Kind::Lstm) std::fill(w.C.begin(), w.C.begin() + (std::size_t)Bn * H, T(0));
+            }
+            if (transposed) transpose(tm, P + sl.W_hh, H, G, w.WhhT);
+            tm.barrier();
+        }
+        PhaseScope ps(tm, kRecurFwd);
+        int parts;
+        const Split how = recurrence_split(tm, Bn, parts);
+        const T* Whh = P + sl.W_hh;
+        const T* WhhT = w.WhhT.data();
+        if (how == Split::Batch) {  // this thread's sequences, start to end, no barrier
+            int b0, b1;
+            tm.share_among(Bn, parts, b0, b1);
+            const int nb = b1 - b0;
+            if (nb > 0) {
+                for (int t = 0; t < Tn; ++t) {
+                    T* At = A + ((std::size_t)t * Bn + b0) * G;
+                    const T* hprev = w.Hs.data() + ((std::size_t)t * Bn + b0) * H;
+                    if (t > 0) {
+                        if (transposed)
+                            gemm(false, true, nb, G, H, T(1), hprev, H, WhhT, H, T(1), At, G);
+                        else
+                            gemm(false, false, nb, G, H, T(1), hprev, H, Whh, G, T(1), At, G, resident_);
+                    }
+                    step_rows(P, sl, w, t, Bn, b0, b1, 0, H);
+                }
+            }
+            tm.barrier();
+            return;
+        }
+        const bool par = how == Split::Hidden;
         int k0 = 0, k1 = H;
         if (par) tm.share(H, (int)kAlign, k0, k1);
         if (par || tm.leader()) {
-            const T* Whh = P + sl.W_hh;
-            const T* WhhT = w.WhhT.data();
             for (int t = 0; t < Tn; ++t) {
                 T* At = A + (std::size_t)t * Bn * G;
                 const T* hprev = w.Hs.data() + (std::size_t)t * Bn * H;
@@ -468,14 +663,18 @@ class Worker {
                             gemm(false, false, Bn, n, H, T(1), hprev, H, Whh + c, G, T(1), At + c, G, resident_);
                     }
                 }
-                if (cfg_.kind == Kind::Elman)
-                    elman_step(P, sl, w, t, Bn, k0, k1);
-                else
-                    lstm_step(P, sl, w, t, Bn, k0, k1);
+                step_rows(P, sl, w, t, Bn, 0, Bn, k0, k1);
                 if (par) tm.barrier();
             }
         }
         if (!par) tm.barrier();
+    }
+
+    void step_rows(const T* P, const LayerSlots& sl, LayerWs<T>& w, int t, int Bn, int b0, int b1, int k0, int k1) {
+        if (cfg_.kind == Kind::Elman)
+            elman_step(P, sl, w, t, Bn, b0, b1, k0, k1);
+        else
+            lstm_step(P, sl, w, t, Bn, b0, b1, k0, k1);
     }
 
     // out (cols x rows) = in (rows x cols)^T, in 32 x 32 tiles, rows split over the team.
@@ -491,11 +690,11 @@ class Worker {
                         out[(std::size_t)b * rows + a] = in[(std::size_t)a * cols + b];
     }
 
-    void elman_step(const T* P, const LayerSlots& sl, LayerWs<T>& w, int t, int Bn, int k0, int k1) {
+    void elman_step(const T* P, const LayerSlots& sl, LayerWs<T>& w, int t, int Bn, int b0, int b1, int k0, int k1) {
         const int H = cfg_.hidden;
         const T* bias = opt(P, sl.b);
         const Act act = cfg_.act;
-        for (int b = 0; b < Bn; ++b) {
+        for (int b = b0; b < b1; ++b) {
             const T* a = w.A.data() + ((std::size_t)t * Bn + b) * H;
             T* h = w.Hs.data() + ((std::size_t)(t + 1) * Bn + b) * H;
             if (act == Act::Tanh) {
@@ -514,12 +713,12 @@ class Worker {
         }
     }
 
-    void lstm_step(const T* P, const LayerSlots& sl, LayerWs<T>& w, int t, int Bn, int k0, int k1) {
+    void lstm_step(const T* P, const LayerSlots& sl, LayerWs<T>& w, int t, int Bn, int b0, int b1, int k0, int k1) {
         const int H = cfg_.hidden, G = 4 * H;
         const T* bias = opt(P, sl.b);
         const T *bi = bias, *bf = bias + H, *bg = bias + 2 * H, *bo = bias + 3 * H;
         const T *pi = opt(P, sl.p_i), *pf = opt(P, sl.p_f), *po = opt(P, sl.p_o);
-        for (int b = 0; b < Bn; ++b) {
+        for (int b = b0; b < b1; ++b) {
             const std::size_t r = (std::size_t)t * Bn + b;
             T* a = w.A.data() + r * G;
             const T* cp = w.C.data() + r * H;
@@ -604,17 +803,20 @@ class Worker {
         } else if (K <= kFuseDepth) {
             pgemm(tm, ta, tb, M, N, K, -s.lr, A, lda, B, ldb, T(1), s.P + off, N);
         } else {  // one rounding at the size of the weight, not one per panel of K
-            T* g = scratch_.data();
-            pgemm(tm, ta, tb, M, N, K, T(1), A, lda, B, ldb, T(0), g, N);
-            tm.barrier();
-            int r0 = 0, r1 = M;
-            if (tm.split((double)M * N, kParRows)) tm.share(M, 1, r0, r1);
-            else if (!tm.leader()) r1 = r0;
+            // each thread updates the very block it computed into the weight's own scratch:
+            // no barrier before the update, none after it
+            T* g = scratch_.data() + off;
+            int r0, r1, c0, c1;
+            gemm_block(tm, M, N, K, r0, r1, c0, c1);
+            block_gemm(ta, tb, r0, r1, c0, c1, K, T(1), A, lda, B, ldb, T(0), g, N);
             T* p = s.P + off;
             const T lr = s.lr;
+            for (int r = r0; r < r1; ++r) {
+                T* pr = p + (std::size_t)r * N;
+                const T* gr = g + (std::size_t)r * N;
 #pragma omp simd
-            for (std::size_t i = (std::size_t)r0 * N; i < (std::size_t)r1 * N; ++i) p[i] -= lr * g[i];
-            tm.barrier();  // the scratch is reused by the next product
+                for (int c = c0; c < c1; ++c) pr[c] -= lr * gr[c];
+            }
         }
     }
 
@@ -706,19 +908,45 @@ class Worker {
         }
     }
 
-    // The O(T) backward of one layer over steps t1 = T-1 down to t0 (h_{t0-1} held constant).
+    // The O(T) backward of one layer over steps t1 = T-1 down to t0 (h_{t0-1} held constant),
+    // shared like the forward recurrence.
     void window_backward(const Team& tm, const T* P, const Batch<T>& in, int l, int t0) {
         const LayerSlots& sl = lay_.layers[l];
         LayerWs<T>& w = L_[l];
         const int Tn = in.T_, Bn = in.B, H = cfg_.hidden, G = cfg_.gates();
-        const bool par = tm.split((double)Bn * H * G, kParStep);
+        const bool lstm = cfg_.kind == Kind::Lstm;
+        const T* Whh = P + sl.W_hh;
+        int parts;
+        const Split how = recurrence_split(tm, Bn, parts);
+        if (how == Split::Batch) {  // this thread's sequences, end to start, no barrier
+            int b0, b1;
+            tm.share_among(Bn, parts, b0, b1);
+            const int nb = b1 - b0;
+            if (nb > 0) {
+                T* dc = w.dc.data() + (std::size_t)b0 * H;
+                if (lstm) std::fill(dc, dc + (std::size_t)nb * H, T(0));
+                for (int t = Tn - 1; t >= t0; --t) {
+                    const std::size_t r = (std::size_t)t * Bn + b0;
+                    if (lstm)
+                        lstm_back_rows(P, sl, w, r, nb, Bn, w.DH.data() + r * H, nullptr, dc, dc, 0,
+                                       w.DA.data() + r * G, nullptr, false, 0, H);
+                    else
+                        elman_back_rows(w, r, nb, Bn, w.DH.data() + r * H, nullptr, w.DA.data() + r * G, nullptr,
+                                        false, 0, H);
+                    if (t > t0)  // dL/dh_{t-1} += dL/da_t W_hh^T, this thread's rows
+                        gemm(false, true, nb, H, G, T(1), w.DA.data() + r * G, G, Whh, G, T(1),
+                             w.DH.data() + (r - Bn) * H, H, resident_);
+                }
+            }
+            tm.barrier();
+            return;
+        }
+        const bool par = how == Split::Hidden;
         int k0 = 0, k1 = H;
         if (par) tm.share(H, (int)kAlign, k0, k1);
         if (par || tm.leader()) {
-            const bool lstm = cfg_.kind == Kind::Lstm;
             if (lstm)
                 for (int b = 0; b < Bn; ++b) std::fill(w.dc.data() + (std::size_t)b * H + k0, w.dc.data() + (std::size_t)b * H + k1, T(0));
-            const T* Whh = P + sl.W_hh;
             for (int t = Tn - 1; t >= t0; --t) {
                 if (lstm)
                     lstm_back_rows(P, sl, w, (std::size_t)t * Bn, Bn, Bn, w.DH.data() + (std::size_t)t * Bn * H,
@@ -905,6 +1133,40 @@ class Worker {
     }
 };
 
+// Chooses, per kind of call and (T, B) shape, between one thread and the whole team by
+// timing both. Whether a team repays its barriers depends on whether the other cores
+// are free at the moment, which no size threshold can know on a machine shared with
+// other work: a thread taken off its core stalls every barrier of the step. The first
+// 2 * kProbe calls alternate the team and one thread; after that every call runs the
+// choice with the lower running mean (exponentially weighted) and every kExplore-th
+// call the other one, so the choice follows the load as it changes.
+class TeamTuner {
+  public:
+    static constexpr int kProbe = 3, kExplore = 10;
+
+    int pick(int full, int Tn, int Bn) {
+        if (full <= 1) return full;
+        if (Tn != T_ || Bn != B_ || full != full_) {
+            T_ = Tn, B_ = Bn, full_ = full;
+            calls_ = 0, mean_[0] = mean_[1] = 0;
+        }
+        const bool team = calls_ < 2 * kProbe ? calls_ % 2 == 0 : (mean_[1] < mean_[0]) != (calls_ % kExplore == 0);
+        return team ? full : 1;
+    }
+
+    void record(int used, std::int64_t ns) {
+        if (full_ <= 1) return;
+        double& m = mean_[used == 1 ? 0 : 1];
+        m = m == 0 ? (double)ns : 0.7 * m + 0.3 * (double)ns;
+        ++calls_;
+    }
+
+  private:
+    int T_ = -1, B_ = -1, full_ = 0;
+    long calls_ = 0;
+    double mean_[2] = {0, 0};  // one thread, the team: running mean of a call's nanoseconds
+};
+
 // The network: shared parameters and one worker per thread (sync, async) or one
 // worker for the whole team (default).
 template <class T>
@@ -922,6 +1184,10 @@ class Net {
     const Layout& layout() const { return lay_; }
     T* params() { return P_.data(); }
     int threads() const { return threads_; }
+
+    // Profiling on (counters cleared) or off; see Profile.
+    void set_profiling(bool on) { prof_ = on ? std::make_unique<Profile>(threads_) : nullptr; }
+    const Profile* profile() const { return prof_.get(); }
 
     void reserve(int Tn, int Bn) {
         if (variant_ == Variant::Default) {
@@ -948,12 +1214,21 @@ class Net {
         return largest >= kParTeam * scale || (double)Bn * H * G >= kParStep * scale ? threads_ : 1;
     }
 
+    // Runs f(team) on the team size `tuner` picks out of `full` threads, and tells it the time.
+    template <class F>
+    void tuned_team(TeamTuner& tuner, int full, const Batch<T>& in, F&& f) {
+        const int n = cfg_.adapt ? tuner.pick(full, in.T_, in.B) : full;
+        const std::int64_t t0 = now_ns();
+        run_team(n, cfg_.split_scale, prof_.get(), f);
+        if (cfg_.adapt) tuner.record(n, now_ns() - t0);
+    }
+
     // Inference outputs into out (T*B, O).
     void forward(const Batch<T>& in, T* out) {
         Worker<T>& w = *workers_[0];
         w.ensure(in.T_, in.B);
-        run_team(team_size(in.T_, in.B), cfg_.split_scale,
-                 [&](const Team& tm) { w.forward_head(tm, P_.data(), in, false, T(1), out); });
+        tuned_team(tune_fwd_, team_size(in.T_, in.B), in,
+                   [&](const Team& tm) { w.forward_head(tm, P_.data(), in, false, T(1), out); });
     }
 
     // Reported loss; gradients of the objective in `grads` (flat layout).
@@ -963,7 +1238,7 @@ class Net {
         std::fill(grads, grads + lay_.total, T(0));
         double total = 0;
         const T inv_b = T(1) / in.B;
-        run_team(team_size(in.T_, in.B), cfg_.split_scale, [&](const Team& tm) {
+        tuned_team(tune_grad_, team_size(in.T_, in.B), in, [&](const Team& tm) {
             double l = w.forward_head(tm, P_.data(), in, true, inv_b);
             if (tm.leader()) total = l;
             w.backward(tm, P_.data(), Sink<T>{nullptr, grads, T(0)}, in);
@@ -972,6 +1247,7 @@ class Net {
     }
 
     double sgd_step(const Batch<T>& in, T lr) {
+        if (prof_) ++prof_->steps;
         double total = 0;
         // one sequence cannot be shared out: sync then runs like default (with B >= 2 it
         // keeps its own path even on one thread, so that conformance checks exercise it)
@@ -991,6 +1267,8 @@ class Net {
     std::vector<int> mark_;
     std::vector<std::int64_t> rows_;
     int gen_ = 0;
+    std::unique_ptr<Profile> prof_;
+    TeamTuner tune_fwd_, tune_grad_, tune_step_;
 
     T clipped(T g) const {
         if (cfg_.clip > 0) {
@@ -1064,13 +1342,14 @@ class Net {
         else w.ensure_grads();
         double total = 0;
         const T inv_b = T(1) / in.B;
-        run_team(team_size(in.T_, in.B), cfg_.split_scale, [&](const Team& tm) {
+        tuned_team(tune_step_, team_size(in.T_, in.B), in, [&](const Team& tm) {
             double l = w.forward_head(tm, P_.data(), in, true, inv_b);
             if (tm.leader()) total = l;
             if (fused) {
                 w.backward(tm, P_.data(), Sink<T>{P_.data(), nullptr, lr}, in);
             } else {
                 w.backward(tm, P_.data(), Sink<T>{nullptr, w.grads(), T(0)}, in);
+                PhaseScope ps(tm, kUpdate);
                 T* g[1] = {w.grads()};
                 apply(tm, P_.data(), g, 1, w.touched(), lr);
                 tm.barrier();
@@ -1127,8 +1406,9 @@ class Net {
             G[i] = workers_[i]->grads();
         }
         const T inv_b = T(1) / in.B;
-        run_team(nw, cfg_.split_scale, [&](const Team& tm) {
-            const Team solo{0, 1, cfg_.split_scale, nullptr};
+        // the same nw slices whatever the team size, so the tuner changes no result
+        tuned_team(tune_step_, nw, in, [&](const Team& tm) {
+            const Team solo{0, 1, cfg_.split_scale, nullptr, tm.prof, tm.slot};
             for (int i = tm.tid; i < nw; i += tm.nth) {
                 const int b0 = (int)((long)in.B * i / nw), b1 = (int)((long)in.B * (i + 1) / nw);
                 fill_slice(in, b0, b1, slices_[i]);
@@ -1136,6 +1416,7 @@ class Net {
                 part[i] = w.forward_head(solo, P_.data(), slices_[i].batch, true, inv_b);
                 w.backward(solo, P_.data(), Sink<T>{nullptr, w.grads(), T(0)}, slices_[i].batch);
             }
+            PhaseScope ps(tm, kUpdate);
             tm.barrier();
             if (cfg_.tokens && tm.leader()) union_rows(nw);
             tm.barrier();
@@ -1173,8 +1454,8 @@ class Net {
         const T inv_b = T(1) / in.B;
         const std::size_t tb = token_begin(), te = token_end();
         const int Gc = cfg_.gates();
-        run_team(nw, cfg_.split_scale, [&](const Team& tm) {
-            const Team solo{0, 1, cfg_.split_scale, nullptr};
+        run_team(nw, cfg_.split_scale, prof_.get(), [&](const Team& tm) {
+            const Team solo{0, 1, cfg_.split_scale, nullptr, tm.prof, tm.slot};
             for (int i = tm.tid; i < nw; i += tm.nth) {
                 Worker<T>& w = *workers_[i];
                 T* local = w.local().data();
@@ -1194,6 +1475,7 @@ class Net {
                     }
                     part[i] += w.forward_head(solo, local, sl.batch, true, inv_b);
                     w.backward(solo, local, Sink<T>{nullptr, g, T(0)}, sl.batch);
+                    PhaseScope ps(tm, kUpdate);
 #pragma omp critical(rnn_parameter_server)
                     {
                         T* gs[1] = {g};
