@@ -393,7 +393,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, phase", [(signal.SIGINT, "init"), (signal.SIGTERM, "warm"), (signal.SIGHUP, "time"),
-                                        (signal.SIGTERM, "init"), (signal.SIGHUP, "warm"), (signal.SIGINT, "time")])
+                                        (signal.SIGTERM, "init"), (signal.SIGHUP, "warm"), (signal.SIGINT, "time")],
+                         ids=lambda v: v.name if isinstance(v, signal.Signals) else v)
 def test_a_signal_at_any_phase_leaves_no_worker_and_marks_the_run(tmp_path, sig, phase):
     (tmp_path / "slow_backend.py").write_text(SLOW_BACKEND)
     marks = tmp_path / "marks"
@@ -402,7 +403,7 @@ def test_a_signal_at_any_phase_leaves_no_worker_and_marks_the_run(tmp_path, sig,
     path.write_text(BASE.replace("backends: [ref]", f"backends: [ref, 'slow:{phase}']") + FAST_TIMING
                     + f"env: {{SLOW_MARKS: '{marks}'}}\n")
     env = {**os.environ, "HARNESS_BACKENDS": "ref=fake_backends:RefBackend,slow=slow_backend:SlowBackend",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "tests"), str(ROOT)])}
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(tmp_path / "run"),
                              "--no-plots"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
