@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import itertools
 import math
 import re
@@ -155,7 +154,7 @@ class Cell:
     env: dict  # extra environment variables of its worker
     seed: int  # data and initial parameters (its own document's seed)
 
-    @functools.cached_property
+    @property
     def group_key(self) -> str:
         """Cells that differ only by backend share a key and are timed side by side. The key holds every
         setting that changes a result, so two cells with one key are the same measurement."""
