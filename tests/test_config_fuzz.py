@@ -6,6 +6,7 @@ variants, bad sweeps, deep nesting, alias bombs and self-references, duplicate k
 """
 
 import math
+import os
 
 import pytest
 import yaml
@@ -134,7 +135,8 @@ def text_fault(draw, text: str):
     return kind, text.encode("utf-8", "surrogatepass")
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+# HARNESS_FUZZ_EXAMPLES=5000 for a longer search than the suite's
+@settings(max_examples=int(os.environ.get("HARNESS_FUZZ_EXAMPLES", "250")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(data=st.data())
 def test_malformed_configs_exit_2_with_one_error_line(fake_backends, tmp_path, monkeypatch, data):

@@ -391,10 +391,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sig, phase", [(signal.SIGINT, "init"), (signal.SIGTERM, "warm"), (signal.SIGHUP, "time"),
-                                        (signal.SIGTERM, "init"), (signal.SIGHUP, "warm"), (signal.SIGINT, "time")])
-def test_a_signal_at_any_phase_leaves_no_worker_and_marks_the_run(tmp_path, sig, phase):
+def _start_slow_run(tmp_path, phase):
+    """``harness run`` in a subprocess with a backend that lingers in ``phase``; returns it and its worker's pid
+    once the worker is there."""
     (tmp_path / "slow_backend.py").write_text(SLOW_BACKEND)
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -402,15 +401,44 @@ def test_a_signal_at_any_phase_leaves_no_worker_and_marks_the_run(tmp_path, sig,
     path.write_text(BASE.replace("backends: [ref]", f"backends: [ref, 'slow:{phase}']") + FAST_TIMING
                     + f"env: {{SLOW_MARKS: '{marks}'}}\n")
     env = {**os.environ, "HARNESS_BACKENDS": "ref=fake_backends:RefBackend,slow=slow_backend:SlowBackend",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "tests"), str(ROOT)])}
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(tmp_path / "run"),
                              "--no-plots"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while not (marks / phase).exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert (marks / phase).exists(), proc.communicate()[0].decode()[-2000:]
+    if not (marks / phase).exists():
+        proc.kill()
+        pytest.fail(proc.communicate()[0].decode()[-2000:])
     time.sleep(0.2)
-    worker = int((marks / phase).read_text())
+    return proc, int((marks / phase).read_text())
+
+
+@pytest.mark.slow
+def test_a_second_run_into_a_busy_folder_is_refused_and_takes_nothing(fake_backends, tmp_path, monkeypatch):
+    proc, worker = _start_slow_run(tmp_path, "time")
+    monkeypatch.setenv("HARNESS_BACKENDS", "ref=fake_backends:RefBackend,slow=slow_backend:SlowBackend")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        before = (tmp_path / "run" / "run.json").read_bytes()
+        result = CliRunner().invoke(app, ["run", str(tmp_path / "cfg.yaml"), "--out", str(tmp_path / "run"), "--no-plots"])
+        assert result.exit_code == 2, result.output
+        assert "another run is writing to this folder" in _error_line(result)
+        assert (tmp_path / "run" / "run.json").read_bytes() == before
+        resumed = CliRunner().invoke(app, ["run", str(tmp_path / "cfg.yaml"), "--resume", str(tmp_path / "run")])
+        assert resumed.exit_code == 2 and "another run is writing to this folder" in _error_line(resumed)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, phase", [(signal.SIGINT, "init"), (signal.SIGTERM, "warm"), (signal.SIGHUP, "time"),
+                                        (signal.SIGTERM, "init"), (signal.SIGHUP, "warm"), (signal.SIGINT, "time")],
+                         ids=lambda v: v.name if isinstance(v, signal.Signals) else v)
+def test_a_signal_at_any_phase_leaves_no_worker_and_marks_the_run(tmp_path, sig, phase):
+    proc, worker = _start_slow_run(tmp_path, phase)
     assert _alive(worker)
     proc.send_signal(sig)
     out = proc.communicate(timeout=30)[0].decode()
