@@ -139,7 +139,7 @@ class ScanGraphBackend(Backend):
 
     def _build(self, lib) -> None:
         pb, spec, p = self.problem, self.problem.model, self._shared
-        T, dtype, H = lib.tensor, pb.dtype, spec.hidden
+        T, dtype = lib.tensor, pb.dtype
         const = lambda v: np.asarray(v, dtype=dtype)  # noqa: E731  (typed, so float32 stays float32)
         steps = (pb.seq_len, pb.batch)
         x = lib.input("x", "int64", steps) if pb.tokens else lib.input("x", dtype, (*steps, pb.input_size))
