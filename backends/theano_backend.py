@@ -11,6 +11,11 @@ for ``bptt: full``: each layer's input projection is one gather (tokens) or one 
 one GEMM after it. ``bptt: tail K`` is ``scan(truncate_gradient=K)`` with the loss that
 is differentiated restricted to the last K steps, which is what the tutorial's output
 layer inside the scan gives: nothing before step T-K reaches any gradient.
+``bptt: truncated K`` (a window of K+1 steps behind every output) has no scan option:
+after the forward scans, every output t > K gets its own window, steps t-K..t started
+from the forward state after step t-K-1 with its gradient cut (``disconnected_grad``),
+and all T-K-1 windows run as one scan of K+1 steps over (T-K-1)*B rows; outputs t <= K
+reach back to the start, so their gradient is the forward scan's own.
 """
 
 from __future__ import annotations
@@ -51,10 +56,6 @@ class ScanGraphBackend(Backend):
     def supports(self, problem: Problem) -> tuple[bool, str]:
         if problem.device != "cpu":
             return unsupported(f"{self.full_name} runs on the CPU only")
-        if problem.model.bptt.mode == "truncated":
-            return unsupported(
-                "bptt truncated: scan's truncate_gradient cuts the whole backward pass K steps before the "
-                "end (bptt tail); a window of K steps behind every output has no scan equivalent")
         return True, ""
 
     def prepare(self, problem: Problem, params: dict[str, np.ndarray], device: str = "cpu", threads: int = 1) -> None:
@@ -138,7 +139,7 @@ class ScanGraphBackend(Backend):
 
     def _build(self, lib) -> None:
         pb, spec, p = self.problem, self.problem.model, self._shared
-        T, dtype, H = lib.tensor, pb.dtype, spec.hidden
+        T, dtype = lib.tensor, pb.dtype
         const = lambda v: np.asarray(v, dtype=dtype)  # noqa: E731  (typed, so float32 stays float32)
         steps = (pb.seq_len, pb.batch)
         x = lib.input("x", "int64", steps) if pb.tokens else lib.input("x", dtype, (*steps, pb.input_size))
@@ -149,29 +150,20 @@ class ScanGraphBackend(Backend):
         lr = T.scalar("lr", dtype=dtype)
         n_steps, n_batch = x.shape[0], x.shape[1]
         n_rows = n_steps * n_batch
-        truncate = spec.bptt.k if spec.bptt.mode == "tail" else -1
+        bptt = spec.bptt.effective(pb.seq_len)
+        truncate = bptt.k if bptt.mode == "tail" else -1
 
         self._token_rows = None  # layer 0's gathered rows W_in[x], when the scan takes them precomputed
         if truncate > 0:
             top = self._stacked_scan(lib, x, n_batch, truncate, const)
         else:
-            top = self._hoisted_scans(lib, x, n_steps, n_batch, const)
+            top, layers = self._hoisted_scans(lib, x, n_steps, n_batch, const)
+        # what the differentiated outputs read: per output, the state its gradient may reach back from
+        grad_top = self._windows(lib, layers, bptt.k, n_steps, n_batch, const) if bptt.mode == "truncated" else top
 
-        z = T.dot(top.reshape((n_rows, H)), p["W_hy"])
-        if "b_y" in p:
-            z = z + p["b_y"]
-        n_out = pb.output_size
-        if spec.head == "softmax_xent":
-            # the max only shifts for stability; logsumexp does not depend on it
-            m = lib.disconnected_grad(z.max(axis=1, keepdims=True))
-            lse = T.log(T.exp(z - m).sum(axis=1)) + m.flatten()
-            picked = z.flatten()[T.arange(n_rows) * n_out + y.flatten()]
-            per_row = lse - picked
-            outputs = T.exp(z - lse.dimshuffle(0, "x"))
-        else:
-            outputs = T.tanh(z) if spec.output_act == "tanh" else z
-            diff = outputs - y.reshape((n_rows, n_out))
-            per_row = const(0.5) * (diff * diff).sum(axis=1)
+        outputs, per_row = self._head(lib, top, y, n_rows, const)
+        if grad_top is not top:  # the same values, with the truncated gradient
+            per_row = self._head(lib, grad_top, y, n_rows, const)[1]
         per_step = per_row.reshape((n_steps, n_batch))
         loss = per_step.sum() / T.cast(n_rows, dtype)
         counted = per_step[-truncate:] if truncate > 0 else per_step
@@ -195,7 +187,24 @@ class ScanGraphBackend(Backend):
             updates.append((W_in, T.inc_subtensor(W_in[x.flatten()], -lr * g_rows)))
         self._graph = SimpleNamespace(
             x=x, y=y, lr=lr, loss=loss, grads=grads,
-            outputs=outputs.reshape((n_steps, n_batch, n_out)), updates=updates)
+            outputs=outputs.reshape((n_steps, n_batch, pb.output_size)), updates=updates)
+
+    def _head(self, lib, top, y, n_rows, const):
+        """``(outputs, per-row loss l)`` of the top layer's states ``top`` (T, B, H), rows flattened."""
+        pb, spec, p, T = self.problem, self.problem.model, self._shared, lib.tensor
+        z = T.dot(top.reshape((n_rows, spec.hidden)), p["W_hy"])
+        if "b_y" in p:
+            z = z + p["b_y"]
+        n_out = pb.output_size
+        if spec.head == "softmax_xent":
+            # the max only shifts for stability; logsumexp does not depend on it
+            m = lib.disconnected_grad(z.max(axis=1, keepdims=True))
+            lse = T.log(T.exp(z - m).sum(axis=1)) + m.flatten()
+            picked = z.flatten()[T.arange(n_rows) * n_out + y.flatten()]
+            return T.exp(z - lse.dimshuffle(0, "x")), lse - picked
+        outputs = T.tanh(z) if spec.output_act == "tanh" else z
+        diff = outputs - y.reshape((n_rows, n_out))
+        return outputs, const(0.5) * (diff * diff).sum(axis=1)
 
     def _layer_weights(self, layer: int) -> tuple:
         """``(W_in, W_hh, bias or None, [p_i, p_f, p_o] or [])`` of one layer."""
@@ -230,34 +239,72 @@ class ScanGraphBackend(Backend):
         """``W[ids]`` for one step's token ids inside the scan."""
         return W[ids]
 
+    def _project(self, lib, layer, inp, n_rows):
+        """``inp W_in + b`` of one layer over ``n_rows`` rows of ``inp``, as (n_rows, G)."""
+        pb, H, T = self.problem, self.problem.model.hidden, lib.tensor
+        W_in, _, bias, _ = self._layer_weights(layer)
+        proj = T.dot(inp.reshape((n_rows, pb.input_size if layer == 0 else H)), W_in)
+        return proj if bias is None else proj + bias
+
+    def _layer_scan(self, lib, layer, proj, h0, c0, const):
+        """One layer's recurrence over ``proj`` (S, N, G) from ``h0`` (and ``c0``): ``(hs, cs or None)``."""
+        _, W_hh, _, peep = self._layer_weights(layer)
+        if self.problem.model.kind == "lstm":
+            def step(a_t, h_prev, c_prev, W_hh, *peep):
+                return list(self._cell(lib, a_t, h_prev, c_prev, W_hh, peep, const))
+
+            hs, cs = lib.scan(step, sequences=[proj], outputs_info=[h0, c0], non_sequences=[W_hh, *peep])
+            return hs, cs
+
+        def step(a_t, h_prev, W_hh):
+            return self._cell(lib, a_t, h_prev, None, W_hh, (), const)[0]
+
+        return lib.scan(step, sequences=[proj], outputs_info=[h0], non_sequences=[W_hh])[0], None
+
     def _hoisted_scans(self, lib, x, n_steps, n_batch, const):
-        """bptt full: each layer's input projection is one gather or GEMM, its scan only the recurrence."""
+        """bptt full: each layer's input projection is one gather or GEMM, its scan only the recurrence.
+
+        Returns the top layer's states (T, B, H) and, per layer, ``(projection, hs, cs or None)``."""
         pb, spec, T = self.problem, self.problem.model, lib.tensor
         H, lstm = spec.hidden, spec.kind == "lstm"
         zeros = T.zeros((n_batch, H), dtype=pb.dtype)
-        inp = x
+        inp, layers = x, []
         for layer in range(spec.layers):
-            W_in, W_hh, bias, peep = self._layer_weights(layer)
             if layer == 0 and pb.tokens:
+                W_in, _, bias, _ = self._layer_weights(0)
                 proj = self._token_rows = W_in[x.flatten()]  # a row gather, never a one-hot product
+                if bias is not None:
+                    proj = proj + bias
             else:
-                d_in = pb.input_size if layer == 0 else H
-                proj = T.dot(inp.reshape((n_steps * n_batch, d_in)), W_in)
-            if bias is not None:
-                proj = proj + bias
+                proj = self._project(lib, layer, inp, n_steps * n_batch)
             proj = proj.reshape((n_steps, n_batch, 4 * H if lstm else H))
+            inp, cs = self._layer_scan(lib, layer, proj, zeros, zeros if lstm else None, const)
+            layers.append((proj, inp, cs))
+        return inp, layers
 
-            if lstm:
-                def step(a_t, h_prev, c_prev, W_hh, *peep):
-                    return list(self._cell(lib, a_t, h_prev, c_prev, W_hh, peep, const))
+    def _windows(self, lib, layers, K, n_steps, n_batch, const):
+        """bptt truncated K: the top layer's states (T, B, H), each output's reaching back K+1 steps.
 
-                inp = lib.scan(step, sequences=[proj], outputs_info=[zeros, zeros], non_sequences=[W_hh, *peep])[0]
+        Output t = K+1+n (n < N = T-K-1) is recomputed in window n: steps n+1..t of every layer
+        from that layer's forward state after step n, gradient cut there. The N windows run side
+        by side as one scan of K+1 steps over N*B rows; outputs t <= K keep the forward's states.
+        """
+        spec, T, H = self.problem.model, lib.tensor, self.problem.model.hidden
+        G = 4 * H if spec.kind == "lstm" else H
+        N = n_steps - (K + 1)
+        rows = N * n_batch
+        # window n reads steps n+1 .. n+1+K: (K+1, N) step indices, k-major as the scan wants them
+        steps = (T.arange(K + 1).dimshuffle(0, "x") + T.arange(1, N + 1).dimshuffle("x", 0)).flatten()
+        for layer, (proj, hs, cs) in enumerate(layers):
+            if layer == 0:
+                win = proj[steps].reshape((K + 1, rows, G))
             else:
-                def step(a_t, h_prev, W_hh):
-                    return self._cell(lib, a_t, h_prev, None, W_hh, (), const)[0]
-
-                inp = lib.scan(step, sequences=[proj], outputs_info=[zeros], non_sequences=[W_hh])[0]
-        return inp
+                win = self._project(lib, layer, win_h, (K + 1) * rows).reshape((K + 1, rows, G))
+            h0 = lib.disconnected_grad(hs[:N]).reshape((rows, H))
+            c0 = lib.disconnected_grad(cs[:N]).reshape((rows, H)) if cs is not None else None
+            win_h = self._layer_scan(lib, layer, win, h0, c0, const)[0]
+        top = layers[-1][1]
+        return T.concatenate([top[: K + 1], win_h[-1].reshape((N, n_batch, H))])
 
     def _stacked_scan(self, lib, x, n_batch, truncate, const):
         """bptt tail: one scan over every layer with the projections inside the step, as the tutorial.

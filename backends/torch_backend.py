@@ -68,9 +68,6 @@ class TorchBackend(Backend):
             return unsupported("torch:fused: nn.RNN offers only the tanh and relu nonlinearities")
         if m.peephole:
             return unsupported("torch:fused: nn.LSTM has no peephole connections")
-        if m.bptt.mode == "truncated":
-            return unsupported("torch:fused: bptt truncated needs a separate K+1-step window per output, "
-                               "while nn.RNN/nn.LSTM run one sequence from one state (use torch:autograd)")
         return True, ""
 
     @classmethod
@@ -540,8 +537,40 @@ class _FusedNet(_Net):
             hs, _ = self.mod(self._inputs(xt, rows, t0, T), state)
             tail_sum = self._head_sum(self._logits(P, hs), yt[t0:])
             return tail_sum / B, tail_sum.detach() + pre_sum
+        if win_idx is not None:
+            return self._truncated_objective(P, xt, yt, rows, win_idx)
         hs, _ = self.mod(self._inputs(xt, rows, 0, T))
         total = self._head_sum(self._logits(P, hs), yt)
+        return total / B, total.detach()
+
+    def _truncated_objective(self, P, xt, yt, rows, win_idx):
+        """Truncated K through the module: outputs t <= K from one call over steps 0..K; each later
+        output t = K+1+n from window n, steps n+1..t started from the state after step n, detached.
+        All N = T-K-1 windows are one module call of K+1 steps over N*B sequences."""
+        torch = self.torch
+        T, B = xt.shape[:2]
+        K, L, H = self.spec.bptt.k, self.spec.layers, self.H
+        N = T - K - 1
+        lstm = self.spec.kind == "lstm"
+        inputs = self._inputs(xt, rows, 0, T)
+        hs_a, _ = self.mod(inputs[: K + 1])
+        with torch.no_grad():  # every layer's (h, c) after steps 0..N-1: the windows' starting states
+            if L == 1 and not lstm:  # the output sequence is the state sequence
+                h_start, c_start = self.mod(inputs[:N])[0].unsqueeze(0), None  # (1, N, B, H)
+            else:  # the module returns every layer's state only at the end of a call: one step per call
+                hh, cc, state = [], [], None
+                for t in range(N):
+                    _, state = self.mod(inputs[t: t + 1], state)
+                    hh.append(state[0] if lstm else state)
+                    if lstm:
+                        cc.append(state[1])
+                h_start = torch.stack(hh, 1)  # (L, N, B, H)
+                c_start = torch.stack(cc, 1) if lstm else None
+        h0 = h_start.reshape(L, N * B, H)
+        win = inputs.index_select(0, win_idx).view(K + 1, N * B, -1)
+        hs_w, _ = self.mod(win, (h0, c_start.reshape(L, N * B, H)) if lstm else h0)
+        top = torch.cat([hs_a, hs_w[-1].view(N, B, H)])
+        total = self._head_sum(self._logits(P, top), yt)
         return total / B, total.detach()
 
     def _outputs(self, P, xt):

@@ -24,15 +24,13 @@ def test_availability_never_imports_theano_here():
         assert why == ("environment will be created on first use" if creatable else f"unavailable: {reason}")
 
 
-def test_truncated_is_unsupported_without_theano():
+def test_every_bptt_mode_is_supported_without_theano():
     from backends.theano_backend import TheanoBackend
     from harness.check import all_cases
 
-    case = next(c for c in all_cases(quick=True) if "truncated" in c.label)
-    ok, why = TheanoBackend().supports(case.problem())
-    assert not ok and why.startswith("unsupported: bptt truncated")
-    full = next(c for c in all_cases(quick=True) if " full " in c.label)
-    assert TheanoBackend().supports(full.problem()) == (True, "")
+    for case in all_cases(quick=True):
+        assert TheanoBackend().supports(case.problem()) == (True, ""), case.label
+    assert "theano" not in sys.modules
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +57,10 @@ def test_representative_conformance_in_the_environment(theano_env):
               for r in results if r.status not in ("pass", "unsupported")]
     assert not broken, "\n".join(broken)
     assert {(r.case, r.dtype) for r in results} == {(c.label, c.dtype) for c in representative_cases()}
-    assert all(r.status == "unsupported" for r in results if "truncated" in r.case)
-    passed = [r for r in results if r.status == "pass"]
-    assert any("tail" in r.case for r in passed) and any("lstm" in r.case for r in passed)
-    assert all(r.worst_ratio <= 1.0 for r in passed)
+    assert all(r.status == "pass" for r in results)
+    assert any("tail" in r.case for r in results) and any("truncated" in r.case for r in results)
+    assert any("lstm" in r.case for r in results)
+    assert all(r.worst_ratio <= 1.0 for r in results)
 
 
 @pytest.mark.fullmatrix
@@ -81,12 +79,10 @@ def test_quick_conformance_in_the_environment(theano_env):
 
     expected = {(c.label, c.dtype) for c in all_cases(quick=True)}
     assert {(r.case, r.dtype) for r in results} == expected
-    unsupported = by_status.get("unsupported", [])
-    assert unsupported and all("truncated" in r.case for r in unsupported)
-    assert all(r.reason.startswith("unsupported: bptt truncated") for r in unsupported)
     passed = by_status["pass"]
-    assert len(passed) + len(unsupported) == len(expected)
-    assert any("tail" in r.case for r in passed) and any("lstm" in r.case for r in passed)
+    assert len(passed) == len(expected)
+    assert any("tail" in r.case for r in passed) and any("truncated" in r.case for r in passed)
+    assert any("lstm" in r.case for r in passed)
     assert all(r.worst_ratio <= 1.0 for r in passed)
 
     choice = blas.read_choice(envs.env_dir("theano"))

@@ -50,14 +50,14 @@ def test_fused_covers_what_the_modules_express():
     assert len(supported) >= len(CASES) // 3
     kinds = {(c.model.kind, c.model.bptt.mode, c.tokens, c.model.layers) for c in supported}
     assert ("lstm", "tail", True, 2) in kinds and ("elman", "full", False, 1) in kinds
+    assert {("lstm", "truncated", True, 1), ("elman", "truncated", False, 1)} <= kinds
+    assert any(k[1] == "truncated" and k[3] == 2 for k in kinds)
 
 
 @pytest.mark.parametrize(
     "model, words",
     [
         ({"kind": "lstm", "peephole": True}, "peephole"),
-        ({"kind": "elman", "bptt": {"truncated": 3}}, "truncated"),
-        ({"kind": "lstm", "bptt": {"truncated": 3}}, "truncated"),
         ({"kind": "elman", "activation": "sigmoid"}, "tanh and relu"),
     ],
 )
@@ -68,8 +68,10 @@ def test_fused_says_unsupported_with_reason(model, words):
     assert backends.create("torch:autograd").supports(Problem(spec, 5, 6, False)) == (True, "")
 
 
-def test_truncated_and_tail_gradients_differ_and_follow_the_reference():
-    """Both stop-gradient formulations give the reference's (distinct) gradients on a longer sequence."""
+@pytest.mark.parametrize("name", ["torch:autograd", "torch:fused"])
+def test_truncated_and_tail_gradients_differ_and_follow_the_reference(name):
+    """Both stop-gradient formulations give the reference's (distinct) gradients on a longer sequence
+    (for truncated: more windows than steps per window, two layers)."""
     case = next(c for c in CASES if c.label.startswith("lstm softmax truncated:3 tokens B=3") and c.dtype == "float64")
     got = {}
     for bptt in ({"truncated": 2}, {"tail": 4}):
@@ -78,7 +80,7 @@ def test_truncated_and_tail_gradients_differ_and_follow_the_reference():
         rng = np.random.default_rng(5)
         x = rng.integers(0, case.input_size, size=(12, 2))
         y = rng.integers(0, case.output_size, size=(12, 2))
-        be = backends.create("torch:autograd")
+        be = backends.create(name)
         be.prepare(Problem(spec, case.input_size, case.output_size, True, "float64", 2, 12), params)
         loss, grads = be.loss_and_grads(x, y)
         want_loss, want = ref.loss_and_grads(spec, params, x, y)
