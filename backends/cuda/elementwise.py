@@ -1,0 +1,103 @@
+"""One kernel per element-wise operation (what ``cuda:naive`` launches), and the SGD update.
+
+``unary`` and ``binary`` each launch one kernel over a contiguous tensor; ``binary(..., row=True)``
+broadcasts a length-``ncols`` vector (a bias or a peephole) over the rows of the first operand.
+``sgd_`` is the update every variant uses: ``p -= lr * clip(g)``, with ``lr`` read from a device
+scalar so that a captured CUDA graph replays with the current learning rate.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from backends.cuda import ew_block
+from backends.cuda.activations import sigmoid, tanh
+
+UNARY = {"sigmoid": 0, "tanh": 1, "relu": 2, "dsigmoid": 3, "dtanh": 4, "drelu": 5}
+BINARY = {"add": 0, "sub": 1, "mul": 2}
+
+
+@triton.jit
+def _unary_kernel(x_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if OP == 0:
+        y = sigmoid(x)
+    elif OP == 1:
+        y = tanh(x)
+    elif OP == 2:
+        y = tl.maximum(x, 0.0)
+    elif OP == 3:  # derivatives take the activation's output
+        y = x * (1.0 - x)
+    elif OP == 4:
+        y = 1.0 - x * x
+    else:
+        y = tl.where(x > 0, 1.0, 0.0).to(x.dtype)
+    tl.store(out_ptr + offs, y, mask=mask)
+
+
+@triton.jit
+def _binary_kernel(a_ptr, b_ptr, out_ptr, n, ncols, OP: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(a_ptr + offs, mask=mask, other=0.0)
+    if ROW:
+        b = tl.load(b_ptr + offs % ncols, mask=mask, other=0.0)
+    else:
+        b = tl.load(b_ptr + offs, mask=mask, other=0.0)
+    if OP == 0:
+        y = a + b
+    elif OP == 1:
+        y = a - b
+    else:
+        y = a * b
+    tl.store(out_ptr + offs, y, mask=mask)
+
+
+@triton.jit
+def _sgd_kernel(p_ptr, g_ptr, lr_ptr, n, clip, CLIP: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+    if CLIP:
+        g = tl.minimum(tl.maximum(g, -clip), clip)
+    lr = tl.load(lr_ptr)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0)
+    tl.store(p_ptr + offs, p - lr * g, mask=mask)
+
+
+def _grid(n: int, block: int):
+    return (triton.cdiv(n, block),)
+
+
+def unary(op: str, x, out=None):
+    """``out = op(x)`` elementwise, one launch; ``x`` contiguous."""
+    assert x.is_contiguous()
+    out = x.new_empty(x.shape) if out is None else out
+    n = x.numel()
+    block = ew_block(n)
+    _unary_kernel[_grid(n, block)](x, out, n, OP=UNARY[op], BLOCK=block)
+    return out
+
+
+def binary(op: str, a, b, out=None, row: bool = False):
+    """``out = a (op) b`` elementwise, one launch; ``row``: ``b`` is a vector over ``a``'s last axis."""
+    assert a.is_contiguous() and b.is_contiguous()
+    if not row:
+        assert a.shape == b.shape, (a.shape, b.shape)
+    out = a.new_empty(a.shape) if out is None else out
+    n = a.numel()
+    block = ew_block(n)
+    _binary_kernel[_grid(n, block)](a, b, out, n, a.shape[-1], OP=BINARY[op], ROW=row, BLOCK=block)
+    return out
+
+
+def sgd_(p, g, lr, clip: float | None = None):
+    """In place ``p -= lr * clip(g, -clip, clip)``; ``lr`` a one-element device tensor of ``p``'s dtype."""
+    assert p.is_contiguous() and g.is_contiguous() and p.shape == g.shape
+    n = p.numel()
+    block = ew_block(n)
+    _sgd_kernel[_grid(n, block)](p, g, lr, n, 0.0 if clip is None else float(clip), CLIP=clip is not None, BLOCK=block)
+    return p
