@@ -1,6 +1,7 @@
 """One kernel per element-wise operation (what ``cuda:naive`` launches), and the SGD update.
 
-``unary`` and ``binary`` each launch one kernel over a contiguous tensor; ``binary(..., row=True)``
+``unary`` and ``binary`` each launch one kernel over a 2-D view with unit column stride (one
+gate's columns of a ``(B, 4H)`` matrix, as ``cuda:grouped`` hands them); ``binary(..., row=True)``
 broadcasts a length-``ncols`` vector (a bias or a peephole) over the rows of the first operand.
 ``sgd_`` is the update every variant uses: ``p -= lr * clip(g)``, with ``lr`` read from a device
 scalar so that a captured CUDA graph replays with the current learning rate.
@@ -19,10 +20,12 @@ BINARY = {"add": 0, "sub": 1, "mul": 2}
 
 
 @triton.jit
-def _unary_kernel(x_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
+def _unary_kernel(x_ptr, sx, out_ptr, so, n, ncols, OP: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    r = offs // ncols
+    col = offs % ncols
+    x = tl.load(x_ptr + r * sx + col, mask=mask, other=0.0)
     if OP == 0:
         y = sigmoid(x)
     elif OP == 1:
@@ -35,25 +38,28 @@ def _unary_kernel(x_ptr, out_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
         y = 1.0 - x * x
     else:
         y = tl.where(x > 0, 1.0, 0.0).to(x.dtype)
-    tl.store(out_ptr + offs, y, mask=mask)
+    tl.store(out_ptr + r * so + col, y, mask=mask)
 
 
 @triton.jit
-def _binary_kernel(a_ptr, b_ptr, out_ptr, n, ncols, OP: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr):
+def _binary_kernel(a_ptr, sa, b_ptr, sb, out_ptr, so, n, ncols, OP: tl.constexpr, ROW: tl.constexpr,
+                   BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    a = tl.load(a_ptr + offs, mask=mask, other=0.0)
+    r = offs // ncols
+    col = offs % ncols
+    a = tl.load(a_ptr + r * sa + col, mask=mask, other=0.0)
     if ROW:
-        b = tl.load(b_ptr + offs % ncols, mask=mask, other=0.0)
+        b = tl.load(b_ptr + col, mask=mask, other=0.0)
     else:
-        b = tl.load(b_ptr + offs, mask=mask, other=0.0)
+        b = tl.load(b_ptr + r * sb + col, mask=mask, other=0.0)
     if OP == 0:
         y = a + b
     elif OP == 1:
         y = a - b
     else:
         y = a * b
-    tl.store(out_ptr + offs, y, mask=mask)
+    tl.store(out_ptr + r * so + col, y, mask=mask)
 
 
 @triton.jit
@@ -72,25 +78,32 @@ def _grid(n: int, block: int):
     return (triton.cdiv(n, block),)
 
 
+def _rows(t):
+    """A 2-D view's row stride; columns must be unit-stride (a column slice of a row-major matrix is)."""
+    assert t.dim() == 2 and (t.stride(1) == 1 or t.shape[1] == 1), "element-wise kernels take 2-D row-major views"
+    return t.stride(0)
+
+
 def unary(op: str, x, out=None):
-    """``out = op(x)`` elementwise, one launch; ``x`` contiguous."""
-    assert x.is_contiguous()
+    """``out = op(x)`` elementwise over a 2-D view (e.g. one gate's columns), one launch."""
     out = x.new_empty(x.shape) if out is None else out
     n = x.numel()
     block = ew_block(n)
-    _unary_kernel[_grid(n, block)](x, out, n, OP=UNARY[op], BLOCK=block)
+    _unary_kernel[_grid(n, block)](x, _rows(x), out, _rows(out), n, x.shape[1], OP=UNARY[op], BLOCK=block)
     return out
 
 
 def binary(op: str, a, b, out=None, row: bool = False):
-    """``out = a (op) b`` elementwise, one launch; ``row``: ``b`` is a vector over ``a``'s last axis."""
-    assert a.is_contiguous() and b.is_contiguous()
-    if not row:
+    """``out = a (op) b`` elementwise over 2-D views, one launch; ``row``: ``b`` is a vector over the columns."""
+    if row:
+        assert b.dim() == 1 and b.shape[0] == a.shape[1] and b.is_contiguous()
+    else:
         assert a.shape == b.shape, (a.shape, b.shape)
     out = a.new_empty(a.shape) if out is None else out
     n = a.numel()
     block = ew_block(n)
-    _binary_kernel[_grid(n, block)](a, b, out, n, a.shape[-1], OP=BINARY[op], ROW=row, BLOCK=block)
+    _binary_kernel[_grid(n, block)](a, _rows(a), b, 0 if row else _rows(b), out, _rows(out), n, a.shape[1],
+                                    OP=BINARY[op], ROW=row, BLOCK=block)
     return out
 
 
