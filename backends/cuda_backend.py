@@ -601,7 +601,7 @@ class _Net:
             if want_dx:
                 back.dx[u] = self._times_wt(self.w_in, layer, da).view(b - a, -1, H)
             dh_rec = None if last else self._times_wt("W_hh", layer, da)
-        if back.da_all is None and not last:
+        if self.spec.bptt.mode == "truncated" and not last:
             # truncated: the next depth has one window fewer (the earliest one reached step 0)
             B = c.hs.shape[1]
             back.dh_rec = dh_rec[B:]
