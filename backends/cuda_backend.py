@@ -75,6 +75,8 @@ class CudaBackend(Backend):
     name = "cuda"
     variants = ("graph", "naive", "grouped", "fused", "streams", "persistent")
     devices = ("gpu", "cpu")
+    #: every kernel specialisation compiles on a GPU, and under the interpreter each case takes seconds
+    compile_heavy = True
 
     def __init__(self, variant: str | None = None):
         super().__init__(variant)

@@ -123,16 +123,20 @@ def plan(H: int, B: int, device) -> dict:
             "programs": triton.cdiv(H, block_h), "cooperative": True}
 
 
-def run_layer(pre, w_t, hs, cs, gates, peep, lstm: bool, activation: str = "tanh", num_warps: int = 8):
-    """Every step of one layer: fills ``hs[1:]`` (and ``cs[1:]``, ``gates`` when given) from ``hs[0]``/``cs[0]``."""
-    import torch
+def run_layer(pre, w_t, hs, cs, gates, peep, lstm: bool, activation: str = "tanh", num_warps: int = 8,
+              block_b: int | None = None):
+    """Every step of one layer: fills ``hs[1:]`` (and ``cs[1:]``, ``gates`` when given) from ``hs[0]``/``cs[0]``.
 
-    from harness.errors import HarnessError
+    Returns the ``[counter, error flag]`` pair for :func:`raise_on_barrier_timeout`; ``block_b``
+    overrides the batch rows per pass (a power of two)."""
+    import torch
 
     T, B, H = hs.shape[0] - 1, hs.shape[1], hs.shape[2]
     for t in (pre, w_t, hs, cs, gates):
         assert t is None or t.is_contiguous()
     p = plan(H, B, hs.device)
+    if block_b is not None:
+        p["BLOCK_B"] = block_b
     bar = torch.zeros(2, dtype=torch.int32, device=hs.device)  # [counter, error flag]
     pi, pf, po = peep if peep is not None else (hs, hs, hs)
     extra = {"num_warps": num_warps, "launch_cooperative_grid": True} if p["cooperative"] else {}
