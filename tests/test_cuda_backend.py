@@ -197,9 +197,10 @@ def _small(kind: dict, label: str, dtype: str, tokens=False, layers=2, T=4, B=2)
 # Every variant on a case its own machinery changes (streams and graph need two layers for the
 # wavefront); cuda:fused, the kernels every later variant builds on, on the representative set.
 VARIANT_CASES = [
-    ("naive", _small({"kind": "lstm", "peephole": True, "head": "mse", "bptt": {"truncated": 2}}, "lstm-peephole L=2 trunc", "float64")),
+    ("naive", _small({"kind": "lstm", "peephole": True, "head": "mse", "bptt": {"truncated": 1}}, "lstm-peephole trunc", "float64", layers=1, T=3)),
     ("naive", _small({"kind": "elman", "activation": "sigmoid"}, "elman-sigmoid L=2 tokens", "float32", tokens=True)),
-    ("grouped", _small({"kind": "lstm", "peephole": True, "bptt": {"tail": 2}, "clip": 0.5}, "lstm-peephole L=2 tail clip", "float32")),
+    ("grouped", _small({"kind": "lstm", "peephole": True, "bptt": {"tail": 2}, "clip": 0.5}, "lstm-peephole tail clip", "float32", layers=1)),
+    ("grouped", _small({"kind": "elman", "bptt": {"truncated": 1}}, "elman L=2 trunc", "float64", T=3)),
     ("streams", _small({"kind": "lstm", "peephole": True, "head": "mse", "output_act": "tanh"}, "lstm-peephole L=3 full", "float64", layers=3)),
     ("streams", _small({"kind": "elman", "bptt": {"truncated": 1}}, "elman L=2 trunc tokens", "float32", tokens=True)),
     ("graph", _small({"kind": "lstm", "bptt": {"truncated": 2}}, "lstm L=2 trunc tokens", "float64", tokens=True)),
