@@ -552,7 +552,7 @@ class _Net:
         or one per truncated depth (over all its windows)."""
         if back.da_all is None:
             return back.segments
-        B, T = c.hs.shape[1], c.hs.shape[0] - 1
+        T = c.hs.shape[0] - 1
         t0 = T - back.n_stages
         return [(t0, T, back.da_all[t0:].reshape(-1, self.G))]
 
@@ -690,7 +690,6 @@ class _Net:
         the steps at once; truncated: one per depth, over every window)."""
         torch = self.torch
         s = self._sfx(layer)
-        B = c.hs.shape[1]
         for a, b, da in self._segments(back, c):
             R = da.shape[0]
             h_prev = c.hs[a:b].reshape(R, self.H)
