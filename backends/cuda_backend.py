@@ -117,8 +117,9 @@ class CudaBackend(Backend):
 
     @classmethod
     def environment_variables(cls, variant: str, threads: int, device: str, dtype: str) -> dict[str, str]:
-        """Timed workers compile the kernels (never the interpreter); OpenMP threads for torch's CPU side."""
-        return {"TRITON_INTERPRET": "0", "OMP_NUM_THREADS": str(threads)}
+        """Timed workers compile the kernels (never the interpreter), with Triton's current default of
+        fused multiply-adds said explicitly (its default changes in 3.10); OpenMP threads for torch."""
+        return {"TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1", "OMP_NUM_THREADS": str(threads)}
 
     def versions(self) -> dict[str, str]:
         out = super().versions()

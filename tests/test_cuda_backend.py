@@ -253,3 +253,19 @@ def test_truncated_depths_match_per_output_windows(K):
     """The batched-depth truncated BPTT against the reference on a sequence longer than its windows."""
     case = _small({"kind": "lstm", "peephole": True, "bptt": {"truncated": 2}}, "lstm trunc T=9", "float64", layers=1, T=9, B=1)
     _passes("cuda:fused", case)
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_a_gpu_without_one():
+    """The same kernels lower to an sm_90 binary (Triton's compiler and ptxas, no device needed), in a
+    process of its own because this one decorated them for the interpreter."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    proc = subprocess.run([sys.executable, "-m", "backends.cuda.compile_check", "--arch", "90"], env=env,
+                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("compiled ") == 9 and "_persistent_kernel" in proc.stdout
