@@ -188,6 +188,37 @@ def test_persistent_layer_matches_step_by_step(K, dtype, T, B, H, block_b, cell)
         _close(hs[t + 1], h, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cell", ["lstm-peephole", "elman-tanh"])
+def test_persistent_programs_split_the_hidden_units(K, dtype, cell):
+    """Several programs, each owning 2 of 5 hidden units and reading the whole start state: one step
+    (the interpreter runs programs in turn, so a grid barrier between steps cannot be passed here)."""
+    P = K["persistent"]
+    g = torch.Generator().manual_seed(11)
+    lstm = cell.startswith("lstm")
+    B, H = 3, 5
+    G = 4 * H if lstm else H
+    pre = torch.randn(1, B, G, dtype=dtype, generator=g)
+    w_t = 0.5 * torch.randn(G, H, dtype=dtype, generator=g)
+    peep = tuple(torch.randn(H, dtype=dtype, generator=g) for _ in range(3)) if lstm else None
+    hs = torch.zeros(2, B, H, dtype=dtype)
+    hs[0] = torch.randn(B, H, dtype=dtype, generator=g)
+    cs = torch.zeros_like(hs) if lstm else None
+    if lstm:
+        cs[0] = torch.randn(B, H, dtype=dtype, generator=g)
+    gates = torch.empty(1, B, G, dtype=dtype) if lstm else None
+    P.raise_on_barrier_timeout(P.run_layer(pre, w_t, hs, cs, gates, peep, lstm, "tanh", block_h=2))
+    if lstm:
+        h, c, gt = _lstm_cell(pre[0], hs[0] @ w_t.t(), cs[0], peep)
+        _close(cs[1], c, dtype), _close(gates[0], gt, dtype)
+    else:
+        h = torch.tanh(pre[0] + hs[0] @ w_t.t())
+    _close(hs[1], h, dtype)
+    with pytest.raises(ValueError, match="T == 1"):
+        P.run_layer(pre.repeat(2, 1, 1), w_t, hs.repeat(2, 1, 1)[:3].contiguous(), None if cs is None else
+                    cs.repeat(2, 1, 1)[:3].contiguous(), None, peep, lstm, "tanh", block_h=2)
+
+
 # -- the backend ----------------------------------------------------------------------
 def _small(kind: dict, label: str, dtype: str, tokens=False, layers=2, T=4, B=2) -> Case:
     spec = ModelSpec.from_mapping({"hidden": 3, "layers": layers, **kind})

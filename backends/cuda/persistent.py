@@ -111,7 +111,8 @@ def _persistent_kernel(pre_ptr, w_ptr, hs_ptr, cs_ptr, gates_ptr, pi_ptr, pf_ptr
             else:
                 h = act(tl.load(pre, mask=om, other=0.0) + _matvec(hprev, w0), ACT)
             tl.store(hs_ptr + out, h, mask=om)
-        spins = _grid_barrier(bar_ptr, err_ptr, (t + 1) * nprog, spins, MAX_SPIN)
+        if t + 1 < T:  # no step reads the last one's h: no barrier after it
+            spins = _grid_barrier(bar_ptr, err_ptr, (t + 1) * nprog, spins, MAX_SPIN)
 
 
 def plan(H: int, B: int, device) -> dict:
@@ -128,11 +129,12 @@ def plan(H: int, B: int, device) -> dict:
 
 
 def run_layer(pre, w_t, hs, cs, gates, peep, lstm: bool, activation: str = "tanh", num_warps: int = 8,
-              block_b: int | None = None):
+              block_b: int | None = None, block_h: int | None = None):
     """Every step of one layer: fills ``hs[1:]`` (and ``cs[1:]``, ``gates`` when given) from ``hs[0]``/``cs[0]``.
 
     Returns the ``[counter, error flag]`` pair for :func:`raise_on_barrier_timeout`; ``block_b``
-    overrides the batch rows per pass (a power of two)."""
+    overrides the batch rows per pass, ``block_h`` the hidden units per program (powers of two). Under
+    the interpreter, several programs only for a single step (their barrier would wait forever)."""
     import torch
 
     T, B, H = hs.shape[0] - 1, hs.shape[1], hs.shape[2]
@@ -141,6 +143,10 @@ def run_layer(pre, w_t, hs, cs, gates, peep, lstm: bool, activation: str = "tanh
     p = plan(H, B, hs.device)
     if block_b is not None:
         p["BLOCK_B"] = block_b
+    if block_h is not None:
+        p["BLOCK_H"], p["programs"] = block_h, triton.cdiv(H, block_h)
+        if interpreting() and p["programs"] > 1 and T > 1:
+            raise ValueError("under the interpreter programs run one after another: several need T == 1")
     bar = torch.zeros(2, dtype=torch.int32, device=hs.device)  # [counter, error flag]
     pi, pf, po = peep if peep is not None else (hs, hs, hs)
     extra = {"num_warps": num_warps, "launch_cooperative_grid": True} if p["cooperative"] else {}
