@@ -241,6 +241,7 @@ class _Net:
             a = a.T if k in self.transposed else a
             self.p[k] = torch.tensor(np.ascontiguousarray(a), dtype=self.dtype, device=device)
         self.lr = torch.zeros(1, dtype=self.dtype, device=device)  # read by the SGD kernel on the device
+        self.clip = None if spec.clip is None else torch.full((1,), spec.clip, dtype=self.dtype, device=device)
         self._streams = None
         self._events: dict[tuple, object] = {}
         self._barriers: list = []
@@ -725,7 +726,7 @@ class _Net:
         """``p -= lr * clip(g)`` for every parameter (a gradient never formed is zero: no change)."""
         for k in self.names:
             if k in grads:
-                self.E.sgd_(self.p[k], grads[k].contiguous(), self.lr, self.spec.clip)
+                self.E.sgd_(self.p[k], grads[k].contiguous(), self.lr, self.clip)
 
     # -- what the backend calls -----------------------------------------------------
     def outputs(self, x) -> np.ndarray:

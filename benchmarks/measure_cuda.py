@@ -66,6 +66,7 @@ def _kernels(torch, K, B: int, H: int, T: int, dtype, device):
     peep = (rnd(H), rnd(H), rnd(H))
     dh, dc = rnd(B, H), rnd(B, H)
     lr = torch.full((1,), 1e-9, dtype=dtype, device=device)
+    clip = torch.full((1,), 1.0, dtype=dtype, device=device)
     w_copy, grad_w = w_t.clone(), rnd(G, H)
     hs, cs = torch.zeros(T + 1, B, H, dtype=dtype, device=device), torch.zeros(T + 1, B, H, dtype=dtype, device=device)
     gates_all = torch.empty(T, B, G, dtype=dtype, device=device)
@@ -93,7 +94,7 @@ def _kernels(torch, K, B: int, H: int, T: int, dtype, device):
                                      3 * bh + bg + 2 * bh + bg + bh, 0),
         "elman fused forward step": (lambda: M.forward_step(h, dh, out_h, "tanh"), 3 * bh, 0),
         "elman fused backward step": (lambda: M.backward_step(dh, dc, h, out_h, "tanh"), 4 * bh, 0),
-        "sgd update (4H,H) with clip": (lambda: E.sgd_(w_copy, grad_w, lr, 1.0), 3 * G * H * size, 0),
+        "sgd update (4H,H) with clip": (lambda: E.sgd_(w_copy, grad_w, lr, clip), 3 * G * H * size, 0),
         "lstm layer: T x (gemm + fused step)": (layer_by_steps, T * (bh + G * H * size + 3 * bg + 3 * bh),
                                                 2 * T * B * H * G),
         "lstm layer: persistent kernel": (layer_persistent, T * (bh + 3 * bg + 3 * bh) + G * H * size, 2 * T * B * H * G),

@@ -91,7 +91,7 @@ def test_sgd_kernel_clips_then_steps(K, dtype, clip):
     grad = torch.randn(5, 7, dtype=dtype, generator=g)
     lr = torch.tensor([0.1], dtype=dtype)
     want = p - 0.1 * (grad if clip is None else grad.clamp(-clip, clip))
-    K["elementwise"].sgd_(p, grad, lr, clip)
+    K["elementwise"].sgd_(p, grad, lr, None if clip is None else torch.tensor([clip], dtype=dtype))
     _close(p, want, dtype)
 
 

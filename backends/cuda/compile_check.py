@@ -56,7 +56,7 @@ def compile_all(arch: int = 90, dtype: str = "fp32") -> list[str]:
         (M._elman_bwd_kernel, dict(HAS_DHO=True, HAS_DHR=True, ACT=1, BLOCK=1024), None, {}),
         (E._unary_kernel, dict(OP=1, BLOCK=1024), None, {}),
         (E._binary_kernel, dict(OP=2, ROW=True, BLOCK=1024), None, {}),
-        (E._sgd_kernel, dict(CLIP=True, BLOCK=1024), {"clip": dtype}, {}),
+        (E._sgd_kernel, dict(CLIP=True, BLOCK=1024), None, {}),
     ]
     for kernel, constexprs, types, options in jobs:
         _compile(kernel, dtype, constexprs, target, types, **options)

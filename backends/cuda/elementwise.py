@@ -63,11 +63,12 @@ def _binary_kernel(a_ptr, sa, b_ptr, sb, out_ptr, so, n, ncols, OP: tl.constexpr
 
 
 @triton.jit
-def _sgd_kernel(p_ptr, g_ptr, lr_ptr, n, clip, CLIP: tl.constexpr, BLOCK: tl.constexpr):
+def _sgd_kernel(p_ptr, g_ptr, lr_ptr, clip_ptr, n, CLIP: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     g = tl.load(g_ptr + offs, mask=mask, other=0.0)
     if CLIP:
+        clip = tl.load(clip_ptr)
         g = tl.minimum(tl.maximum(g, -clip), clip)
     lr = tl.load(lr_ptr)
     p = tl.load(p_ptr + offs, mask=mask, other=0.0)
@@ -107,10 +108,11 @@ def binary(op: str, a, b, out=None, row: bool = False):
     return out
 
 
-def sgd_(p, g, lr, clip: float | None = None):
-    """In place ``p -= lr * clip(g, -clip, clip)``; ``lr`` a one-element device tensor of ``p``'s dtype."""
+def sgd_(p, g, lr, clip=None):
+    """In place ``p -= lr * clip(g, -clip, clip)``; ``lr`` and ``clip`` (None: no clipping) one-element
+    device tensors of ``p``'s dtype (a Python float argument would reach the kernel as float32)."""
     assert p.is_contiguous() and g.is_contiguous() and p.shape == g.shape
     n = p.numel()
     block = ew_block(n)
-    _sgd_kernel[_grid(n, block)](p, g, lr, n, 0.0 if clip is None else float(clip), CLIP=clip is not None, BLOCK=block)
+    _sgd_kernel[_grid(n, block)](p, g, lr, lr if clip is None else clip, n, CLIP=clip is not None, BLOCK=block)
     return p
