@@ -120,7 +120,9 @@ def test_fused_lstm_step_forward_and_backward(K, dtype, R, H, peephole):
         h, c, gates = torch.empty(R, H, dtype=dtype), torch.empty(R, H, dtype=dtype), torch.empty(R, 4 * H, dtype=dtype)
         L.forward_step(pre, r, c_prev, peep, h, c, gates)
         wh, wc, wg = _lstm_cell(pre, r, c_prev, peep)
-        _close(h, wh, dtype), _close(c, wc, dtype), _close(gates, wg, dtype)
+        _close(h, wh, dtype)
+        _close(c, wc, dtype)
+        _close(gates, wg, dtype)
     # backward: da = dL/da and the carried dL/dc_prev (through c only) against autograd
     a = (pre + rec).requires_grad_(True)
     cp = c_prev.clone().requires_grad_(True)
@@ -131,12 +133,14 @@ def test_fused_lstm_step_forward_and_backward(K, dtype, R, H, peephole):
     L.forward_step(pre, rec, c_prev, peep, h, c, gates)
     da, dc = torch.empty(R, 4 * H, dtype=dtype), torch.empty(R, H, dtype=dtype)
     L.backward_step(dh_out, dh_rec, dc_next, gates, c_prev, c, peep, da, dc)
-    _close(da, a.grad, dtype), _close(dc, cp.grad, dtype)
+    _close(da, a.grad, dtype)
+    _close(dc, cp.grad, dtype)
     L.backward_step(None, dh_rec, None, gates, c_prev, c, peep, da, dc)  # absent inputs are zeros
     a.grad, cp.grad = None, None
     wh, wc, _ = _lstm_cell(a, None, cp, peep)
     torch.autograd.backward([wh], [dh_rec])
-    _close(da, a.grad, dtype), _close(dc, cp.grad, dtype)
+    _close(da, a.grad, dtype)
+    _close(dc, cp.grad, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -182,7 +186,8 @@ def test_persistent_layer_matches_step_by_step(K, dtype, T, B, H, block_b, cell)
     for t in range(T):
         if lstm:
             h, c, gt = _lstm_cell(pre[t], h @ w_t.t(), c, peep)
-            _close(cs[t + 1], c, dtype), _close(gates[t], gt, dtype)
+            _close(cs[t + 1], c, dtype)
+            _close(gates[t], gt, dtype)
         else:
             h = torch.relu(pre[t] + h @ w_t.t())
         _close(hs[t + 1], h, dtype)
@@ -210,7 +215,8 @@ def test_persistent_programs_split_the_hidden_units(K, dtype, cell):
     P.raise_on_barrier_timeout(P.run_layer(pre, w_t, hs, cs, gates, peep, lstm, "tanh", block_h=2))
     if lstm:
         h, c, gt = _lstm_cell(pre[0], hs[0] @ w_t.t(), cs[0], peep)
-        _close(cs[1], c, dtype), _close(gates[0], gt, dtype)
+        _close(cs[1], c, dtype)
+        _close(gates[0], gt, dtype)
     else:
         h = torch.tanh(pre[0] + hs[0] @ w_t.t())
     _close(hs[1], h, dtype)
