@@ -26,6 +26,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "theano": ("backends.theano_backend", "TheanoBackend"),
     "pytensor": ("backends.pytensor_backend", "PytensorBackend"),
     "halide": ("backends.halide_backend", "HalideBackend"),
+    "cuda": ("backends.cuda_backend", "CudaBackend"),
 }
 
 

@@ -1,0 +1,308 @@
+"""The cuda backend's Triton kernels and its conformance, through Triton's CPU interpreter.
+
+Each kernel is checked against torch on small shapes in float32 and float64; the variants against
+the reference on a few conformance cases. Triton decides at decoration time whether a kernel is
+compiled or interpreted, so the fixture below sets ``TRITON_INTERPRET=1`` before the kernel modules
+are first imported (and restores the variable afterwards, so other tests' backend listings do not
+see the interpreter switched on).
+"""
+
+import importlib
+import importlib.util
+import os
+
+import pytest
+
+if importlib.util.find_spec("torch") is None or importlib.util.find_spec("triton") is None:
+    pytest.skip("the cuda backend needs torch and triton (pip install 'rnn-harness[cuda]')", allow_module_level=True)
+
+import torch  # noqa: E402
+
+import backends  # noqa: E402
+from harness.check import Case, representative_cases, run_case  # noqa: E402
+from harness.spec import ModelSpec, Problem  # noqa: E402
+
+DTYPES = (torch.float64, torch.float32)
+TOL = {torch.float64: 1e-12, torch.float32: 2e-6}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreter():
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+@pytest.fixture(scope="module")
+def K(interpreter):
+    """The kernel modules, imported with the interpreter on."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    mods = {m: importlib.import_module(f"backends.cuda.{m}") for m in ("elementwise", "lstm", "elman", "persistent")}
+    if not isinstance(mods["lstm"]._lstm_fwd_kernel, InterpretedFunction):
+        pytest.skip("the cuda kernels were imported compiled before this module (on a GPU machine): "
+                    "run this file on its own to check them under the interpreter")
+    return mods
+
+
+def _close(got, want, dtype):
+    want = want.detach()
+    scale = max(1.0, float(want.abs().max())) if want.numel() else 1.0
+    err = float((got - want).abs().max()) if want.numel() else 0.0
+    assert err <= TOL[dtype] * scale, f"max |err| {err:.3g}"
+
+
+# -- element-wise kernels (cuda:naive, cuda:grouped) ---------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (7, 33)])
+def test_unary_and_binary_ops_on_column_slices(K, dtype, shape):
+    E = K["elementwise"]
+    g = torch.Generator().manual_seed(sum(shape))
+    R, C = shape
+    big = torch.randn(R, 3 * C, dtype=dtype, generator=g)
+    x = big[:, C:2 * C]  # a column slice, as one gate of a (B, 4H) matrix
+    s = torch.sigmoid(x)
+    want = {"sigmoid": s, "tanh": torch.tanh(x), "relu": torch.relu(x), "dsigmoid": x * (1 - x),
+            "dtanh": 1 - x * x, "drelu": (x > 0).to(dtype)}
+    for op, w in want.items():
+        _close(E.unary(op, x), w, dtype)
+    y = big[:, :C]
+    row = torch.randn(C, dtype=dtype, generator=g)
+    for op, w in (("add", x + y), ("sub", x - y), ("mul", x * y)):
+        _close(E.binary(op, x, y), w, dtype)
+    _close(E.binary("mul", x, row, row=True), x * row, dtype)
+    out = torch.zeros(R, 3 * C, dtype=dtype)
+    E.binary("add", x, y, out=out[:, 2 * C:])  # written into a slice, the rest untouched
+    _close(out[:, 2 * C:], x + y, dtype)
+    assert not out[:, :2 * C].any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("clip", [None, 0.3])
+def test_sgd_kernel_clips_then_steps(K, dtype, clip):
+    g = torch.Generator().manual_seed(1)
+    p = torch.randn(5, 7, dtype=dtype, generator=g)
+    grad = torch.randn(5, 7, dtype=dtype, generator=g)
+    lr = torch.tensor([0.1], dtype=dtype)
+    want = p - 0.1 * (grad if clip is None else grad.clamp(-clip, clip))
+    K["elementwise"].sgd_(p, grad, lr, None if clip is None else torch.tensor([clip], dtype=dtype))
+    _close(p, want, dtype)
+
+
+# -- fused step kernels ---------------------------------------------------------------
+def _lstm_cell(pre, rec, c_prev, peep):
+    a = pre if rec is None else pre + rec
+    ai, af, ag, ao = a.chunk(4, -1)
+    if peep is not None:
+        ai, af = ai + peep[0] * c_prev, af + peep[1] * c_prev
+    i, f, g = torch.sigmoid(ai), torch.sigmoid(af), torch.tanh(ag)
+    c = f * c_prev + i * g
+    o = torch.sigmoid(ao + (peep[2] * c if peep is not None else 0))
+    return o * torch.tanh(c), c, torch.cat([i, f, g, o], -1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("R, H", [(1, 1), (3, 4), (5, 17)])
+@pytest.mark.parametrize("peephole", [False, True])
+def test_fused_lstm_step_forward_and_backward(K, dtype, R, H, peephole):
+    L = K["lstm"]
+    g = torch.Generator().manual_seed(R * 31 + H)
+    rnd = lambda *s: torch.randn(*s, dtype=dtype, generator=g)  # noqa: E731
+    pre, rec, c_prev = rnd(R, 4 * H), rnd(R, 4 * H), rnd(R, H)
+    peep = tuple(rnd(H) for _ in range(3)) if peephole else None
+    for r in (rec, None):
+        h, c, gates = torch.empty(R, H, dtype=dtype), torch.empty(R, H, dtype=dtype), torch.empty(R, 4 * H, dtype=dtype)
+        L.forward_step(pre, r, c_prev, peep, h, c, gates)
+        wh, wc, wg = _lstm_cell(pre, r, c_prev, peep)
+        _close(h, wh, dtype)
+        _close(c, wc, dtype)
+        _close(gates, wg, dtype)
+    # backward: da = dL/da and the carried dL/dc_prev (through c only) against autograd
+    a = (pre + rec).requires_grad_(True)
+    cp = c_prev.clone().requires_grad_(True)
+    wh, wc, _ = _lstm_cell(a, None, cp, peep)
+    dh_out, dh_rec, dc_next = rnd(R, H), rnd(R, H), rnd(R, H)
+    torch.autograd.backward([wh, wc], [dh_out + dh_rec, dc_next])
+    h, c, gates = torch.empty(R, H, dtype=dtype), torch.empty(R, H, dtype=dtype), torch.empty(R, 4 * H, dtype=dtype)
+    L.forward_step(pre, rec, c_prev, peep, h, c, gates)
+    da, dc = torch.empty(R, 4 * H, dtype=dtype), torch.empty(R, H, dtype=dtype)
+    L.backward_step(dh_out, dh_rec, dc_next, gates, c_prev, c, peep, da, dc)
+    _close(da, a.grad, dtype)
+    _close(dc, cp.grad, dtype)
+    L.backward_step(None, dh_rec, None, gates, c_prev, c, peep, da, dc)  # absent inputs are zeros
+    a.grad, cp.grad = None, None
+    wh, wc, _ = _lstm_cell(a, None, cp, peep)
+    torch.autograd.backward([wh], [dh_rec])
+    _close(da, a.grad, dtype)
+    _close(dc, cp.grad, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ["tanh", "relu", "sigmoid"])
+def test_fused_elman_step_forward_and_backward(K, dtype, activation):
+    E = K["elman"]
+    g = torch.Generator().manual_seed(3)
+    pre, rec = torch.randn(4, 6, dtype=dtype, generator=g), torch.randn(4, 6, dtype=dtype, generator=g)
+    fn = {"tanh": torch.tanh, "relu": torch.relu, "sigmoid": torch.sigmoid}[activation]
+    a = (pre + rec).requires_grad_(True)
+    want = fn(a)
+    h = torch.empty(4, 6, dtype=dtype)
+    E.forward_step(pre, rec, h, activation)
+    _close(h, want, dtype)
+    E.forward_step(pre, None, h, activation)
+    _close(h, fn(pre), dtype)
+    E.forward_step(pre, rec, h, activation)
+    dh_out, dh_rec = torch.randn(4, 6, dtype=dtype, generator=g), torch.randn(4, 6, dtype=dtype, generator=g)
+    want.backward(dh_out + dh_rec)
+    da = torch.empty(4, 6, dtype=dtype)
+    E.backward_step(dh_out, dh_rec, h, da, activation)
+    _close(da, a.grad, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T, B, H, block_b", [(1, 1, 1, None), (4, 3, 5, None), (3, 5, 6, 2)])
+@pytest.mark.parametrize("cell", ["lstm", "lstm-peephole", "elman-relu"])
+def test_persistent_layer_matches_step_by_step(K, dtype, T, B, H, block_b, cell):
+    P = K["persistent"]
+    g = torch.Generator().manual_seed(T * 100 + B * 10 + H)
+    lstm = cell.startswith("lstm")
+    G = 4 * H if lstm else H
+    pre = torch.randn(T, B, G, dtype=dtype, generator=g)
+    w_t = 0.5 * torch.randn(G, H, dtype=dtype, generator=g)  # W_hh^T
+    peep = tuple(torch.randn(H, dtype=dtype, generator=g) for _ in range(3)) if cell == "lstm-peephole" else None
+    hs = torch.zeros(T + 1, B, H, dtype=dtype)
+    cs = torch.zeros_like(hs) if lstm else None
+    gates = torch.empty(T, B, G, dtype=dtype) if lstm else None
+    bar = P.run_layer(pre, w_t, hs, cs, gates, peep, lstm, "relu", block_b=block_b)
+    P.raise_on_barrier_timeout(bar)
+    h = torch.zeros(B, H, dtype=dtype)
+    c = torch.zeros(B, H, dtype=dtype)
+    for t in range(T):
+        if lstm:
+            h, c, gt = _lstm_cell(pre[t], h @ w_t.t(), c, peep)
+            _close(cs[t + 1], c, dtype)
+            _close(gates[t], gt, dtype)
+        else:
+            h = torch.relu(pre[t] + h @ w_t.t())
+        _close(hs[t + 1], h, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cell", ["lstm-peephole", "elman-tanh"])
+def test_persistent_programs_split_the_hidden_units(K, dtype, cell):
+    """Several programs, each owning 2 of 5 hidden units and reading the whole start state: one step
+    (the interpreter runs programs in turn, so a grid barrier between steps cannot be passed here)."""
+    P = K["persistent"]
+    g = torch.Generator().manual_seed(11)
+    lstm = cell.startswith("lstm")
+    B, H = 3, 5
+    G = 4 * H if lstm else H
+    pre = torch.randn(1, B, G, dtype=dtype, generator=g)
+    w_t = 0.5 * torch.randn(G, H, dtype=dtype, generator=g)
+    peep = tuple(torch.randn(H, dtype=dtype, generator=g) for _ in range(3)) if lstm else None
+    hs = torch.zeros(2, B, H, dtype=dtype)
+    hs[0] = torch.randn(B, H, dtype=dtype, generator=g)
+    cs = torch.zeros_like(hs) if lstm else None
+    if lstm:
+        cs[0] = torch.randn(B, H, dtype=dtype, generator=g)
+    gates = torch.empty(1, B, G, dtype=dtype) if lstm else None
+    P.raise_on_barrier_timeout(P.run_layer(pre, w_t, hs, cs, gates, peep, lstm, "tanh", block_h=2))
+    if lstm:
+        h, c, gt = _lstm_cell(pre[0], hs[0] @ w_t.t(), cs[0], peep)
+        _close(cs[1], c, dtype)
+        _close(gates[0], gt, dtype)
+    else:
+        h = torch.tanh(pre[0] + hs[0] @ w_t.t())
+    _close(hs[1], h, dtype)
+    with pytest.raises(ValueError, match="T == 1"):
+        P.run_layer(pre.repeat(2, 1, 1), w_t, hs.repeat(2, 1, 1)[:3].contiguous(), None if cs is None else
+                    cs.repeat(2, 1, 1)[:3].contiguous(), None, peep, lstm, "tanh", block_h=2)
+
+
+# -- the backend ----------------------------------------------------------------------
+def _small(kind: dict, label: str, dtype: str, tokens=False, layers=2, T=4, B=2) -> Case:
+    spec = ModelSpec.from_mapping({"hidden": 3, "layers": layers, **kind})
+    return Case(label, spec, tokens, 5, 6, T, B, dtype, seed=7)
+
+
+# Every variant on a case its own machinery changes (streams and graph need two layers for the
+# wavefront); cuda:fused, the kernels every later variant builds on, on the representative set.
+VARIANT_CASES = [
+    ("naive", _small({"kind": "lstm", "peephole": True, "head": "mse", "bptt": {"truncated": 1}}, "lstm-peephole trunc", "float64", layers=1, T=3)),
+    ("naive", _small({"kind": "elman", "activation": "sigmoid"}, "elman-sigmoid L=2 tokens", "float32", tokens=True)),
+    ("grouped", _small({"kind": "lstm", "peephole": True, "bptt": {"tail": 2}, "clip": 0.5}, "lstm-peephole tail clip", "float32", layers=1)),
+    ("grouped", _small({"kind": "elman", "bptt": {"truncated": 1}}, "elman L=2 trunc", "float64", T=3)),
+    ("streams", _small({"kind": "lstm", "peephole": True, "head": "mse", "output_act": "tanh"}, "lstm-peephole L=3 full", "float64", layers=3)),
+    ("streams", _small({"kind": "elman", "bptt": {"truncated": 1}}, "elman L=2 trunc tokens", "float32", tokens=True)),
+    ("graph", _small({"kind": "lstm", "bptt": {"truncated": 2}}, "lstm L=2 trunc tokens", "float64", tokens=True)),
+    ("persistent", _small({"kind": "lstm", "peephole": True, "bptt": {"tail": 3}}, "lstm-peephole L=2 tail", "float64", B=3)),
+    ("persistent", _small({"kind": "elman", "activation": "relu", "head": "mse"}, "elman-relu L=1", "float32", layers=1)),
+]
+
+
+def _passes(name, case):
+    res = run_case(backends.create(name), case, "cpu")
+    assert res.status == "pass", f"{res.status}: {res.reason}\n{res.details.get('traceback', '')}"
+
+
+@pytest.mark.parametrize("case", representative_cases(), ids=lambda c: f"{c.label} {c.dtype}")
+def test_fused_conformance_representative(K, case):
+    _passes("cuda:fused", case)
+
+
+@pytest.mark.parametrize("variant, case", VARIANT_CASES, ids=lambda v: v if isinstance(v, str) else v.label)
+def test_each_variant_conforms(K, variant, case):
+    _passes(f"cuda:{variant}", case)
+
+
+def test_cpu_device_only_under_the_interpreter(monkeypatch):
+    from backends import cuda_backend
+
+    b = backends.create("cuda:fused")
+    assert b.device_availability("cpu") == (True, "")
+    assert b.device_availability("gpu")[0] is False  # the interpreter owns the kernels in this process
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    ok, why = b.device_availability("cpu")
+    assert not ok and "checks only" in why
+    monkeypatch.setattr(cuda_backend, "_gpu_present", lambda: False)
+    ok, why = b.availability()
+    assert not ok and why.startswith("unavailable: no NVIDIA GPU")
+    # timed cells' workers never run the interpreter
+    assert cuda_backend.CudaBackend.environment_variables("fused", 1, "cpu", "float32")["TRITON_INTERPRET"] == "0"
+
+
+def test_variants_default_and_unsupported_reason():
+    cls = backends.backend_class("cuda")
+    assert cls.variants[0] == "graph" and set(cls.variants) == {"naive", "grouped", "fused", "streams", "graph", "persistent"}
+    big = Problem(ModelSpec.from_mapping({"kind": "lstm", "hidden": 2048}), 8, 8, False, device="gpu")
+    ok, why = backends.create("cuda:persistent").supports(big)
+    assert not ok and why.startswith("unsupported: ") and "registers" in why
+    assert backends.create("cuda:fused").supports(big) == (True, "")
+
+
+def test_truncated_depths_match_per_output_windows(K):
+    """The batched-depth truncated BPTT against the reference on a sequence longer than its windows."""
+    case = _small({"kind": "lstm", "peephole": True, "bptt": {"truncated": 2}}, "lstm trunc T=9", "float64", layers=1, T=9, B=1)
+    _passes("cuda:fused", case)
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_a_gpu_without_one():
+    """The same kernels lower to an sm_90 binary (Triton's compiler and ptxas, no device needed), in a
+    process of its own because this one decorated them for the interpreter."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    proc = subprocess.run([sys.executable, "-m", "backends.cuda.compile_check", "--arch", "90"], env=env,
+                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("compiled ") == 9 and "_persistent_kernel" in proc.stdout
