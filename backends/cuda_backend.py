@@ -260,14 +260,10 @@ class _Net:
         return tuple(self.P(k, layer) for k in ("p_i", "p_f", "p_o"))
 
     def _x(self, x):
-        if self.tokens:
-            return self.torch.as_tensor(np.asarray(x, dtype=np.int64), device=self.device)
-        return self.torch.as_tensor(np.asarray(x), dtype=self.dtype, device=self.device)
+        return self.torch.as_tensor(self.problem.cast_inputs(x, np.int64), device=self.device)
 
     def _y(self, y):
-        if self.spec.head == "softmax_xent":
-            return self.torch.as_tensor(np.asarray(y, dtype=np.int64), device=self.device)
-        return self.torch.as_tensor(np.asarray(y), dtype=self.dtype, device=self.device)
+        return self.torch.as_tensor(self.problem.cast_targets(y, np.int64), device=self.device)
 
     def _times_w(self, name: str, layer: int, a, cols=None):
         """``a @ W`` (or of W's columns ``cols``), whichever layout W is stored in."""

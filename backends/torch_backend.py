@@ -186,14 +186,10 @@ class _Net:
         return out
 
     def _x(self, x):
-        if self.problem.tokens:
-            return self.torch.as_tensor(np.asarray(x, dtype=np.int64), device=self.device)
-        return self.torch.as_tensor(np.asarray(x), dtype=self.dtype, device=self.device)
+        return self.torch.as_tensor(self.problem.cast_inputs(x, np.int64), device=self.device)
 
     def _y(self, y):
-        if self.spec.head == "softmax_xent":
-            return self.torch.as_tensor(np.asarray(y, dtype=np.int64), device=self.device)
-        return self.torch.as_tensor(np.asarray(y), dtype=self.dtype, device=self.device)
+        return self.torch.as_tensor(self.problem.cast_targets(y, np.int64), device=self.device)
 
     def _grad_start(self, T: int) -> int:
         """First step whose input receives gradient (tail K holds the earlier ones constant)."""
