@@ -74,10 +74,11 @@ def test_representative_conformance(variant):
         pytest.importorskip(variant)
     cases = representative_cases()
     assert any(c.model.bptt.mode == "truncated" for c in cases)
-    # the Numba linker compiles each graph for ~80 s cold: CI checks one graph, harness check the rest;
-    # the truncated one, whose graph holds the forward scan, the windows' scan and both gradients
+    # the Numba linker compiles each graph for ~80 s cold (the truncated graph, with its windows'
+    # scan, several minutes): CI checks one small graph, `harness check` the rest; the truncated
+    # graph's code is the one the C and JAX linkers run here
     if variant == "numba":
-        cases = [next(c for c in cases if c.model.bptt.mode == "truncated")]
+        cases = cases[:1]
     _conformance(f"pytensor:{variant}", cases)
 
 
