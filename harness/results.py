@@ -142,13 +142,16 @@ class RunStore:
             if held:
                 held.release()
             raise HarnessError(f"{path}: a run already exists there; use --resume {path} to finish it or choose another --out")
-        store = cls(path, meta, lock=held)
+        return cls(path, meta, lock=held)._first_save()
+
+    def _first_save(self) -> "RunStore":
+        """Write the new run's ``run.json``; a failed write releases the folder's lock."""
         try:
-            store.save()
+            self.save()
         except HarnessError:
-            store.close()
+            self.close()
             raise
-        return store
+        return self
 
     @classmethod
     def create_unique(cls, parent: Path, meta: dict) -> "RunStore":
@@ -169,13 +172,7 @@ class RunStore:
             if (path / "run.json").exists():
                 held.release()
                 continue
-            store = cls(path, {**meta, "run_id": run_id}, lock=held)
-            try:
-                store.save()
-            except HarnessError:
-                store.close()
-                raise
-            return store
+            return cls(path, {**meta, "run_id": run_id}, lock=held)._first_save()
         raise HarnessError(f"{parent}: no free folder for run {base}")
 
     @classmethod
