@@ -226,7 +226,8 @@ class Runner:
                     continue
                 worker, outcome = self._start(cell, describe)
                 outcomes[cell.cell_id] = outcome
-                if worker is not None:
+                if worker is not None:  # paused while the others start: its compile time was taken alone too
+                    worker.pause()
                     workers[cell.cell_id] = worker
             if workers:
                 self._interleave(group, workers, outcomes, describe)
@@ -267,28 +268,40 @@ class Runner:
             outcomes[cid].status, outcomes[cid].error = exc.status, str(exc)
             self._close(alive.pop(cid))
 
-        for cid, w in list(alive.items()):
-            try:
-                inner[cid] = w.request(protocol.Calibrate(policy.target_round_s), policy.timeout_s)["inner"]
-            except WorkerFailure as exc:
-                fail(cid, exc)
-        start = measure.clock_ns()
-        n_round = 0
+        def alone(cid) -> WorkerProcess:
+            """cid's worker, with every other worker of the group paused while it is timed."""
+            for other, w in alive.items():
+                if other != cid:
+                    w.pause()
+            alive[cid].resume()
+            return alive[cid]
 
-        def done() -> bool:
-            return rule.done({c: samples[c] for c in alive}, {c: inner[c] for c in alive},
-                             base if base in alive else None, measure.elapsed_s(start))
-
-        while alive and not done():
-            n_round += 1
-            describe(f"round {n_round} ({', '.join(c.backend for c in group if c.cell_id in alive)})")
+        try:
             for cid in list(alive):
                 try:
-                    reply = alive[cid].request(protocol.Rounds(1, inner[cid]), policy.timeout_s)
-                    samples[cid] += reply["samples"]
-                    outcomes[cid].peak_rss_mb = reply.peak_rss_mb
+                    inner[cid] = alone(cid).request(protocol.Calibrate(policy.target_round_s), policy.timeout_s)["inner"]
                 except WorkerFailure as exc:
                     fail(cid, exc)
+            start = measure.clock_ns()
+            n_round = 0
+
+            def done() -> bool:
+                return rule.done({c: samples[c] for c in alive}, {c: inner[c] for c in alive},
+                                 base if base in alive else None, measure.elapsed_s(start))
+
+            while alive and not done():
+                n_round += 1
+                describe(f"round {n_round} ({', '.join(c.backend for c in group if c.cell_id in alive)})")
+                for cid in list(alive):
+                    try:
+                        reply = alone(cid).request(protocol.Rounds(1, inner[cid]), policy.timeout_s)
+                        samples[cid] += reply["samples"]
+                        outcomes[cid].peak_rss_mb = reply.peak_rss_mb
+                    except WorkerFailure as exc:
+                        fail(cid, exc)
+        finally:
+            for w in alive.values():
+                w.resume()
         for cid in workers:
             outcomes[cid].samples = samples[cid]
             outcomes[cid].stop_reason = rule.reason

@@ -251,3 +251,32 @@ def test_recorded_worker_variables_are_those_the_run_sets(fake_backends, write_c
     assert env["MY_SETTING"] == "7" and env["MALLOC_TRIM_THRESHOLD_"] and env["OMP_NUM_THREADS"] == "1"
     assert env["CUDA_VISIBLE_DEVICES"] == "" and "HARNESS_CPUS" in env
     assert "XLA_FLAGS" not in env and "PATH" not in env and "PYTHONUNBUFFERED" not in env
+
+
+def test_only_the_timed_worker_runs_while_it_is_timed(fake_backends, write_config, tmp_path, monkeypatch):
+    # idle library threads of the other workers (BLAS or OpenMP pools spinning after their
+    # last call) must not share the cores of the worker being timed: they are stopped
+    from harness.client import _process_state as _state
+    from harness.runner import WorkerProcess
+
+    cfg = load_config(write_config(STEP + "backends: [ref, 'ref:slow']\n" + FAST_TIMING))
+    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+    runner = Runner(cfg, store)
+    runner.gemm_peaks = {"float32|threads=1": 1.0}
+    seen: list[tuple[str, str, list[str]]] = []
+    original = WorkerProcess.request
+
+    def watched(self, req, timeout_s):
+        if req.cmd in ("calibrate", "rounds"):
+            others = [w for w in runner._live if w is not self and w.proc.poll() is None]
+            seen.append((req.cmd, _state(self.proc.pid), [_state(w.proc.pid) for w in others]))
+        return original(self, req, timeout_s)
+
+    monkeypatch.setattr(WorkerProcess, "request", watched)
+    runner.run()
+    assert {cmd for cmd, _, _ in seen} == {"calibrate", "rounds"}
+    for cmd, mine, others in seen:
+        assert mine != "T" and len(others) == 1 and set(others) == {"T"}, (cmd, mine, others)
+    t = harness.load_run(tmp_path / "run").timings
+    assert set(t["status"]) == {"ok"} and (t["n_samples"] >= 4).all()
+    assert not runner._live  # every worker closed (a paused one is resumed to hear its quit)
