@@ -17,7 +17,7 @@ Variants:
   up to summation order).
 
 Both time one thread against the whole team per call shape and run the faster
-(``adapt_threads``; every 10th call tries the other): on a machine whose other cores
+(``adapt_threads``; now and then a call tries the other, less often while it keeps losing): on a machine whose other cores
 are busy a team loses to one thread, and more threads should never be slower.
 - ``async``: a parameter server: each thread pulls the shared parameters, computes the
   gradient of one sequence at a time on its local copy and pushes ``lr * g / B`` back
@@ -81,6 +81,7 @@ class NativeBackend(Backend):
         self._names: list[str] = []
         self._dtype = np.dtype("float64")
         self._tokens = False
+        self._threads = 1
         self._blas_threads_before: int | None = None
         #: multiplies the engine's minimum work per thread split; 0 splits every phase,
         #: which lets tests reach the multi-thread code paths on tiny shapes
@@ -92,7 +93,7 @@ class NativeBackend(Backend):
         #: collect the engine's per-phase and per-thread counters (see ``profile``)
         self.profiling = False
         #: let the engine time one thread against all ``threads`` per call shape and run
-        #: the faster (every 10th call tries the other); off: every call forks the whole team
+        #: the faster (now and then a call tries the other); off: every call forks the whole team
         self.adapt_threads = True
 
     def availability(self) -> tuple[bool, str]:
@@ -159,7 +160,8 @@ class NativeBackend(Backend):
         self._blas_threads_before = mod.set_blas_threads(1)
         spec = _engine_spec(problem) | {"split_scale": float(self.split_scale), "recurrence": self.recurrence,
                                         "adapt_threads": bool(self.adapt_threads)}
-        self._net = net_class(spec, self.variant, max(1, int(threads)), 1, arrays)
+        self._threads = max(1, int(threads))
+        self._net = net_class(spec, self.variant, self._threads, 1, arrays)
         self._net.set_profiling(bool(self.profiling))
 
     def profile(self, reset: bool = False) -> dict | None:
@@ -179,9 +181,19 @@ class NativeBackend(Backend):
         return out
 
     def warm_up(self, batch) -> None:
-        """Allocate the buffers for this batch shape (parameters untouched)."""
-        x, _ = batch
+        """Allocate the buffers for this batch shape and let the thread tuner time a team against
+        one thread on the timed call (steps with ``lr = 0``: parameters untouched), so that
+        its trials fall here and not into the timed rounds."""
+        x, y = batch
         self._net.reserve(int(x.shape[0]), int(x.shape[1]))
+        if not self.adapt_threads or self._threads <= 1:
+            return
+        mod = _load()
+        for _ in range(mod.tuner_probe_calls):
+            if self.problem.workload == "forward":
+                self.forward(x)
+            else:
+                self.sgd_step(x, y, 0.0)
 
     def _x(self, x) -> np.ndarray:
         return np.ascontiguousarray(x, dtype=np.int64 if self._tokens else self._dtype)

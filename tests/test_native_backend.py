@@ -232,14 +232,49 @@ def test_team_size_is_timed_and_the_faster_kept():
     x, y = rng.normal(size=(6, 8, 4)).astype(np.float32), rng.integers(0, 3, size=(6, 8))
     backend.split_scale, backend.profiling = 0.0, True
     backend.prepare(problem, params, threads=2)
-    for _ in range(6):  # the probe: the team and one thread in turn, three calls each
+    before = backend.get_params()
+    backend.warm_up((x, y))  # the probe runs here, on lr = 0 steps: team, team, one, one, team, team, one, one
+    assert backend.profile(reset=True)["team_sizes"] == {1: 4, 2: 4}
+    assert all(np.array_equal(before[k], v) for k, v in backend.get_params().items())
+    for _ in range(5):  # then the tuner's choices (tuner_trace tests below say which)
         backend.sgd_step(x, y, 0.1)
-    assert backend.profile(reset=True)["team_sizes"] == {1: 3, 2: 3}
-    for _ in range(10):  # then the faster of the two, and every 10th call the other
-        backend.sgd_step(x, y, 0.1)
-    assert sorted(backend.profile()["team_sizes"].values()) == [1, 9]
+    assert sum(backend.profile()["team_sizes"].values()) == 5
     backend.adapt_threads = False
     backend.prepare(problem, params, threads=2)
     for _ in range(4):
         backend.sgd_step(x, y, 0.1)
     assert backend.profile()["team_sizes"] == {2: 4}
+
+
+def _trace(team, solo, n):
+    """Team sizes the engine's tuner picks over n calls costing team(i) / solo(i) ns on 2 threads."""
+    from backends import _native
+
+    return _native.tuner_trace(2, [float(team(i)) for i in range(n)], [float(solo(i)) for i in range(n)])
+
+
+def test_tuner_keeps_the_team_on_idle_cores_and_rarely_tries_one_thread():
+    picks = _trace(lambda i: 1e6, lambda i: 2e6, 500)
+    assert picks[:8] == [2, 2, 1, 1, 2, 2, 1, 1]  # the probe
+    solo = [i for i, n in enumerate(picks) if n == 1 and i >= 8]
+    assert len(solo) == 2 * 3 and all(b - a == 1 for a, b in zip(solo[::2], solo[1::2]))  # tries of 2 calls
+    assert min(b - a for a, b in zip(solo[1::2], solo[2::2])) >= 150  # every ~160 calls
+
+
+def test_tuner_falls_back_to_one_thread_under_load_and_backs_off_its_tries():
+    picks = _trace(lambda i: 3e6, lambda i: 2e6, 400)
+    team = [i for i, n in enumerate(picks) if n == 2 and i >= 8]
+    starts = team[::2]
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert starts[0] - 8 <= 10  # the first try 10 calls after the probe
+    assert [round(g / 20) for g in gaps[:4]] == [1, 2, 4, 8]  # then 20, 40, 80, 160 calls apart
+    assert sum(n == 1 for n in picks[8:]) / len(picks[8:]) > 0.95
+
+
+def test_tuner_follows_the_load_both_ways():
+    # the other core busy for calls 100-299: the team loses there
+    picks = _trace(lambda i: 3e6 if 100 <= i < 300 else 1e6, lambda i: 2e6, 600)
+    assert sum(n == 1 for n in picks[110:300]) / 190 > 0.9
+    back = next(i for i in range(300, 600) if picks[i:i + 20] == [2] * 20)
+    assert back <= 300 + 162  # within one gap of the longest (160 calls and a try)
+    assert sum(n == 1 for n in picks[back:]) <= 2  # one try of one thread in the 160 calls after

@@ -342,6 +342,21 @@ class PyNet {
     }
 };
 
+// The team sizes a TeamTuner picks for a run of calls whose cost at call i would be
+// team_ns[i] on the whole team and solo_ns[i] on one thread (its behaviour under a given
+// load, for tests).
+std::vector<int> tuner_trace(int threads, const std::vector<double>& team_ns, const std::vector<double>& solo_ns) {
+    if (team_ns.size() != solo_ns.size()) throw nb::value_error("team_ns and solo_ns differ in length");
+    TeamTuner tuner;
+    std::vector<int> out;
+    for (std::size_t i = 0; i < team_ns.size(); ++i) {
+        const int n = tuner.pick(threads, 1, 1);
+        tuner.record(n, (std::int64_t)(n > 1 ? team_ns[i] : solo_ns[i]));
+        out.push_back(n);
+    }
+    return out;
+}
+
 template <class T>
 void bind_net(nb::module_& m, const char* name) {
     nb::class_<PyNet<T>>(m, name)
@@ -367,6 +382,9 @@ NB_MODULE(_native, m) {
     m.def("blas_info", &rnn::blas_info);
     m.def("set_few_row_routes", &rnn::set_few_row_routes, "on"_a);
     m.def("build_info", &rnn::build_info);
+    // calls of one kind and shape the thread tuner spends timing a team against one thread
+    m.attr("tuner_probe_calls") = 2 * rnn::TeamTuner::kProbe * rnn::TeamTuner::kBurst;
+    m.def("tuner_trace", &rnn::tuner_trace, "threads"_a, "team_ns"_a, "solo_ns"_a);
     rnn::bind_net<float>(m, "Net32");
     rnn::bind_net<double>(m, "Net64");
 }
