@@ -280,8 +280,9 @@ class WorkerProcess:
             return
         self._signal(signal.SIGSTOP)
         self.paused = True
-        # the signal is delivered asynchronously: wait (briefly) until the kernel has stopped it
-        deadline = time.monotonic() + 0.2
+        # the signal is delivered asynchronously: wait until the kernel has stopped it (microseconds
+        # on an idle machine; the stopped process must get a core to take the signal)
+        deadline = time.monotonic() + 5.0
         while _process_state(self.proc.pid) not in ("T", "t", None) and time.monotonic() < deadline:
             time.sleep(0.0002)
 
