@@ -292,6 +292,7 @@ def check_cmd(
     device: Annotated[str, typer.Option(help="cpu or gpu.")] = "cpu",
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object per case.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every case, not only failures.")] = False,
+    match: Annotated[Optional[str], typer.Option("--match", help="Only the cases whose label contains this text (e.g. 'truncated', 'lstm-peephole', 'float32' is not a label: use --json to see labels).")] = None,
 ):
     """Conformance of backends against the NumPy reference (SPEC.md tolerances)."""
     from harness.conformance import run_conformance
@@ -301,7 +302,7 @@ def check_cmd(
             raise HarnessError(f"--device: expected cpu or gpu, got {device!r}")
         names = _split_csv(backends_opt)
         results = run_conformance(names, quick=quick, device=device,
-                                  progress=None if json_out else err_console)
+                                  progress=None if json_out else err_console, match=match)
     except HarnessError as exc:
         _fail(exc)
     if json_out:

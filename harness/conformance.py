@@ -25,7 +25,8 @@ def _report(progress, i: int, n: int, res: CaseResult, seconds: float) -> None:
 
 
 def _check_isolated(full_name: str, environment: str, cases: list, quick: bool, device: str,
-                    representative: bool = False, threads: int = 1, progress=None) -> list[CaseResult]:
+                    representative: bool = False, threads: int = 1, progress=None,
+                    indices: list[int] | None = None) -> list[CaseResult]:
     """Check a backend that lives in an isolated environment through a worker there (the runner's protocol),
     one request per case: the worker gets the run's thread settings and each case a timeout."""
     from harness import measure, protocol
@@ -36,8 +37,9 @@ def _check_isolated(full_name: str, environment: str, cases: list, quick: bool, 
     environment, env = worker_environment(full_name, device, None, threads, DEFAULT_ENV)
     worker = WorkerProcess(environment, env, f"check {full_name}")
     results: list[CaseResult] = []
+    indices = list(range(len(cases))) if indices is None else indices
     try:
-        for i in range(len(cases)):
+        for n, i in enumerate(indices, 1):
             start = measure.clock_ns()
             try:
                 reply = worker.request(protocol.Check(full_name, device, quick, representative, i), CASE_TIMEOUT_S)
@@ -50,18 +52,19 @@ def _check_isolated(full_name: str, environment: str, cases: list, quick: bool, 
             if any(r.case == "*" for r in got):  # the backend or device is out: nothing per case
                 break
             for r in got:
-                _report(progress, i + 1, len(cases), r, measure.elapsed_s(start))
+                _report(progress, n, len(indices), r, measure.elapsed_s(start))
     finally:
         worker.close()
     return results
 
 
 def run_conformance(names: list[str] | None, quick: bool = False, device: str = "cpu", progress=None,
-                    representative: bool = False) -> list[CaseResult]:
+                    representative: bool = False, match: str | None = None) -> list[CaseResult]:
     """Check each ``name[:variant]`` (default: every available one); returns all case results.
 
-    ``quick`` runs the pairwise-covering subset, ``representative`` only a handful of cases;
-    ``progress`` (a rich console) gets a line per backend and per case."""
+    ``quick`` runs the pairwise-covering subset, ``representative`` only a handful of cases,
+    ``match`` only the cases whose label contains that text; ``progress`` (a rich console)
+    gets a line per backend and per case."""
     import setuptools  # noqa: F401  (before any distutils import; see tests/conftest.py)
 
     from harness import measure
@@ -71,6 +74,9 @@ def run_conformance(names: list[str] | None, quick: bool = False, device: str = 
 
     names = names or default_backends()
     cases = case_list(quick, representative)
+    indices = [i for i, c in enumerate(cases) if match is None or match in c.label]
+    if not indices:
+        raise HarnessError(f"--match: no case label contains {match!r}")
     results: list[CaseResult] = []
     for full in names:
         full = backends.validate_name(full)
@@ -80,17 +86,17 @@ def run_conformance(names: list[str] | None, quick: bool = False, device: str = 
             results.append(CaseResult(full, "*", "*", "unavailable", str(exc)))
             continue
         if progress is not None:
-            progress.print(f"checking {full} ({len(cases)} cases) ...", highlight=False, markup=False)
+            progress.print(f"checking {full} ({len(indices)} cases) ...", highlight=False, markup=False)
         if cls.environment is not None:
             try:
                 results += _check_isolated(full, cls.environment, cases, quick, device, representative,
-                                           progress=progress)
+                                           progress=progress, indices=indices)
             except HarnessError as exc:
                 results.append(CaseResult(full, "*", "*", "unavailable", str(exc)))
             continue
         start = measure.clock_ns()
-        for i, res in enumerate(check_backend(full, device=device, cases=cases), 1):
-            _report(progress, i, len(cases), res, measure.elapsed_s(start))
+        for i, res in enumerate(check_backend(full, device=device, cases=[cases[j] for j in indices]), 1):
+            _report(progress, i, len(indices), res, measure.elapsed_s(start))
             results.append(res)
             start = measure.clock_ns()
     return results
