@@ -81,6 +81,23 @@ def test_a_drifting_machine_stays_tight_through_pairing():
     assert measure.disturbed(samples["base"]) == [False] * len(samples["base"])  # drift is no burst
 
 
+def test_a_shift_in_how_the_sides_compare_is_not_averaged_away(monkeypatch):
+    """For the last 30% of the rounds the machine's state changes the ratio itself (another
+    tenant's load slows one side more than the other): the median of all rounds hardly moves,
+    so the bootstrap alone calls the run precise, but the next run may be all in the new state."""
+    from harness import timing
+
+    rng = np.random.default_rng(4)
+    base = [0.010 * (1 + 0.002 * rng.standard_normal()) for _ in range(40)]
+    fast = [0.005 * (1 if r < 28 else 1.08) * (1 + 0.002 * rng.standard_normal()) for r in range(40)]
+    point, lo, hi = paired_speedup(base, fast)
+    assert measure.half_width(point, lo, hi) >= 0.03  # half the difference between the halves
+    assert not measure.precision_met(point, lo, hi, 40, TARGET)
+    assert measure.precision_met(*paired_speedup(base[:28], fast[:28]), 28, TARGET)  # the steady stretch alone
+    monkeypatch.setattr(timing, "MIN_HALF_ROUNDS", 10**6)  # without the halves' term
+    assert measure.half_width(*paired_speedup(base, fast)) < 0.005
+
+
 def _bursty(one_sided: bool, seed: int = 2):
     """In about a third of the rounds a burst of load slows ``fast`` by half; ``base`` too unless ``one_sided``."""
     rng = np.random.default_rng(seed)
