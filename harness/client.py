@@ -282,7 +282,7 @@ class WorkerProcess:
         self.paused = True
         # the signal is delivered asynchronously: wait until the kernel has stopped it (microseconds
         # on an idle machine; the stopped process must get a core to take the signal)
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + 1.0
         while _process_state(self.proc.pid) not in ("T", "t", None) and time.monotonic() < deadline:
             time.sleep(0.0002)
 

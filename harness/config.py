@@ -50,6 +50,8 @@ class TimingConfig(_Strict):
     speedup_precision: Optional[float] = Field(
         None, gt=0, lt=1, description="keep taking rounds until every speedup's 95% interval is within this share "
                                      "of its value (0.02: +-2%), or max_time_s per cell; unset: the floor alone")
+    processes: int = Field(1, ge=1, le=16, description="fresh worker processes per timed cell, taking its rounds in turn; "
+                                                      "a speedup's interval then covers how far they disagree")
 
 
 class TrainConfig(_Strict):
@@ -263,14 +265,20 @@ class RunConfig:
         for cell in self.cells():
             groups.setdefault(cell.group_key, []).append(cell)
         for group in groups.values():
-            need_mb = sum(estimate_bytes(c) for c in group) / 2**20
+            need_mb = sum(estimate_bytes(c) * _n_workers(c) for c in group) / 2**20
             if need_mb > limit_mb:
                 c = group[0]
                 p = c.problem
                 raise HarnessError(
                     f"{self.path}: model.hidden/layers, batch, task sizes: expected a problem that fits in memory; "
                     f"{p.workload} {p.model.describe()} B={p.batch} T={p.seq_len} D={p.input_size} O={p.output_size} "
-                    f"needs an estimated {_fmt_mb(need_mb)} for its {len(group)} worker(s), this machine has {_fmt_mb(limit_mb)}")
+                    f"needs an estimated {_fmt_mb(need_mb)} for its {sum(map(_n_workers, group))} worker(s), "
+                    f"this machine has {_fmt_mb(limit_mb)}")
+
+
+def _n_workers(cell: Cell) -> int:
+    """Worker processes a cell keeps alive beside the rest of its group (a training cell runs alone)."""
+    return 1 if cell.problem.workload == "train" else cell.timing.processes
 
 
 _DEFAULT_TRAIN = TrainConfig()

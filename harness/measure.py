@@ -118,6 +118,7 @@ class TimingPolicy:
     round_s: float | None
     verify: bool
     speedup_precision: float | None
+    processes: int
 
     @classmethod
     def of(cls, timing) -> "TimingPolicy":
@@ -236,7 +237,11 @@ def stop_rule(timing) -> StopRule:
     target = timing.speedup_precision
     interval = None
     if target is not None:
-        from harness.timing import paired_speedup as interval
+        from functools import partial
+
+        from harness.timing import paired_speedup
+
+        interval = partial(paired_speedup, n_processes=timing.processes)
     return StopRule(timing.min_rounds, timing.min_time_s, timing.max_time_s, target, interval)
 
 

@@ -168,7 +168,7 @@ class Runner:
             return Outcome(cell, "unavailable", str(exc))
         return None if status == "ok" else Outcome(cell, status, why)
 
-    def _start(self, cell: Cell, describe) -> tuple[WorkerProcess | None, Outcome]:
+    def _start(self, cell: Cell, describe, verify: bool = True) -> tuple[WorkerProcess | None, Outcome]:
         outcome = Outcome(cell)
         p = cell.problem
         try:
@@ -192,7 +192,7 @@ class Runner:
             n_warm = 0 if p.workload == "train" else timing.warmup
             warm = worker.request(protocol.WarmUp(n_warm), timing.timeout_s)
             outcome.compile_s, outcome.peak_rss_mb = warm["compile_s"], warm.peak_rss_mb
-            if p.workload != "train" and timing.verify:
+            if p.workload != "train" and timing.verify and verify:
                 describe(f"{cell.backend}: verifying against the reference")
                 outcome.verify = worker.request(protocol.Verify(), timing.timeout_s).body
                 if not outcome.verify["ok"]:
@@ -214,7 +214,7 @@ class Runner:
                 progress.update(task_id, description=f"{label} · {text}")
 
         outcomes: dict[str, Outcome] = {}
-        workers: dict[str, WorkerProcess] = {}
+        workers: dict[str, list[WorkerProcess]] = {}
         try:
             for cell in group:
                 screened = self._screen(cell)
@@ -224,17 +224,37 @@ class Runner:
                 if cell.problem.workload == "train":
                     outcomes[cell.cell_id] = self._train_cell(cell, describe)
                     continue
-                worker, outcome = self._start(cell, describe)
-                outcomes[cell.cell_id] = outcome
-                if worker is not None:  # paused while the others start: its compile time was taken alone too
-                    worker.pause()
-                    workers[cell.cell_id] = worker
+                outcomes[cell.cell_id], procs = self._start_processes(cell, describe)
+                if procs:
+                    workers[cell.cell_id] = procs
             if workers:
                 self._interleave(group, workers, outcomes, describe)
         finally:
-            for w in workers.values():
-                self._close(w)
+            for procs in workers.values():
+                for w in procs:
+                    self._close(w)
         return [outcomes[c.cell_id] for c in group]
+
+    def _start_processes(self, cell: Cell, describe) -> tuple[Outcome, list[WorkerProcess]]:
+        """The cell's ``timing.processes`` warmed workers (the first one verified), each paused as soon
+        as it is ready, so that the next one's start and compile time are taken alone too."""
+        n = cell.timing.processes
+        procs: list[WorkerProcess] = []
+        outcome = None
+        for k in range(n):
+            say = describe if n == 1 else (lambda text, k=k: describe(f"{text} (process {k + 1} of {n})"))
+            worker, started = self._start(cell, say, verify=k == 0)
+            if outcome is None:
+                outcome = started
+            elif worker is None:  # a later process failed where the first did not: the cell failed
+                outcome.status, outcome.error = started.status, started.error
+            if worker is None:
+                for w in procs:
+                    self._close(w)
+                return outcome, []
+            worker.pause()
+            procs.append(worker)
+        return outcome, procs
 
     def _train_cell(self, cell: Cell, describe) -> Outcome:
         worker, outcome = self._start(cell, describe)
@@ -256,8 +276,10 @@ class Runner:
             self._close(worker)
         return outcome
 
-    def _interleave(self, group, workers: dict[str, WorkerProcess], outcomes: dict[str, Outcome], describe) -> None:
-        """Rounds of the group's warmed workers in turn until the stop rule is satisfied."""
+    def _interleave(self, group, workers: dict[str, list[WorkerProcess]], outcomes: dict[str, Outcome],
+                    describe) -> None:
+        """Rounds of the group's warmed workers in turn until the stop rule is satisfied. With several
+        processes per cell, round ``i`` of every cell runs in its process ``i % processes``."""
         policy = measure.TimingPolicy.of(group[0].timing)
         rule = measure.stop_rule(policy)
         base = next((c.cell_id for c in group if c.backend == group[0].baseline), None)
@@ -266,19 +288,22 @@ class Runner:
 
         def fail(cid, exc):
             outcomes[cid].status, outcomes[cid].error = exc.status, str(exc)
-            self._close(alive.pop(cid))
+            for w in alive.pop(cid):
+                self._close(w)
 
-        def alone(cid) -> WorkerProcess:
-            """cid's worker, with every other worker of the group paused while it is timed."""
-            for other, w in alive.items():
-                if other != cid:
-                    w.pause()
-            alive[cid].resume()
-            return alive[cid]
+        def alone(cid, k: int = 0) -> WorkerProcess:
+            """cid's k-th worker, with every other worker of the group paused while it is timed."""
+            me = alive[cid][k]
+            for procs in alive.values():
+                for w in procs:
+                    if w is not me:
+                        w.pause()
+            me.resume()
+            return me
 
         try:
             for cid in list(alive):
-                try:
+                try:  # the processes of a cell run the same code on the same data: one calibration
                     inner[cid] = alone(cid).request(protocol.Calibrate(policy.target_round_s), policy.timeout_s)["inner"]
                 except WorkerFailure as exc:
                     fail(cid, exc)
@@ -292,16 +317,18 @@ class Runner:
             while alive and not done():
                 n_round += 1
                 describe(f"round {n_round} ({', '.join(c.backend for c in group if c.cell_id in alive)})")
+                k = (n_round - 1) % policy.processes
                 for cid in list(alive):
                     try:
-                        reply = alone(cid).request(protocol.Rounds(1, inner[cid]), policy.timeout_s)
+                        reply = alone(cid, k).request(protocol.Rounds(1, inner[cid]), policy.timeout_s)
                         samples[cid] += reply["samples"]
-                        outcomes[cid].peak_rss_mb = reply.peak_rss_mb
+                        outcomes[cid].peak_rss_mb = max(outcomes[cid].peak_rss_mb or 0.0, reply.peak_rss_mb or 0.0)
                     except WorkerFailure as exc:
                         fail(cid, exc)
         finally:
-            for w in alive.values():
-                w.resume()
+            for procs in alive.values():
+                for w in procs:
+                    w.resume()
         for cid in workers:
             outcomes[cid].samples = samples[cid]
             outcomes[cid].stop_reason = rule.reason
@@ -329,7 +356,8 @@ class Runner:
             row.update(self._peak_columns(o.cell))
             row["baseline_status"] = base.status if base is not None else "absent"
             if o.status == "ok" and p.workload != "train" and over is not None and o.samples:
-                row["speedup"], row["speedup_lo"], row["speedup_hi"] = paired_speedup(over.samples, o.samples)
+                row["speedup"], row["speedup_lo"], row["speedup_hi"] = paired_speedup(
+                    over.samples, o.samples, n_processes=o.cell.timing.processes)
                 row["speedup_over"] = over.cell.backend
             row.update(_precision_columns(o, over, row))
             if o.verify:
@@ -363,7 +391,8 @@ def _precision_columns(o: Outcome, base: Outcome | None, row: dict) -> dict:
     target = o.cell.timing.speedup_precision
     mine = measure.disturbed(o.samples)
     cols = dict.fromkeys(schema.PRECISION_COLUMNS)
-    cols.update(speedup_precision=target, stop_reason=o.stop_reason, n_disturbed_rounds=sum(mine))
+    cols.update(speedup_precision=target, stop_reason=o.stop_reason, n_disturbed_rounds=sum(mine),
+                n_processes=o.cell.timing.processes)
     if o is not base and "speedup" in row:
         n = min(len(base.samples), len(o.samples))
         theirs = measure.disturbed(base.samples)[:n]

@@ -43,6 +43,7 @@ def cell_columns(cell) -> dict:
 # the target, the achieved relative half-width of the 95% interval, whether it met the target,
 # why the group's rounds stopped (floor | target | cap), and the rounds a burst of load slowed:
 # this cell's own, and for a speedup those slowed on both sides (kept: pairing cancels them)
-# or on one side only (kept: they widen the interval).
+# or on one side only (kept: they widen the interval); and the worker processes that took the
+# cell's rounds in turn (timing.processes).
 PRECISION_COLUMNS = ("speedup_precision", "speedup_half_width", "precision_met", "stop_reason",
-                     "n_disturbed_rounds", "n_disturbed_shared", "n_disturbed_one_sided")
+                     "n_disturbed_rounds", "n_disturbed_shared", "n_disturbed_one_sided", "n_processes")

@@ -98,6 +98,28 @@ def test_a_shift_in_how_the_sides_compare_is_not_averaged_away(monkeypatch):
     assert measure.half_width(*paired_speedup(base, fast)) < 0.005
 
 
+def test_processes_that_disagree_widen_the_interval():
+    """Round i ran in process i % 2; the second process of the fast cell runs 6% slower throughout
+    (what a fresh process can differ by: its memory layout, the kernels a library picked)."""
+    rng = np.random.default_rng(5)
+    base = [0.010 * (1 + 0.002 * rng.standard_normal()) for _ in range(40)]
+    fast = [0.005 * (1.06 if r % 2 else 1) * (1 + 0.002 * rng.standard_normal()) for r in range(40)]
+    two = paired_speedup(base, fast, n_processes=2)
+    assert measure.half_width(*two) >= 0.028  # half the 6% between the processes
+    assert not measure.precision_met(*two, 40, TARGET)
+    same = [0.005 * (1 + 0.002 * rng.standard_normal()) for _ in range(40)]
+    assert measure.precision_met(*paired_speedup(base, same, n_processes=2), 40, TARGET)  # agreeing processes
+
+
+def test_the_process_count_is_validated():
+    from pydantic import ValidationError
+
+    assert TimingConfig().processes == 1
+    for bad in (0, 17, 1.5):
+        with pytest.raises(ValidationError):
+            TimingConfig(processes=bad)
+
+
 def _bursty(one_sided: bool, seed: int = 2):
     """In about a third of the rounds a burst of load slows ``fast`` by half; ``base`` too unless ``one_sided``."""
     rng = np.random.default_rng(seed)

@@ -280,3 +280,31 @@ def test_only_the_timed_worker_runs_while_it_is_timed(fake_backends, write_confi
     t = harness.load_run(tmp_path / "run").timings
     assert set(t["status"]) == {"ok"} and (t["n_samples"] >= 4).all()
     assert not runner._live  # every worker closed (a paused one is resumed to hear its quit)
+
+
+def test_several_processes_per_cell_take_the_rounds_in_turn(fake_backends, write_config, tmp_path, monkeypatch):
+    from harness import protocol
+    from harness.runner import WorkerProcess
+
+    text = STEP + "backends: [ref, 'ref:slow']\n" + FAST_TIMING.replace("timeout_s: 4}", "timeout_s: 4, processes: 2}")
+    cfg = load_config(write_config(text))
+    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+    runner = Runner(cfg, store)
+    runner.gemm_peaks = {"float32|threads=1": 1.0}
+    asked: dict[str, list] = {}
+    original = WorkerProcess.request
+
+    def watched(self, req, timeout_s):
+        asked.setdefault(self.label, []).append((req.cmd, self.proc.pid))
+        return original(self, req, timeout_s)
+
+    monkeypatch.setattr(WorkerProcess, "request", watched)
+    runner.run()
+    for label, calls in asked.items():
+        pids = {pid for _, pid in calls}
+        assert len(pids) == 2, label  # two fresh processes for the cell
+        assert sum(cmd == "verify" for cmd, _ in calls) == 1  # verified once
+        rounds = [pid for cmd, pid in calls if cmd == "rounds"]
+        assert len(rounds) >= 4 and all(a != b for a, b in zip(rounds, rounds[1:]))  # in turn
+    t = harness.load_run(tmp_path / "run").timings
+    assert set(t["status"]) == {"ok"} and set(t["n_processes"]) == {2}
