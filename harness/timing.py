@@ -59,9 +59,10 @@ def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0, n_process
     they disagree no amount of further rounds from the same run narrows it below that.
 
     With ``n_processes`` worker processes per cell (round ``i`` of every cell ran in process
-    ``i % n_processes``), the interval covers half the range of the per-process speedups
-    as well: a figure that depends on which fresh process one got (its memory layout, the
-    kernels a library picked at start) is only as precise as the processes agree.
+    ``i % n_processes``), the interval also covers one standard error of the mean of the
+    per-process speedups (for two processes, half their difference): a figure that depends
+    on which fresh process one got (its memory layout, the kernels a library picked at
+    start) is only as precise as the processes agree, and more processes narrow that term.
     """
     b = np.asarray(baseline, dtype=np.float64)
     o = np.asarray(other, dtype=np.float64)
@@ -83,7 +84,7 @@ def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0, n_process
         lo, hi = min(lo, point - shift), max(hi, point + shift)
     if n_processes > 1 and n >= n_processes * MIN_HALF_ROUNDS:
         per = [np.median(b[k::n_processes]) / np.median(o[k::n_processes]) for k in range(n_processes)]
-        spread = (max(per) - min(per)) / 2
+        spread = float(np.std(per, ddof=1)) / np.sqrt(n_processes)
         lo, hi = min(lo, point - spread), max(hi, point + spread)
     return point, float(lo), float(hi)
 
