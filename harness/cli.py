@@ -292,7 +292,7 @@ def check_cmd(
     device: Annotated[str, typer.Option(help="cpu or gpu.")] = "cpu",
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object per case.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every case, not only failures.")] = False,
-    match: Annotated[Optional[str], typer.Option("--match", help="Only the cases whose label contains this text (e.g. 'truncated', 'lstm-peephole', 'float32' is not a label: use --json to see labels).")] = None,
+    match: Annotated[Optional[str], typer.Option("--match", help="Only the cases whose label contains this text, e.g. 'truncated' or 'lstm-peephole' (--json lists the labels).")] = None,
 ):
     """Conformance of backends against the NumPy reference (SPEC.md tolerances)."""
     from harness.conformance import run_conformance

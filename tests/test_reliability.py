@@ -285,11 +285,22 @@ def test_a_read_only_output_folder_is_refused_before_the_run(fake_backends, tmp_
 # -- commands meant for CI fail when they could not check -----------------------------------------------------
 @pytest.mark.parametrize("args, says", [(["check", "--device", "tpu"], "--device: expected cpu or gpu, got 'tpu'"),
                                         (["check", "--backends", ","], "--backends: expected a comma-separated list"),
-                                        (["check", "--backends", " , "], "--backends: expected a comma-separated list")])
+                                        (["check", "--backends", " , "], "--backends: expected a comma-separated list"),
+                                        (["check", "--match", "no such case"], "--match: no case label contains 'no such case'")])
 def test_check_refuses_what_it_cannot_check(fake_backends, args, says):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
     assert says in _error_line(result)
+
+
+def test_check_match_runs_only_the_cases_it_names(fake_backends):
+    import json
+
+    result = CliRunner().invoke(app, ["check", "--backends", "ref", "--match", "lstm-peephole mse truncated:3", "--json"])
+    assert result.exit_code == 0, result.output
+    cases = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    assert len(cases) >= 4 and all("lstm-peephole mse truncated:3" in c["case"] for c in cases)
+    assert {c["status"] for c in cases} == {"pass"} and {c["dtype"] for c in cases} == {"float32", "float64"}
 
 
 def test_check_with_no_backend_available_on_the_device_fails(fake_backends, monkeypatch):
