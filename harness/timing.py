@@ -78,15 +78,22 @@ def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0, n_process
     idx = rng.integers(0, n, size=(n_boot, n))
     ratios = np.median(b[idx], axis=1) / np.median(o[idx], axis=1)
     lo, hi = np.percentile(ratios, [2.5, 97.5])
+    blockings = []
     if n >= 2 * MIN_HALF_ROUNDS:
-        h = n // 2
-        shift = abs(np.median(b[:h]) / np.median(o[:h]) - np.median(b[h:]) / np.median(o[h:])) / 2
-        lo, hi = min(lo, point - shift), max(hi, point + shift)
+        blockings.append([slice(0, n // 2), slice(n // 2, n)])  # the run's two halves
     if n_processes > 1 and n >= n_processes * MIN_HALF_ROUNDS:
-        per = [np.median(b[k::n_processes]) / np.median(o[k::n_processes]) for k in range(n_processes)]
-        spread = float(np.std(per, ddof=1)) / np.sqrt(n_processes)
-        lo, hi = min(lo, point - spread), max(hi, point + spread)
+        blockings.append([slice(k, n, n_processes) for k in range(n_processes)])  # its processes
+    for blocks in blockings:
+        se = _block_standard_error(b, o, blocks)
+        lo, hi = min(lo, point - se), max(hi, point + se)
     return point, float(lo), float(hi)
+
+
+def _block_standard_error(b: np.ndarray, o: np.ndarray, blocks: list[slice]) -> float:
+    """One standard error of the mean of the speedups measured on each block of paired rounds
+    (for two blocks, half their difference)."""
+    per = [np.median(b[s]) / np.median(o[s]) for s in blocks]
+    return float(np.std(per, ddof=1)) / np.sqrt(len(per))
 
 
 def spread_warnings(timings) -> list[str]:
