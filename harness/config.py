@@ -52,6 +52,11 @@ class TimingConfig(_Strict):
                                      "of its value (0.02: +-2%), or max_time_s per cell; unset: the floor alone")
     processes: int = Field(1, ge=1, le=16, description="fresh worker processes per timed cell, taking its rounds in turn; "
                                                       "a speedup's interval then covers how far they disagree")
+    passes: int = Field(1, ge=1, le=16, description="visits to each comparison group, spread over the run, each with "
+                                                   "fresh worker processes and its share of the rounds; a speedup's "
+                                                   "interval then covers how far the passes disagree")
+    max_passes: Optional[int] = Field(None, ge=1, le=16, description="with speedup_precision: further passes while "
+                                                                    "the target is unmet (default: passes)")
 
 
 class TrainConfig(_Strict):
@@ -601,6 +606,9 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None):
         raw.baseline = {d: _check_baseline(raw, b, f"{path}: baseline.{d}") for d, b in raw.baseline.items()}
     elif raw.baseline is not None:
         raw.baseline = _check_baseline(raw, raw.baseline, f"{path}: baseline")
+    if raw.timing.max_passes is not None and raw.timing.max_passes < raw.timing.passes:
+        raise HarnessError(f"{path}: timing.max_passes: expected at least timing.passes ({raw.timing.passes}), "
+                           f"got {raw.timing.max_passes}")
     if raw.timing.max_time_s < raw.timing.min_time_s:
         raise HarnessError(f"{path}: timing.max_time_s: expected at least timing.min_time_s ({raw.timing.min_time_s}), got {raw.timing.max_time_s}")
 

@@ -19,6 +19,7 @@ from harness.errors import HarnessError
 
 MAX_INNER = 10_000  # calls per round at most: beyond that a round's clock reads are noise-free enough
 MIN_ROUND_S = 0.005  # a round shorter than this is dominated by the clock and the protocol
+MIN_BLOCK_ROUNDS = 5  # rounds a block (a half of the rounds, a process, a pass) needs to give a speedup of its own
 
 
 _clock = time.perf_counter_ns  # bound once: a global lookup less between the code under test and the clock
@@ -119,6 +120,8 @@ class TimingPolicy:
     verify: bool
     speedup_precision: float | None
     processes: int
+    passes: int
+    max_passes: int | None
 
     @classmethod
     def of(cls, timing) -> "TimingPolicy":
@@ -129,6 +132,26 @@ class TimingPolicy:
     def target_round_s(self) -> float:
         """The length one round aims at: ``round_s``, else ``min_time_s / min_rounds`` (at least 5 ms)."""
         return self.round_s or max(MIN_ROUND_S, self.min_time_s / self.min_rounds)
+
+    @property
+    def pass_limit(self) -> int:
+        """The most passes a group gets: ``max_passes``, else ``passes``."""
+        return self.max_passes or self.passes
+
+    @property
+    def pass_rounds(self) -> int:
+        """Rounds every pass over a group takes at least: its share of ``min_rounds`` and, when the
+        rounds fall into several blocks (processes, passes), MIN_BLOCK_ROUNDS per block of the pass."""
+        share = -(-self.min_rounds // self.passes)
+        if self.passes * self.processes > 1:
+            share = max(share, MIN_BLOCK_ROUNDS * self.processes)
+        return share
+
+    def round_block(self, n_pass: int, n_round: int) -> int:
+        """The block of the ``n_round``-th round (from 0) of the ``n_pass``-th pass (from 0): the pass's
+        worker process that takes it (round ``i`` of a pass runs in its process ``i % processes``),
+        numbered across passes, as :func:`harness.timing.paired_speedup` reads it."""
+        return n_pass * self.processes + n_round % self.processes
 
 
 def calibrate(one_call_s: float, round_s: float) -> int:
@@ -165,11 +188,19 @@ class StopRule:
     but its share of the time cap stays, as its failed request took time too. One rule
     object serves one group.
 
-    ``interval(baseline_samples, samples) -> (point, lo, hi)`` is the interval the results
-    report (the paired bootstrap), so stopping for precision and the ``precision_met``
-    column agree by construction. It costs milliseconds, too much for every round of a
-    long group, so a cell found short of the target is only re-checked once its rounds
-    reach where the shrinking of the interval (as one over the root of the rounds)
+    In one pass (``pass_limit`` 1) the rounds go on for the target. With several passes (the
+    runner visits the group again, later in the run, with fresh worker processes, and calls
+    :meth:`start_pass` before each visit), every pass takes ``pass_rounds`` rounds and its
+    share of ``min_time_s`` and no more: the rounds of one stretch cannot narrow what the
+    interval learns from the passes' disagreement, more passes can. After ``passes`` passes
+    the target is checked at the end of each; while it is unmet another pass follows (reason
+    ``"pass"``), up to ``pass_limit`` passes and the time cap.
+
+    ``interval(baseline_samples, samples, blocks=...) -> (point, lo, hi)`` is the interval the
+    results report (the paired bootstrap over blocks), so stopping for precision and the
+    ``precision_met`` column agree by construction. It costs milliseconds, too much for
+    every round of a long group, so a cell found short of the target is only re-checked once
+    its rounds reach where the shrinking of the interval (as one over the root of the rounds)
     predicts the target, and at most RECHECK_GROWTH times later.
 
     The rule stops on the interval's width, never on where it lies, so it does not steer the
@@ -177,11 +208,13 @@ class StopRule:
     which the floor of MIN_PRECISION_ROUNDS pairs keeps small.
 
     After ``done`` returns True, ``reason`` says why: ``"floor"`` (no target, or no
-    baseline left to measure speedups against), ``"target"`` or ``"cap"``; ``widths`` holds
-    each cell's relative half-width at its last check."""
+    baseline left to measure speedups against), ``"target"``, ``"cap"`` (the time cap, or the
+    last pass allowed) or ``"pass"`` (another pass is to come); ``widths`` holds each cell's
+    relative half-width at its last check."""
 
     def __init__(self, min_rounds: int, min_time_s: float, max_time_s: float, target: float | None = None,
-                 interval: Callable[[list[float], list[float]], tuple[float, float, float]] | None = None):
+                 interval: Callable[..., tuple[float, float, float]] | None = None,
+                 passes: int = 1, pass_limit: int | None = None, pass_rounds: int | None = None):
         if target is not None and interval is None:
             raise HarnessError("a precision target needs the interval function that reports the speedups")
         self.min_rounds = min_rounds
@@ -189,29 +222,63 @@ class StopRule:
         self.max_time_s = max_time_s
         self.target = target
         self.interval = interval
+        self.passes = passes
+        self.pass_limit = max(passes, pass_limit or passes)
+        self.pass_rounds = pass_rounds if pass_rounds is not None else -(-min_rounds // passes)
+        self.pass_index = 0  # the pass under way, from 0
         self.n_cells = 0  # the most cells seen in one call: the cap's multiplier
         self.reason: str | None = None
         self.widths: dict[str, float] = {}
         self.n_checks = 0  # interval evaluations so far (their cost is what the schedule bounds)
         self._next_check: dict[str, int] = {}  # cell -> rounds before its interval is worth computing again
+        self._pass_start: dict[str, int] = {}  # cell -> its rounds before the pass under way
+
+    def start_pass(self, index: int, samples: dict[str, list[float]]) -> None:
+        """Pass ``index`` (from 0) begins, after the rounds in ``samples`` (by cell id)."""
+        self.pass_index = index
+        self.reason = None
+        self._pass_start = {c: len(s) for c, s in samples.items()}
+        self._next_check = {}  # a pass adds a block: every interval is worth a look at its end
 
     def done(self, samples: dict[str, list[float]], inner: dict[str, int], baseline: str | None,
-             elapsed_s: float) -> bool:
-        """True when the rounds so far (per-call seconds per round, by cell id) are enough."""
+             elapsed_s: float, blocks=None) -> bool:
+        """True when the rounds so far (per-call seconds per round, by cell id; all passes) are
+        enough, for now (``reason`` ``"pass"``) or for good.
+
+        ``elapsed_s``: the seconds the group's rounds took so far, all passes; ``blocks``: each
+        round's block label, for the interval."""
         self.n_cells = max(self.n_cells, len(samples))
-        floor = all(len(s) >= self.min_rounds and sum(s) * inner[c] >= self.min_time_s for c, s in samples.items())
-        if floor and (self.target is None or baseline not in samples or len(samples) < 2):
-            self.reason = "floor"
-            return True
-        if floor and self._precise(samples, baseline):
-            self.reason = "target"
-            return True
-        if elapsed_s >= self.max_time_s * max(1, self.n_cells):
+        capped = elapsed_s >= self.max_time_s * max(1, self.n_cells)
+        if self._floor(samples, inner):
+            if self.pass_index + 1 < self.passes:
+                self.reason = "cap" if capped else "pass"
+                return True
+            if self.target is None or baseline not in samples or len(samples) < 2:
+                self.reason = "floor"
+                return True
+            if self._precise(samples, baseline, blocks):
+                self.reason = "target"
+                return True
+            if self.pass_limit > 1:  # the pass has its rounds; what it lacks, only another pass can give
+                self.reason = "pass" if self.pass_index + 1 < self.pass_limit and not capped else "cap"
+                return True
+        if capped:
             self.reason = "cap"
             return True
         return False
 
-    def _precise(self, samples: dict[str, list[float]], baseline: str) -> bool:
+    def _floor(self, samples: dict[str, list[float]], inner: dict[str, int]) -> bool:
+        """Every cell has this pass's rounds and share of the timed seconds, and from the ``passes``-th
+        pass on the whole floor."""
+        for c, s in samples.items():
+            new = s[self._pass_start.get(c, 0):]
+            if len(new) < self.pass_rounds or sum(new) * inner[c] < self.min_time_s / self.passes:
+                return False
+            if self.pass_index + 1 >= self.passes and (len(s) < self.min_rounds or sum(s) * inner[c] < self.min_time_s):
+                return False
+        return True
+
+    def _precise(self, samples: dict[str, list[float]], baseline: str, blocks) -> bool:
         """Every speedup's interval within the target; the cell last found short is checked first."""
         base = samples[baseline]
         cells = sorted((c for c in samples if c != baseline), key=lambda c: -self._next_check.get(c, 0))
@@ -219,7 +286,7 @@ class StopRule:
             n = min(len(base), len(samples[c]))
             if n < max(MIN_PRECISION_ROUNDS, self._next_check.get(c, 0)):
                 return False
-            point, lo, hi = self.interval(base, samples[c])
+            point, lo, hi = self.interval(base, samples[c], blocks=blocks)
             self.n_checks += 1
             w = self.widths[c] = half_width(point, lo, hi)
             if not precision_met(point, lo, hi, n, self.target):
@@ -234,15 +301,14 @@ def stop_rule(timing) -> StopRule:
 
     A precision target reads the speedups' intervals through :func:`harness.timing.paired_speedup`,
     imported here and not at the top: workers import this module and need no NumPy for it."""
-    target = timing.speedup_precision
+    policy = timing if isinstance(timing, TimingPolicy) else TimingPolicy.of(timing)
     interval = None
-    if target is not None:
-        from functools import partial
-
+    if policy.speedup_precision is not None:
         from harness.timing import paired_speedup
 
-        interval = partial(paired_speedup, n_processes=timing.processes)
-    return StopRule(timing.min_rounds, timing.min_time_s, timing.max_time_s, target, interval)
+        interval = paired_speedup
+    return StopRule(policy.min_rounds, policy.min_time_s, policy.max_time_s, policy.speedup_precision, interval,
+                    policy.passes, policy.pass_limit, policy.pass_rounds)
 
 
 def disturbed(samples: list[float]) -> list[bool]:

@@ -99,7 +99,7 @@ def fmt_speedup(row) -> str:
 
 
 def imprecise(row) -> bool:
-    """A speedup timed with a precision target that ran out of time before reaching it."""
+    """A speedup timed with a precision target that ran out of time (or passes) before reaching it."""
     met = row.get("precision_met")
     return met is not None and not pd.isna(met) and not bool(met)
 
@@ -111,7 +111,7 @@ def precision_note(timings: pd.DataFrame) -> str | None:
     n = sum(imprecise(r) for r in timings.to_dict("records"))
     if not n:
         return None
-    return (f"{n} speedup(s) hit max_time_s before their 95% interval reached the precision target "
+    return (f"{n} speedup(s) hit max_time_s or max_passes before their 95% interval reached the precision target "
             "(marked 'not met'): read them as loose, not as tight figures.")
 
 

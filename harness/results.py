@@ -26,6 +26,7 @@ TIMING_COLUMNS = [
     "median_s", "iqr_s", "min_s", "mean_s", "stdev_s", "n_samples", "peak_rss_mb", "gflops",
     "gemm_peak_gflops", "baseline", "speedup", "speedup_lo", "speedup_hi", "time_to_target_s",
     "train_s", "eval_s", "final_loss", "loss_floor", "verified_ratio", "samples_s",
+    "samples_block",
 ]
 # mismatch: the backend's own step on this cell disagreed with the reference, so it was not timed
 FINAL_STATUSES = {"ok", "error", "timeout", "oom", "diverged", "mismatch", "unsupported", "unavailable"}
@@ -243,6 +244,8 @@ def _read_folder(path: Path) -> tuple[dict, list[dict], list[dict]]:
     for row in timings:  # parquet hands list columns back as arrays
         if row.get("samples_s") is not None:
             row["samples_s"] = [float(v) for v in row["samples_s"]]
+        if row.get("samples_block") is not None:
+            row["samples_block"] = [int(v) for v in row["samples_block"]]
     return meta, timings, curves
 
 
@@ -272,11 +275,14 @@ def load_run(path) -> Run:
 
 
 def load_runs(paths) -> Run:
-    """Several runs concatenated, each row tagged with its ``run_id``."""
+    """Several runs concatenated, each row tagged with its ``run_id`` (two runs of the same id, e.g.
+    started in the same second into folders of their own, are told apart by their folder names)."""
     runs = [load_run(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
     if not runs:
         raise HarnessError("load_runs: no run folders given")
-    timings = pd.concat([r.timings.assign(run_id=r.run_id) for r in runs], ignore_index=True)
-    curves = pd.concat([r.curves.assign(run_id=r.run_id) for r in runs], ignore_index=True)
-    meta = {"runs": {r.run_id: r.meta for r in runs}}
+    ids = [r.run_id for r in runs]
+    tags = [i if ids.count(i) == 1 else f"{i} ({r.path.name})" for i, r in zip(ids, runs)]
+    timings = pd.concat([r.timings.assign(run_id=t) for r, t in zip(runs, tags)], ignore_index=True)
+    curves = pd.concat([r.curves.assign(run_id=t) for r, t in zip(runs, tags)], ignore_index=True)
+    meta = {"runs": {t: r.meta for r, t in zip(runs, tags)}}
     return Run(Path(os.path.commonpath([str(r.path) for r in runs])), meta, timings, curves)

@@ -3,7 +3,10 @@
 The cells of one comparison group (same problem, different backends) are timed
 side by side: each gets its own warmed worker, and the workers take their rounds in
 turn (A B C A B C ...), so a drift of the machine's speed hits every backend alike
-and the speedup comes from paired rounds with a bootstrap interval.
+and the speedup comes from paired rounds with a bootstrap interval. With
+``timing.passes`` a group is visited that many times (every group's first pass, then
+every group's second, ...), with fresh workers each time, so that its rounds come from
+moments of the run that lie apart.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import groupby
 
@@ -41,6 +44,57 @@ class Outcome:
     worker_env: dict | None = None
     verify: dict | None = None
     stop_reason: str | None = None  # why the group's interleaved rounds stopped (floor | target | cap)
+    blocks: list | None = None  # per round, the (pass, process) block that took it (TimingPolicy.round_block)
+
+
+@dataclass
+class GroupTiming:
+    """A comparison group across its passes: each cell's outcome and its rounds so far."""
+
+    group: list[Cell]
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    samples: dict[str, list[float]] = field(default_factory=dict)  # the timed cells' rounds, all passes
+    inner: dict[str, int] = field(default_factory=dict)  # calls per round, calibrated in the first pass
+    blocks: list[int] = field(default_factory=list)  # the block of each of the group's rounds, in order
+    timed_s: float = 0.0  # seconds of interleaved rounds so far, all passes (the cap counts them)
+    passes_done: int = 0
+    wants_pass: bool = False  # the stop rule asked for another pass
+    rule: measure.StopRule | None = None
+
+    @property
+    def policy(self) -> measure.TimingPolicy:
+        return measure.TimingPolicy.of(self.group[0].timing)
+
+    @property
+    def finished(self) -> bool:
+        """Visited, and the stop rule wants no further pass (or nothing is left to time)."""
+        return self.passes_done > 0 and not self.wants_pass
+
+    def ordered(self) -> list[Outcome]:
+        return [self.outcomes[c.cell_id] for c in self.group]
+
+    # what run.json keeps of a group between its passes, so that --resume goes on where an interrupt stopped it
+    _KEPT = ("status", "error", "compile_s", "samples", "peak_rss_mb", "versions", "data_meta", "train",
+             "worker_env", "verify", "stop_reason", "blocks")
+
+    def saved(self) -> dict:
+        return {"passes_done": self.passes_done, "timed_s": self.timed_s, "inner": self.inner, "blocks": self.blocks,
+                "timed": list(self.samples),
+                "outcomes": {cid: {k: getattr(o, k) for k in self._KEPT} for cid, o in self.outcomes.items()}}
+
+    @classmethod
+    def restore(cls, group: list[Cell], saved: dict | None) -> "GroupTiming":
+        """The group as run.json kept it after its last finished pass (a fresh one without)."""
+        state = cls(group)
+        cells = {c.cell_id: c for c in group}
+        if not saved or set(saved.get("outcomes", {})) != set(cells):
+            return state
+        state.outcomes = {cid: Outcome(cells[cid], **kept) for cid, kept in saved["outcomes"].items()}
+        state.samples = {cid: state.outcomes[cid].samples or [] for cid in saved["timed"]}
+        state.inner, state.blocks = dict(saved["inner"]), list(saved["blocks"])
+        state.timed_s, state.passes_done = float(saved["timed_s"]), int(saved["passes_done"])
+        state.wants_pass = True  # kept only between passes
+        return state
 
 
 class Runner:
@@ -105,15 +159,32 @@ class Runner:
         self._measure_gpu_roofs()
         self.store.meta.setdefault("hosts", {})[machine.host_name()] = {
             "machine": self.store.meta.get("machine"), "gemm_peak_gflops": self.gemm_peaks, "gpu_roofs": self.gpu_roofs}
-        for group in todo:
-            rows, curves = self.run_group(group, progress, task_id)
-            self.store.add(rows, curves)
-            if progress is not None:
-                progress.advance(task_id, len(group))
+        unfinished = self.store.meta.setdefault("unfinished_groups", {})
+        states = [GroupTiming.restore(g, unfinished.get(g[0].group_key)) for g in todo]
+        if any(s.passes_done for s in states):
+            self._say(f"resuming: {sum(1 for s in states if s.passes_done)} comparison group(s) go on at their next pass")
+        while states:  # one pass over every group not yet finished, in the config's order
+            for state in list(states):
+                self._visit(state, progress, task_id)
+                key = state.group[0].group_key
+                if not state.finished:
+                    unfinished[key] = state.saved()
+                    self.store.save()
+                    continue
+                states.remove(state)
+                unfinished.pop(key, None)
+                self.store.add(*self._rows(state.ordered()))
+                if progress is not None:
+                    progress.advance(task_id, len(state.group))
+        del self.store.meta["unfinished_groups"]
 
     def run_group(self, group: list[Cell], progress=None, task_id=None) -> tuple[list[dict], list[dict]]:
-        """Time one comparison group side by side and return its result rows and curve points."""
-        return self._rows(self._run_group(group, progress, task_id))
+        """Time one comparison group side by side, all its passes back to back, and return its
+        result rows and curve points."""
+        state = GroupTiming(group)
+        while not state.finished:
+            self._visit(state, progress, task_id)
+        return self._rows(state.ordered())
 
     def _measure_gemm_peaks(self, cells: list[Cell] | None = None) -> None:
         """The machine's GEMM peak per dtype and thread count, for roofline and %-of-peak figures."""
@@ -205,45 +276,60 @@ class Runner:
             return None, outcome
         return worker, outcome
 
-    def _run_group(self, group: list[Cell], progress, task_id) -> list[Outcome]:
+    def _visit(self, state: GroupTiming, progress, task_id) -> None:
+        """One pass over a group: fresh warmed workers for the cells being timed, rounds in turn until
+        the stop rule ends the pass. The first pass also screens the cells and runs the training ones."""
+        group, policy = state.group, state.policy
         head = group[0]
         label = f"{head.problem.workload} {head.problem.model.describe()} B={head.problem.batch} {head.problem.dtype} threads={head.threads}"
+        if policy.passes > 1:
+            label += f" · pass {state.passes_done + 1} of {policy.passes}"
 
         def describe(text):
             if progress is not None:
                 progress.update(task_id, description=f"{label} · {text}")
 
-        outcomes: dict[str, Outcome] = {}
+        first = state.passes_done == 0
+        state.wants_pass = False
         workers: dict[str, list[WorkerProcess]] = {}
         try:
             for cell in group:
-                screened = self._screen(cell)
-                if screened is not None:
-                    outcomes[cell.cell_id] = screened
+                cid = cell.cell_id
+                if first:
+                    screened = self._screen(cell)
+                    if screened is not None:
+                        state.outcomes[cid] = screened
+                        continue
+                    if cell.problem.workload == "train":
+                        state.outcomes[cid] = self._train_cell(cell, describe)
+                        continue
+                elif cid not in state.samples or state.outcomes[cid].status != "ok":
                     continue
-                if cell.problem.workload == "train":
-                    outcomes[cell.cell_id] = self._train_cell(cell, describe)
-                    continue
-                outcomes[cell.cell_id], procs = self._start_processes(cell, describe)
+                started, procs = self._start_processes(cell, describe, verify=first)
+                if first:
+                    state.outcomes[cid] = started
+                elif not procs:  # a later pass's fresh process failed where the first did not: the cell failed
+                    state.outcomes[cid].status, state.outcomes[cid].error = started.status, started.error
                 if procs:
-                    workers[cell.cell_id] = procs
+                    workers[cid] = procs
+                    state.samples.setdefault(cid, [])
             if workers:
-                self._interleave(group, workers, outcomes, describe)
+                self._interleave(state, workers, describe)
         finally:
             for procs in workers.values():
                 for w in procs:
                     self._close(w)
-        return [outcomes[c.cell_id] for c in group]
+            state.passes_done += 1
 
-    def _start_processes(self, cell: Cell, describe) -> tuple[Outcome, list[WorkerProcess]]:
-        """The cell's ``timing.processes`` warmed workers (the first one verified), each paused as soon
-        as it is ready, so that the next one's start and compile time are taken alone too."""
+    def _start_processes(self, cell: Cell, describe, verify: bool = True) -> tuple[Outcome, list[WorkerProcess]]:
+        """The cell's ``timing.processes`` warmed workers (the first one verified, if ``verify``), each
+        paused as soon as it is ready, so that the next one's start and compile time are taken alone too."""
         n = cell.timing.processes
         procs: list[WorkerProcess] = []
         outcome = None
         for k in range(n):
             say = describe if n == 1 else (lambda text, k=k: describe(f"{text} (process {k + 1} of {n})"))
-            worker, started = self._start(cell, say, verify=k == 0)
+            worker, started = self._start(cell, say, verify=verify and k == 0)
             if outcome is None:
                 outcome = started
             elif worker is None:  # a later process failed where the first did not: the cell failed
@@ -276,14 +362,14 @@ class Runner:
             self._close(worker)
         return outcome
 
-    def _interleave(self, group, workers: dict[str, list[WorkerProcess]], outcomes: dict[str, Outcome],
-                    describe) -> None:
-        """Rounds of the group's warmed workers in turn until the stop rule is satisfied. With several
-        processes per cell, round ``i`` of every cell runs in its process ``i % processes``."""
-        policy = measure.TimingPolicy.of(group[0].timing)
-        rule = measure.stop_rule(policy)
+    def _interleave(self, state: GroupTiming, workers: dict[str, list[WorkerProcess]], describe) -> None:
+        """One pass of rounds of the group's warmed workers in turn, until the stop rule ends it. With
+        several processes per cell, round ``i`` of the pass runs in the cell's process ``i % processes``."""
+        group, policy = state.group, state.policy
+        if state.rule is None:
+            state.rule = measure.stop_rule(policy)
+        rule, outcomes, samples, inner = state.rule, state.outcomes, state.samples, state.inner
         base = next((c.cell_id for c in group if c.backend == group[0].baseline), None)
-        inner, samples = {}, {cid: [] for cid in workers}
         alive = dict(workers)
 
         def fail(cid, exc):
@@ -301,23 +387,29 @@ class Runner:
             me.resume()
             return me
 
+        start = None
         try:
             for cid in list(alive):
+                if cid in inner:  # calibrated in an earlier pass: every pass runs the same rounds
+                    continue
                 try:  # the processes of a cell run the same code on the same data: one calibration
                     inner[cid] = alone(cid).request(protocol.Calibrate(policy.target_round_s), policy.timeout_s)["inner"]
                 except WorkerFailure as exc:
                     fail(cid, exc)
+            rule.start_pass(state.passes_done, {c: samples[c] for c in alive})
             start = measure.clock_ns()
             n_round = 0
 
             def done() -> bool:
                 return rule.done({c: samples[c] for c in alive}, {c: inner[c] for c in alive},
-                                 base if base in alive else None, measure.elapsed_s(start))
+                                 base if base in alive else None, state.timed_s + measure.elapsed_s(start),
+                                 state.blocks)
 
             while alive and not done():
+                describe(f"round {n_round + 1} ({', '.join(c.backend for c in group if c.cell_id in alive)})")
+                state.blocks.append(policy.round_block(state.passes_done, n_round))
+                k = n_round % policy.processes
                 n_round += 1
-                describe(f"round {n_round} ({', '.join(c.backend for c in group if c.cell_id in alive)})")
-                k = (n_round - 1) % policy.processes
                 for cid in list(alive):
                     try:
                         reply = alone(cid, k).request(protocol.Rounds(1, inner[cid]), policy.timeout_s)
@@ -326,11 +418,15 @@ class Runner:
                     except WorkerFailure as exc:
                         fail(cid, exc)
         finally:
+            if start is not None:
+                state.timed_s += measure.elapsed_s(start)
             for procs in alive.values():
                 for w in procs:
                     w.resume()
+        state.wants_pass = rule.reason == "pass" and bool(alive)
         for cid in workers:
             outcomes[cid].samples = samples[cid]
+            outcomes[cid].blocks = state.blocks[:len(samples[cid])]
             outcomes[cid].stop_reason = rule.reason
 
     # -- results rows ------------------------------------------------------------------
@@ -349,15 +445,15 @@ class Runner:
             stats = Stats.of(o.samples if o.status == "ok" and o.samples else [])
             row.update(status=o.status, error=o.error[-4000:] if o.error else "", compile_s=o.compile_s,
                        peak_rss_mb=o.peak_rss_mb, **stats.as_dict(), baseline=base_name,
-                       samples_s=[float(s) for s in (o.samples or [])])
+                       samples_s=[float(s) for s in (o.samples or [])], samples_block=list(o.blocks or []))
             if o.status == "ok" and stats.n_samples:
                 work = "train_step" if p.workload == "train" else p.workload
                 row["gflops"] = p.flops(work) / stats.median_s / 1e9
             row.update(self._peak_columns(o.cell))
             row["baseline_status"] = base.status if base is not None else "absent"
             if o.status == "ok" and p.workload != "train" and over is not None and o.samples:
-                row["speedup"], row["speedup_lo"], row["speedup_hi"] = paired_speedup(
-                    over.samples, o.samples, n_processes=o.cell.timing.processes)
+                row["speedup"], row["speedup_lo"], row["speedup_hi"] = paired_speedup(over.samples, o.samples,
+                                                                                      blocks=o.blocks)
                 row["speedup_over"] = over.cell.backend
             row.update(_precision_columns(o, over, row))
             if o.verify:
@@ -391,8 +487,9 @@ def _precision_columns(o: Outcome, base: Outcome | None, row: dict) -> dict:
     target = o.cell.timing.speedup_precision
     mine = measure.disturbed(o.samples)
     cols = dict.fromkeys(schema.PRECISION_COLUMNS)
+    processes = o.cell.timing.processes
     cols.update(speedup_precision=target, stop_reason=o.stop_reason, n_disturbed_rounds=sum(mine),
-                n_processes=o.cell.timing.processes)
+                n_processes=processes, n_passes=len({b // processes for b in o.blocks or []}))
     if o is not base and "speedup" in row:
         n = min(len(base.samples), len(o.samples))
         theirs = measure.disturbed(base.samples)[:n]

@@ -46,4 +46,5 @@ def cell_columns(cell) -> dict:
 # or on one side only (kept: they widen the interval); and the worker processes that took the
 # cell's rounds in turn (timing.processes).
 PRECISION_COLUMNS = ("speedup_precision", "speedup_half_width", "precision_met", "stop_reason",
-                     "n_disturbed_rounds", "n_disturbed_shared", "n_disturbed_one_sided", "n_processes")
+                     "n_disturbed_rounds", "n_disturbed_shared", "n_disturbed_one_sided", "n_processes",
+                     "n_passes")

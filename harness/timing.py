@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from harness.measure import MIN_BLOCK_ROUNDS
+
 
 @dataclass
 class Stats:
@@ -42,10 +44,7 @@ def spread(iqr_s: float, median_s: float) -> float:
     return iqr_s / median_s if median_s else float("nan")
 
 
-MIN_HALF_ROUNDS = 5  # rounds per half before the two halves of a run are compared
-
-
-def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0, n_processes: int = 1) -> tuple[float, float, float]:
+def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0, blocks=None) -> tuple[float, float, float]:
     """Speedup ``median(baseline) / median(other)`` over rounds taken in turn, with a 95% interval.
 
     Rounds are paired (round ``i`` of both ran back to back), so the bootstrap resamples
@@ -55,14 +54,17 @@ def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0, n_process
     state changes how the two sides compare (another tenant's load slowed NumPy by 40% and
     native by 15% for a few seconds on the 2-core development VM). So the interval also
     covers half the difference between the speedups of the run's first and second halves
-    (from MIN_HALF_ROUNDS rounds each): where both halves agree this adds nothing, where
-    they disagree no amount of further rounds from the same run narrows it below that.
+    (from MIN_BLOCK_ROUNDS rounds each): where both halves agree this adds nothing, where
+    they disagree no amount of further rounds from the same stretch narrows it below that.
 
-    With ``n_processes`` worker processes per cell (round ``i`` of every cell ran in process
-    ``i % n_processes``), the interval also covers one standard error of the mean of the
-    per-process speedups (for two processes, half their difference): a figure that depends
-    on which fresh process one got (its memory layout, the kernels a library picked at
-    start) is only as precise as the processes agree, and more processes narrow that term.
+    ``blocks`` labels each round with the worker process that took it (see
+    :meth:`harness.measure.TimingPolicy.round_block`: one per fresh process, of every pass
+    over the group). Blocks are independent draws of what a round cannot resample: which
+    fresh process one got (its memory layout, the kernels a library picked at start) and
+    when in the run it was taken. With ``k`` blocks of MIN_BLOCK_ROUNDS rounds or more, the
+    interval also covers the 95% interval of the mean of the per-block speedups (Student's t
+    with ``k - 1`` degrees of freedom times their standard error): two blocks must agree
+    closely to give a tight figure, and more blocks narrow that term; more rounds do not.
     """
     b = np.asarray(baseline, dtype=np.float64)
     o = np.asarray(other, dtype=np.float64)
@@ -78,20 +80,25 @@ def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0, n_process
     idx = rng.integers(0, n, size=(n_boot, n))
     ratios = np.median(b[idx], axis=1) / np.median(o[idx], axis=1)
     lo, hi = np.percentile(ratios, [2.5, 97.5])
-    blockings = []
-    if n >= 2 * MIN_HALF_ROUNDS:
-        blockings.append([slice(0, n // 2), slice(n // 2, n)])  # the run's two halves
-    if n_processes > 1 and n >= n_processes * MIN_HALF_ROUNDS:
-        blockings.append([slice(k, n, n_processes) for k in range(n_processes)])  # its processes
-    for blocks in blockings:
-        se = _block_standard_error(b, o, blocks)
-        lo, hi = min(lo, point - se), max(hi, point + se)
+    widenings = []
+    if n >= 2 * MIN_BLOCK_ROUNDS:  # the stretch's two halves, adjacent in time: a drift check, one standard error
+        widenings.append(_block_standard_error(b, o, [slice(0, n // 2), slice(n // 2, n)]))
+    if blocks is not None:
+        labels = np.asarray(blocks[:n])
+        by_block = [np.flatnonzero(labels == k) for k in np.unique(labels)]
+        by_block = [i for i in by_block if i.size >= MIN_BLOCK_ROUNDS]
+        if len(by_block) > 1:  # its processes and passes: independent draws, a t interval
+            from scipy.stats import t
+
+            widenings.append(float(t.ppf(0.975, len(by_block) - 1)) * _block_standard_error(b, o, by_block))
+    for w in widenings:
+        lo, hi = min(lo, point - w), max(hi, point + w)
     return point, float(lo), float(hi)
 
 
-def _block_standard_error(b: np.ndarray, o: np.ndarray, blocks: list[slice]) -> float:
+def _block_standard_error(b: np.ndarray, o: np.ndarray, blocks: list) -> float:
     """One standard error of the mean of the speedups measured on each block of paired rounds
-    (for two blocks, half their difference)."""
+    (slices or index arrays; for two blocks, half their difference)."""
     per = [np.median(b[s]) / np.median(o[s]) for s in blocks]
     return float(np.std(per, ddof=1)) / np.sqrt(len(per))
 

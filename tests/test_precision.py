@@ -94,7 +94,7 @@ def test_a_shift_in_how_the_sides_compare_is_not_averaged_away(monkeypatch):
     assert measure.half_width(point, lo, hi) >= 0.03  # half the difference between the halves
     assert not measure.precision_met(point, lo, hi, 40, TARGET)
     assert measure.precision_met(*paired_speedup(base[:28], fast[:28]), 28, TARGET)  # the steady stretch alone
-    monkeypatch.setattr(timing, "MIN_HALF_ROUNDS", 10**6)  # without the halves' term
+    monkeypatch.setattr(timing, "MIN_BLOCK_ROUNDS", 10**6)  # without the halves' term
     assert measure.half_width(*paired_speedup(base, fast)) < 0.005
 
 
@@ -104,11 +104,11 @@ def test_processes_that_disagree_widen_the_interval():
     rng = np.random.default_rng(5)
     base = [0.010 * (1 + 0.002 * rng.standard_normal()) for _ in range(40)]
     fast = [0.005 * (1.06 if r % 2 else 1) * (1 + 0.002 * rng.standard_normal()) for r in range(40)]
-    two = paired_speedup(base, fast, n_processes=2)
+    two = paired_speedup(base, fast, blocks=[r % 2 for r in range(40)])
     assert measure.half_width(*two) >= 0.028  # half the 6% between the processes
     assert not measure.precision_met(*two, 40, TARGET)
     same = [0.005 * (1 + 0.002 * rng.standard_normal()) for _ in range(40)]
-    assert measure.precision_met(*paired_speedup(base, same, n_processes=2), 40, TARGET)  # agreeing processes
+    assert measure.precision_met(*paired_speedup(base, same, blocks=[r % 2 for r in range(40)]), 40, TARGET)  # agreeing processes
 
 
 def test_the_process_count_is_validated():
@@ -118,6 +118,105 @@ def test_the_process_count_is_validated():
     for bad in (0, 17, 1.5):
         with pytest.raises(ValidationError):
             TimingConfig(processes=bad)
+
+
+def _timing(**kw) -> TimingConfig:
+    return TimingConfig(min_rounds=8, min_time_s=0.03, speedup_precision=TARGET, **kw)
+
+
+def drive_passes(timing: TimingConfig, round_times) -> tuple[dict, list[int], list[str]]:
+    """What the runner does over passes: before each, ``start_pass``; every round is labelled with its
+    block; ``round_times(pass, r)`` gives the pass's round ``r``; passes follow while the rule asks for
+    one. Returns the samples, the blocks and the reason each pass ended with."""
+    rule, policy = measure.stop_rule(timing), measure.TimingPolicy.of(timing)
+    samples: dict[str, list[float]] = {"base": [], "fast": []}
+    blocks, reasons, elapsed = [], [], 0.0
+    while not reasons or reasons[-1] == "pass":
+        p = len(reasons)
+        rule.start_pass(p, samples)
+        r = 0
+        while not rule.done(samples, {"base": 1, "fast": 1}, "base", elapsed, blocks):
+            blocks.append(policy.round_block(p, r))
+            for c, t in round_times(p, r).items():
+                samples[c].append(t)
+                elapsed += t
+            r += 1
+        reasons.append(rule.reason)
+    return samples, blocks, reasons
+
+
+def _state_per_pass(ratios, noise=0.003, seed=6):
+    """A machine whose state differs between passes: in pass ``p`` fast takes base / ratios[p % len]."""
+    rng = np.random.default_rng(seed)
+    return lambda p, r: {"base": 0.010 * (1 + noise * rng.standard_normal()),
+                         "fast": 0.010 / ratios[p % len(ratios)] * (1 + noise * rng.standard_normal())}
+
+
+def test_passes_take_their_share_of_rounds_and_stop_at_the_target():
+    timing = _timing(max_time_s=10, passes=2, max_passes=6)
+    samples, blocks, reasons = drive_passes(timing, _state_per_pass([2.0]))
+    per_pass = measure.TimingPolicy.of(timing).pass_rounds
+    assert per_pass == max(4, measure.MIN_BLOCK_ROUNDS)
+    # every pass takes its share and no more; passes go on until the target
+    assert reasons[-1] == "target" and set(reasons[:-1]) == {"pass"} and 2 <= len(reasons) <= 4
+    assert blocks == [p for p in range(len(reasons)) for _ in range(per_pass)]
+    point, lo, hi = paired_speedup(samples["base"], samples["fast"], blocks=blocks)
+    assert measure.precision_met(point, lo, hi, len(blocks), TARGET) and point == pytest.approx(2.0, rel=0.01)
+
+
+def test_passes_that_disagree_keep_a_cell_from_its_target():
+    """Each pass alone is tight (±0.3% noise), but the machine's state moves the ratio by 6% from one pass
+    to the next: the interval covers it, the passes run out, and the cell is flagged."""
+    timing = _timing(max_time_s=10, passes=2, max_passes=4)
+    samples, blocks, reasons = drive_passes(timing, _state_per_pass([2.0, 2.12]))
+    assert reasons == ["pass", "pass", "pass", "cap"]
+    point, lo, hi = paired_speedup(samples["base"], samples["fast"], blocks=blocks)
+    assert measure.half_width(point, lo, hi) >= 0.03 and not measure.precision_met(point, lo, hi, len(blocks), TARGET)
+    # what one pass alone would have claimed
+    first = [i for i, b in enumerate(blocks) if b == 0]
+    assert measure.half_width(*paired_speedup([samples["base"][i] for i in first], [samples["fast"][i] for i in first])) < 0.01
+
+
+def test_two_blocks_must_agree_closely_and_more_blocks_narrow_the_interval():
+    rng = np.random.default_rng(8)
+    base = list(0.010 * (1 + 0.001 * rng.standard_normal(40)))
+    fast = [0.005 * (1.01 if r >= 20 else 1.0) * (1 + 0.001 * rng.standard_normal()) for r in range(40)]
+    two = paired_speedup(base, fast, blocks=[r // 20 for r in range(40)])
+    assert measure.half_width(*two) > 0.05  # 1% apart: t with one degree of freedom is 12.7 standard errors
+    alternating = [0.005 * (1.01 if (r // 10) % 2 else 1.0) * (1 + 0.001 * rng.standard_normal()) for r in range(40)]
+    four = paired_speedup(base, alternating, blocks=[r // 10 for r in range(40)])
+    assert measure.half_width(*four) < 0.02  # four blocks, same 1% spread: t(3) = 3.18 over a halved error
+
+
+def test_the_time_cap_ends_the_passes():
+    timing = _timing(max_time_s=0.1, passes=2, max_passes=4)
+    samples, blocks, reasons = drive_passes(timing, lambda p, r: {"base": 0.02, "fast": 0.01})
+    per_pass = measure.TimingPolicy.of(timing).pass_rounds
+    # the first pass fits (5 rounds of 30 ms), the second is cut at the cap: max_time_s for each of the two cells
+    assert reasons == ["pass", "cap"] and blocks.count(0) == per_pass and 0 < blocks.count(1) < per_pass
+    assert 0.2 <= sum(samples["base"]) + sum(samples["fast"]) < 0.2 + 0.03
+
+
+def test_the_pass_counts_are_validated_and_set_the_rounds_per_pass(write_config):
+    from pydantic import ValidationError
+
+    from harness.config import load_config
+    from harness.errors import HarnessError
+
+    assert TimingConfig().passes == 1 and TimingConfig().max_passes is None
+    for bad in (0, 17, 1.5):
+        with pytest.raises(ValidationError):
+            TimingConfig(passes=bad)
+        with pytest.raises(ValidationError):
+            TimingConfig(max_passes=bad)
+    with pytest.raises(HarnessError, match="timing.max_passes: expected at least timing.passes"):
+        load_config(write_config("name: p\nmodel: {kind: elman, hidden: 4}\ntask: {kind: random, vocab: 5, seq_len: 3}\n"
+                                 "backends: [numpy]\ntiming: {passes: 3, max_passes: 2}\n"))
+    policy = lambda **kw: measure.TimingPolicy.of(TimingConfig(**kw))  # noqa: E731
+    assert policy(min_rounds=8).pass_rounds == 8 and policy(min_rounds=8).pass_limit == 1  # one pass, one process
+    assert policy(min_rounds=30, passes=3).pass_rounds == 10 and policy(passes=2, max_passes=5).pass_limit == 5
+    assert policy(min_rounds=8, passes=2, processes=2).pass_rounds == 2 * measure.MIN_BLOCK_ROUNDS
+    assert [policy(passes=2, processes=2).round_block(p, r) for p in (0, 1) for r in range(3)] == [0, 1, 0, 2, 3, 2]
 
 
 def _bursty(one_sided: bool, seed: int = 2):
@@ -236,7 +335,7 @@ def test_tables_flag_a_speedup_that_missed_its_target(capsys):
     assert [imprecise(r) for r in rows] == [False, False, True]
     assert fmt_speedup(rows[1]) == "2x [1.99, 2.02]"
     assert fmt_speedup(rows[2]) == "1.5x [1.3, 1.71] (±14.0%, target ±2.0% not met)"
-    assert precision_note(pd.DataFrame(rows)).startswith("1 speedup(s) hit max_time_s")
+    assert precision_note(pd.DataFrame(rows)).startswith("1 speedup(s) hit max_time_s or max_passes")
     assert precision_note(pd.DataFrame(rows[:2])) is None
     assert precision_note(pd.DataFrame([{k: v for k, v in rows[0].items() if k != "speedup_precision"}])) is None
 

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 import harness
+from harness import measure
 from harness.config import load_config
 from harness.results import RunStore
 from harness.runner import Runner, finish_meta, new_run_meta
@@ -118,12 +119,54 @@ def test_resume_after_a_killed_run_redoes_nothing_finished(fake_backends, write_
         assert list(kept.loc[cid, "samples_s"]) == list(row["samples_s"])
 
 
+def test_an_unmet_target_brings_further_passes_up_to_max_passes(fake_backends, write_config, tmp_path):
+    timing = FAST_TIMING.replace("timeout_s: 4}", "timeout_s: 4, passes: 2, max_passes: 3, speedup_precision: 0.0001}")
+    run = _run(write_config(STEP + "backends: [ref, 'ref:slow']\n" + timing), tmp_path / "run")
+    slow = run.timings.set_index("variant").loc["slow"]
+    assert slow["n_passes"] == 3 and slow["stop_reason"] == "cap" and not slow["precision_met"]
+    assert sorted(set(slow["samples_block"])) == [0, 1, 2]
+
+
+def test_an_interrupt_between_passes_keeps_the_first_pass_for_resume(fake_backends, write_config, tmp_path,
+                                                                      monkeypatch):
+    text = STEP + "backends: [ref, 'ref:slow']\n" + FAST_TIMING.replace("timeout_s: 4}", "timeout_s: 4, passes: 2}")
+    cfg = load_config(write_config(text))
+    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+    visit = Runner._visit
+
+    def second_pass_interrupted(self, state, progress, task_id):
+        if state.passes_done == 1:
+            raise KeyboardInterrupt
+        return visit(self, state, progress, task_id)
+
+    monkeypatch.setattr(Runner, "_visit", second_pass_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Runner(cfg, store).run()
+    kept = RunStore.open(tmp_path / "run").meta["unfinished_groups"]
+    (first,) = kept.values()
+    assert first["passes_done"] == 1 and not RunStore.open(tmp_path / "run").timings
+    monkeypatch.setattr(Runner, "_visit", visit)
+    resumed = RunStore.open(tmp_path / "run")
+    Runner(cfg, resumed).run()
+    finish_meta(resumed)
+    run = harness.load_run(tmp_path / "run")
+    assert "unfinished_groups" not in run.meta
+    for _, row in run.timings.iterrows():
+        before = first["outcomes"][row["cell_id"]]
+        n = len(before["samples"])
+        assert list(row["samples_s"])[:n] == before["samples"] and len(row["samples_s"]) > n  # pass 1 kept, pass 2 added
+        assert set(row["samples_block"][:n]) == {0} and set(row["samples_block"][n:]) == {1}
+        assert row["status"] == "ok" and row["n_passes"] == 2 and row["compile_s"] == before["compile_s"]
+
+
 def test_load_runs_tags_each_run(fake_backends, write_config, tmp_path):
     path = write_config(STEP + "backends: [ref]\n" + FAST_TIMING)
     _run(path, tmp_path / "a")
     _run(path, tmp_path / "b")
     both = harness.load_runs([tmp_path / "a", tmp_path / "b"])
-    assert sorted(both.timings["run_id"].unique()) == sorted([harness.load_run(tmp_path / p).run_id for p in "ab"])
+    ids = [harness.load_run(tmp_path / p).run_id for p in "ab"]
+    tags = ids if ids[0] != ids[1] else [f"{ids[0]} ({p})" for p in "ab"]  # started within the same second
+    assert sorted(both.timings["run_id"].unique()) == sorted(tags) and sorted(both.meta["runs"]) == sorted(tags)
     assert len(both.timings) == 2
 
 
@@ -308,3 +351,50 @@ def test_several_processes_per_cell_take_the_rounds_in_turn(fake_backends, write
         assert len(rounds) >= 4 and all(a != b for a, b in zip(rounds, rounds[1:]))  # in turn
     t = harness.load_run(tmp_path / "run").timings
     assert set(t["status"]) == {"ok"} and set(t["n_processes"]) == {2}
+
+
+def test_passes_visit_every_group_in_turn_with_fresh_processes(fake_backends, write_config, tmp_path, monkeypatch):
+    from harness.runner import WorkerProcess
+
+    text = (STEP.replace("batch: [2]", "batch: [2, 3]") + "backends: [ref, 'ref:slow']\n"
+            + FAST_TIMING.replace("timeout_s: 4}", "timeout_s: 4, passes: 2}"))
+    cfg = load_config(write_config(text))
+    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+    runner = Runner(cfg, store)
+    runner.gemm_peaks = {"float32|threads=1": 1.0}
+    visits = []  # (batch, backend, pid) of every timed round, in order
+    asked: dict[str, list] = {}
+    stored = []
+    original, add = WorkerProcess.request, store.add
+
+    def watched(self, req, timeout_s):
+        asked.setdefault(self.label, []).append((req.cmd, self.proc.pid))
+        if req.cmd == "init":
+            self.batch = req.problem["batch"]
+        if req.cmd == "rounds":
+            visits.append((self.batch, self.label, self.proc.pid))
+        return original(self, req, timeout_s)
+
+    def recorded(rows, curves):
+        stored.append(sorted({r["batch"] for r in rows}))
+        return add(rows, curves)
+
+    monkeypatch.setattr(WorkerProcess, "request", watched)
+    monkeypatch.setattr(store, "add", recorded)
+    runner.run()
+    batches = [b for b, _, _ in visits]
+    order = [b for i, b in enumerate(batches) if i == 0 or b != batches[i - 1]]
+    assert order == [2, 3, 2, 3]  # every group's first pass, then every group's second
+    assert stored == [[2], [3]]  # a group's rows are stored once its last pass is done
+    for label, calls in asked.items():
+        assert sum(cmd == "verify" for cmd, _ in calls) == 2  # once per group, in its first pass
+        assert sum(cmd == "calibrate" for cmd, _ in calls) == 2  # the later pass runs the same rounds
+    for batch in (2, 3):
+        pids = [(label, pid) for b, label, pid in visits if b == batch]
+        assert len({pid for label, pid in pids if label == "ref"}) == 2  # a fresh process per pass
+    t = harness.load_run(tmp_path / "run").timings
+    assert set(t["status"]) == {"ok"} and set(t["n_passes"]) == {2} and set(t["stop_reason"]) == {"floor"}
+    for _, row in t.iterrows():
+        blocks = list(row["samples_block"])
+        assert len(blocks) == len(row["samples_s"]) and sorted(set(blocks)) == [0, 1] and blocks == sorted(blocks)
+        assert blocks.count(0) >= measure.MIN_BLOCK_ROUNDS
