@@ -194,7 +194,8 @@ class StopRule:
     share of ``min_time_s`` and no more: the rounds of one stretch cannot narrow what the
     interval learns from the passes' disagreement, more passes can. After ``passes`` passes
     the target is checked at the end of each; while it is unmet another pass follows (reason
-    ``"pass"``), up to ``pass_limit`` passes and the time cap.
+    ``"pass"``), up to ``pass_limit`` passes and the time cap, for the cells in ``pending``
+    (those still short of it) and the baseline: a cell whose speedup is precise is done.
 
     ``interval(baseline_samples, samples, blocks=...) -> (point, lo, hi)`` is the interval the
     results report (the paired bootstrap over blocks), so stopping for precision and the
@@ -232,6 +233,7 @@ class StopRule:
         self.n_checks = 0  # interval evaluations so far (their cost is what the schedule bounds)
         self._next_check: dict[str, int] = {}  # cell -> rounds before its interval is worth computing again
         self._pass_start: dict[str, int] = {}  # cell -> its rounds before the pass under way
+        self.pending: set[str] | None = None  # after a pass that checked the target: the cells still short of it
 
     def start_pass(self, index: int, samples: dict[str, list[float]]) -> None:
         """Pass ``index`` (from 0) begins, after the rounds in ``samples`` (by cell id)."""
@@ -260,6 +262,7 @@ class StopRule:
                 self.reason = "target"
                 return True
             if self.pass_limit > 1:  # the pass has its rounds; what it lacks, only another pass can give
+                self.pending = self._short(samples, baseline, blocks)
                 self.reason = "pass" if self.pass_index + 1 < self.pass_limit and not capped else "cap"
                 return True
         if capped:
@@ -277,6 +280,19 @@ class StopRule:
             if self.pass_index + 1 >= self.passes and (len(s) < self.min_rounds or sum(s) * inner[c] < self.min_time_s):
                 return False
         return True
+
+    def _short(self, samples: dict[str, list[float]], baseline: str, blocks) -> set[str]:
+        """The cells whose speedup's interval is not yet within the target (every one is checked)."""
+        short = set()
+        for c in samples:
+            if c != baseline:
+                n = min(len(samples[baseline]), len(samples[c]))
+                point, lo, hi = self.interval(samples[baseline], samples[c], blocks=blocks)
+                self.n_checks += 1
+                self.widths[c] = half_width(point, lo, hi)
+                if not precision_met(point, lo, hi, n, self.target):
+                    short.add(c)
+        return short
 
     def _precise(self, samples: dict[str, list[float]], baseline: str, blocks) -> bool:
         """Every speedup's interval within the target; the cell last found short is checked first."""

@@ -59,6 +59,7 @@ class GroupTiming:
     timed_s: float = 0.0  # seconds of interleaved rounds so far, all passes (the cap counts them)
     passes_done: int = 0
     wants_pass: bool = False  # the stop rule asked for another pass
+    pending: list[str] | None = None  # the cells that pass is for (None: all), beside the baseline
     rule: measure.StopRule | None = None
 
     @property
@@ -70,6 +71,10 @@ class GroupTiming:
         """Visited, and the stop rule wants no further pass (or nothing is left to time)."""
         return self.passes_done > 0 and not self.wants_pass
 
+    @property
+    def baseline_id(self) -> str | None:
+        return next((c.cell_id for c in self.group if c.backend == self.group[0].baseline), None)
+
     def ordered(self) -> list[Outcome]:
         return [self.outcomes[c.cell_id] for c in self.group]
 
@@ -79,7 +84,7 @@ class GroupTiming:
 
     def saved(self) -> dict:
         return {"passes_done": self.passes_done, "timed_s": self.timed_s, "inner": self.inner, "blocks": self.blocks,
-                "timed": list(self.samples),
+                "timed": list(self.samples), "pending": self.pending,
                 "outcomes": {cid: {k: getattr(o, k) for k in self._KEPT} for cid, o in self.outcomes.items()}}
 
     @classmethod
@@ -93,6 +98,7 @@ class GroupTiming:
         state.samples = {cid: state.outcomes[cid].samples or [] for cid in saved["timed"]}
         state.inner, state.blocks = dict(saved["inner"]), list(saved["blocks"])
         state.timed_s, state.passes_done = float(saved["timed_s"]), int(saved["passes_done"])
+        state.pending = saved.get("pending")
         state.wants_pass = True  # kept only between passes
         return state
 
@@ -305,6 +311,8 @@ class Runner:
                         continue
                 elif cid not in state.samples or state.outcomes[cid].status != "ok":
                     continue
+                elif state.pending is not None and cid not in state.pending and cid != state.baseline_id:
+                    continue  # its speedup is already within the target
                 started, procs = self._start_processes(cell, describe, verify=first)
                 if first:
                     state.outcomes[cid] = started
@@ -369,7 +377,7 @@ class Runner:
         if state.rule is None:
             state.rule = measure.stop_rule(policy)
         rule, outcomes, samples, inner = state.rule, state.outcomes, state.samples, state.inner
-        base = next((c.cell_id for c in group if c.backend == group[0].baseline), None)
+        base = state.baseline_id
         alive = dict(workers)
 
         def fail(cid, exc):
@@ -424,10 +432,12 @@ class Runner:
                 for w in procs:
                     w.resume()
         state.wants_pass = rule.reason == "pass" and bool(alive)
+        state.pending = sorted(rule.pending) if rule.pending is not None else None
         for cid in workers:
             outcomes[cid].samples = samples[cid]
             outcomes[cid].blocks = state.blocks[:len(samples[cid])]
-            outcomes[cid].stop_reason = rule.reason
+            done_early = state.wants_pass and state.pending is not None and cid not in state.pending and cid != base
+            outcomes[cid].stop_reason = "target" if done_early else rule.reason
 
     # -- results rows ------------------------------------------------------------------
     def _rows(self, outcomes: list[Outcome]) -> tuple[list[dict], list[dict]]:

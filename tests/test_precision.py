@@ -177,6 +177,34 @@ def test_passes_that_disagree_keep_a_cell_from_its_target():
     assert measure.half_width(*paired_speedup([samples["base"][i] for i in first], [samples["fast"][i] for i in first])) < 0.01
 
 
+def test_a_cell_whose_speedup_is_precise_leaves_the_later_passes():
+    """steady keeps its ratio in every pass, shifty moves 6% from one pass to the next: after the
+    passes asked for, only shifty (and the baseline it is paired with) is timed again."""
+    timing = _timing(max_time_s=10, passes=3, max_passes=5)
+    rule, policy = measure.stop_rule(timing), measure.TimingPolicy.of(timing)
+    rng = np.random.default_rng(9)
+    samples = {"base": [], "steady": [], "shifty": []}
+    blocks, timed, elapsed = [], [], 0.0
+    for p in range(5):
+        cells = ["base", "steady", "shifty"] if rule.pending is None else ["base", *sorted(rule.pending)]
+        timed.append(cells)
+        rule.start_pass(p, {c: samples[c] for c in cells})
+        r = 0
+        while not rule.done({c: samples[c] for c in cells}, dict.fromkeys(cells, 1), "base", elapsed, blocks):
+            blocks.append(policy.round_block(p, r))
+            times = {"base": 0.010, "steady": 0.005, "shifty": 0.005 * (1.06 if p % 2 else 1.0)}
+            for c in cells:
+                samples[c].append(times[c] * (1 + 0.002 * rng.standard_normal()))
+                elapsed += samples[c][-1]
+            r += 1
+        if rule.reason != "pass":
+            break
+    assert timed[:3] == [["base", "steady", "shifty"]] * 3 and timed[3:] == [["base", "shifty"]] * 2
+    assert rule.reason == "cap" and rule.pending == {"shifty"}
+    n = len(samples["steady"])
+    assert measure.precision_met(*paired_speedup(samples["base"][:n], samples["steady"], blocks=blocks), n, TARGET)
+
+
 def test_two_blocks_must_agree_closely_and_more_blocks_narrow_the_interval():
     rng = np.random.default_rng(8)
     base = list(0.010 * (1 + 0.001 * rng.standard_normal(40)))
