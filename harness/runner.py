@@ -288,8 +288,9 @@ class Runner:
         group, policy = state.group, state.policy
         head = group[0]
         label = f"{head.problem.workload} {head.problem.model.describe()} B={head.problem.batch} {head.problem.dtype} threads={head.threads}"
-        if policy.passes > 1:
-            label += f" · pass {state.passes_done + 1} of {policy.passes}"
+        if policy.pass_limit > 1:
+            most = policy.passes if policy.pass_limit == policy.passes else f"{policy.passes}-{policy.pass_limit}"
+            label += f" · pass {state.passes_done + 1} of {most}"
 
         def describe(text):
             if progress is not None:
