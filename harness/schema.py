@@ -41,10 +41,11 @@ def cell_columns(cell) -> dict:
 
 # The precision of a speedup (timing.speedup_precision) and what the stop rule saw, per row:
 # the target, the achieved relative half-width of the 95% interval, whether it met the target,
-# why the group's rounds stopped (floor | target | cap), and the rounds a burst of load slowed:
+# why the cell's rounds stopped (floor | target | cap), and the rounds a burst of load slowed:
 # this cell's own, and for a speedup those slowed on both sides (kept: pairing cancels them)
-# or on one side only (kept: they widen the interval); and the worker processes that took the
-# cell's rounds in turn (timing.processes).
+# or on one side only (kept: they widen the interval); the worker processes that took the
+# cell's rounds in turn (timing.processes) and the passes over its group it took rounds in
+# (timing.passes, max_passes; the block of each round is in samples_block).
 PRECISION_COLUMNS = ("speedup_precision", "speedup_half_width", "precision_met", "stop_reason",
                      "n_disturbed_rounds", "n_disturbed_shared", "n_disturbed_one_sided", "n_processes",
                      "n_passes")
