@@ -1,10 +1,11 @@
 """Running a config's comparison groups on a Dask cluster (``harness run --executor dask``).
 
-The unit of distribution is a comparison group, never a single cell: the cells of a group
-are timed side by side in interleaved rounds, so they must share one host. On a Dask
-worker a group runs exactly as it does locally (:meth:`Runner.run_group`: a fresh worker
-subprocess per cell, the same verification and timing), and its rows stream back into the
-one run folder as groups finish.
+The unit of distribution is a pass over a comparison group, never a single cell: the cells
+of a group are timed side by side in interleaved rounds, so they must share one host. On a
+Dask worker a pass runs exactly as it does locally (:meth:`Runner._visit`: a fresh worker
+subprocess per cell, the same verification and timing); a group with ``timing.passes`` gets
+its next pass as a new task on the same host, queued behind the passes already asked for (so
+its passes lie apart), and its rows stream back into the one run folder as groups finish.
 
 What a Dask worker must declare (``dask worker ADDRESS --nthreads 1 --resources "cores=N"``,
 plus ``GPU=1`` on a GPU host): ``cores`` is how many cores its timed groups may use, and a
@@ -82,10 +83,12 @@ def _pin_to_worker_cpus() -> None:
         os.sched_setaffinity(0, set(cpus))
 
 
-def run_group_task(config, group) -> dict:
-    """Run one comparison group on this (Dask worker's) host; returns its rows and run.json fragment."""
+def run_group_task(config, group, saved: dict | None = None) -> dict:
+    """Run one pass over a comparison group on this (Dask worker's) host, from where ``saved`` (a
+    :meth:`GroupTiming.saved` of its earlier passes, or None) left it. Returns its run.json fragment
+    and either its rows (the group is finished) or ``saved`` for its next pass."""
     from harness import machine
-    from harness.runner import Runner
+    from harness.runner import GroupTiming, Runner
 
     _pin_to_worker_cpus()
     store = _MemoryStore()
@@ -97,13 +100,27 @@ def run_group_task(config, group) -> dict:
     runner._measure_gpu_roofs(group)
     if runner.gpu_roofs:
         _HOST_ROOFS["roofs"] = runner.gpu_roofs
-    rows, curves = runner.run_group(group)
+    state = GroupTiming.restore(group, saved)
+    runner._visit(state, None, None)
+    done = {"rows": [], "curves": [], "saved": state.saved()} if not state.finished else \
+        dict(zip(("rows", "curves"), runner._rows(state.ordered())), saved=None)
     meta = dict(store.meta)
     for key in ("gemm_peak_gflops", "gpu_roofs"):  # kept per host instead
         meta.pop(key, None)
-    return {"rows": rows, "curves": curves, "meta": meta, "host": machine.host_name(),
-            "machine": machine.machine_info(), "gemm_peak_gflops": dict(runner.gemm_peaks),
-            "gpu_roofs": runner.gpu_roofs}
+    return {**done, "meta": meta, "host": machine.host_name(), "machine": machine.machine_info(),
+            "gemm_peak_gflops": dict(runner.gemm_peaks), "gpu_roofs": runner.gpu_roofs, "address": _worker_host()}
+
+
+def _worker_host() -> str | None:
+    """The address of this Dask worker's host, as ``client.submit(workers=...)`` takes it (None off a worker)."""
+    from urllib.parse import urlparse
+
+    try:
+        from distributed import get_worker
+
+        return urlparse(get_worker().address).hostname
+    except (ImportError, ValueError):
+        return None
 
 
 def merge_fragment(meta: dict, result: dict) -> None:
@@ -181,31 +198,49 @@ class DaskExecutor:
         futures = {}
         try:
             offers = [w.get("resources", {}) for w in client.scheduler_info()["workers"].values()]
-            for i, group in enumerate(groups):
-                need = group_resources(group)
-                why = unmet_need(need, offers)
+            unfinished = runner.store.meta.setdefault("unfinished_groups", {})
+
+            def submit(group, saved, host=None):
+                """One pass; a group's next pass queues behind every pass asked for before it, on the
+                host of its first (elsewhere only if that host has left the cluster)."""
+                where = {"workers": [host], "allow_other_workers": True} if host else {}
+                fut = client.submit(run_group_task, runner.config, group, saved, resources=group_resources(group),
+                                    pure=False, key=f"harness-group-{os.urandom(6).hex()}", **where)
+                futures[fut] = group
+                return fut
+
+            for group in groups:
+                why = unmet_need(group_resources(group), offers)
                 if why is not None:
                     self._record_failed(runner, group, "unavailable", why)
                     self._advance(progress, task_id, group, len(futures))
                     continue
-                fut = client.submit(run_group_task, runner.config, group, resources=need, pure=False,
-                                    key=f"harness-group-{i}-{os.urandom(4).hex()}")
-                futures[fut] = group
+                submit(group, unfinished.get(group[0].group_key))
             pending = len(futures)
-            for fut in distributed.as_completed(list(futures)):
+            queue = distributed.as_completed(list(futures))
+            for fut in queue:
                 group = futures[fut]
-                pending -= 1
+                key = group[0].group_key
                 try:
                     result = fut.result()
                 except Exception as exc:  # the group's worker died twice, or the task itself failed
                     where = getattr(getattr(exc, "last_worker", None), "address", None)
                     detail = f" (last on {where})" if where else ""
+                    unfinished.pop(key, None)
                     self._record_failed(runner, group, "error", f"the Dask task running this group failed{detail}: "
                                                                f"{type(exc).__name__}: {exc}")
                 else:
                     merge_fragment(runner.store.meta, result)
+                    if result["saved"] is not None:  # kept for --resume, and on to the next pass
+                        unfinished[key] = result["saved"]
+                        runner.store.save()
+                        queue.add(submit(group, result["saved"], result["address"]))
+                        continue
+                    unfinished.pop(key, None)
                     runner.store.add(result["rows"], result["curves"])
+                pending -= 1
                 self._advance(progress, task_id, group, pending)
+            runner.store.meta.pop("unfinished_groups", None)
             # groups finished in any order; keep the table in the config's order, as a local run has it
             order = {cell.cell_id: i for i, cell in enumerate(runner.config.cells())}
             runner.store.timings.sort(key=lambda row: order.get(row["cell_id"], len(order)))

@@ -92,6 +92,37 @@ def test_dask_local_gives_the_same_run_folder_as_a_local_run(tmp_path):
     assert dask.meta["conformance"]["native"]["verified_cells"] == 3
 
 
+def test_passes_through_dask_are_tasks_of_their_own_behind_every_first_pass(tmp_path, monkeypatch):
+    from harness import distributed as dist
+
+    path = tmp_path / "passes.yaml"
+    path.write_text(CONFIG.replace("MIN_TIME", "0.05").replace("timeout_s: 60}", "timeout_s: 60, passes: 2}"))
+    cfg = load_config(path)
+    asked = []  # (group key, pass about to run) of every task submitted, in order
+    submit = dist.DaskExecutor.run
+
+    def watched(self, runner, groups, progress=None, task_id=None):
+        import distributed
+
+        original = distributed.Client.submit
+
+        def recording(client, fn, *args, **kwargs):
+            if fn is dist.run_group_task:
+                asked.append((args[1][0].group_key, (args[2] or {}).get("passes_done", 0)))
+            return original(client, fn, *args, **kwargs)
+
+        monkeypatch.setattr(distributed.Client, "submit", recording)
+        return submit(self, runner, groups, progress, task_id)
+
+    monkeypatch.setattr(dist.DaskExecutor, "run", watched)
+    run = _run(cfg, tmp_path / "dask", DaskExecutor(n_workers=1))
+    keys = list(dict.fromkeys(k for k, _ in asked))
+    assert len(keys) == 3 and asked[:3] == [(k, 0) for k in keys]  # every group's first pass is asked for first
+    assert sorted(asked[3:]) == sorted((k, 1) for k in keys)  # then each one's second, as its first comes back
+    assert list(run.timings["status"]) == ["ok"] * 6 and set(run.timings["n_passes"]) == {2}
+    assert "unfinished_groups" not in run.meta
+
+
 @pytest.mark.slow
 def test_a_dask_worker_killed_mid_group_never_loses_the_group(tmp_path):
     import dask
