@@ -437,8 +437,8 @@ class Runner:
         for cid in workers:
             outcomes[cid].samples = samples[cid]
             outcomes[cid].blocks = state.blocks[:len(samples[cid])]
-            done_early = state.wants_pass and state.pending is not None and cid not in state.pending and cid != base
-            outcomes[cid].stop_reason = "target" if done_early else rule.reason
+            met = state.pending is not None and cid not in state.pending and cid != base  # its own target
+            outcomes[cid].stop_reason = "target" if met else rule.reason
 
     # -- results rows ------------------------------------------------------------------
     def _rows(self, outcomes: list[Outcome]) -> tuple[list[dict], list[dict]]:

@@ -122,8 +122,10 @@ def test_resume_after_a_killed_run_redoes_nothing_finished(fake_backends, write_
 def test_an_unmet_target_brings_further_passes_up_to_max_passes(fake_backends, write_config, tmp_path):
     timing = FAST_TIMING.replace("timeout_s: 4}", "timeout_s: 4, passes: 2, max_passes: 3, speedup_precision: 0.0001}")
     run = _run(write_config(STEP + "backends: [ref, 'ref:slow']\n" + timing), tmp_path / "run")
-    slow = run.timings.set_index("variant").loc["slow"]
+    t = run.timings.set_index("variant")
+    slow = t.loc["slow"]
     assert slow["n_passes"] == 3 and slow["stop_reason"] == "cap" and not slow["precision_met"]
+    assert t.loc["plain", "stop_reason"] == "cap"  # the baseline goes on with the cells it is paired with
     assert sorted(set(slow["samples_block"])) == [0, 1, 2]
 
 
