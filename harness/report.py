@@ -21,7 +21,7 @@ import pandas as pd
 from harness.errors import HarnessError
 
 PLOT_CAPTIONS = {
-    "speedup.png": "Speedup over the baseline per comparison group, from rounds timed in turn; bars are 95% paired-bootstrap intervals.",
+    "speedup.png": "Speedup over the baseline per comparison group, from rounds timed in turn; bars are the 95% intervals of the table.",
     "loss_vs_time.png": "Evaluation loss against training wall-clock (evaluation time excluded), with the target and the task's loss floor.",
     "scaling.png": "Median time per call against each size the run varied, all else fixed.",
     "roofline.png": "Achieved GFLOP/s per cell against the estimated arithmetic intensity of a step's matrix products; "
@@ -175,7 +175,32 @@ def _run_section(meta: dict, timings: pd.DataFrame, run_dir: Path) -> list:
     ]
     if meta.get("speedup_interval"):  # an imported run: its rounds were not taken in turn
         rows.append(["speedup intervals", str(meta["speedup_interval"])])
+    timing = timing_summary(timings)
+    if timing:
+        rows.append(["timing", timing])
     return [Heading(2, "Run"), Table(["", ""], rows)]
+
+
+def timing_summary(timings: pd.DataFrame) -> str | None:
+    """How the timed cells were measured, from their rows: precision target, processes and passes,
+    and how many speedups met the target (None for a run without these columns)."""
+    if "precision_met" not in timings or "n_passes" not in timings:
+        return None
+    timed = timings[timings["n_passes"].notna() & (timings["n_passes"] > 0)]
+    if timed.empty:
+        return None
+    parts = []
+    targets = sorted({float(v) for v in timed["speedup_precision"].dropna()})
+    if targets:
+        parts.append("precision target " + ", ".join(f"±{t:.1%}" for t in targets))
+    procs = sorted({int(v) for v in timed["n_processes"].dropna()})
+    parts.append(f"{'-'.join(map(str, dict.fromkeys([procs[0], procs[-1]])))} process(es) per pass")
+    lo, hi = int(timed["n_passes"].min()), int(timed["n_passes"].max())
+    parts.append(f"{lo} pass(es)" if lo == hi else f"{lo}-{hi} passes")
+    judged = [m for m in timed["precision_met"] if m is not None and not pd.isna(m)]
+    if judged:
+        parts.append(f"{sum(bool(m) for m in judged)} of {len(judged)} speedups met the target")
+    return "; ".join(parts)
 
 
 def _machine_section(meta: dict) -> list:
@@ -267,7 +292,9 @@ def _results_section(timings: pd.DataFrame) -> list:
     df = timings.assign(label=_labels(timings))
     out.append(Para("Median time per call over calibrated rounds; IQR is the interquartile range of the rounds; "
                     "speedup is baseline median / backend median from rounds timed in turn, with a 95% paired-bootstrap "
-                    "interval; compile is the warm-up (JIT/compile) time, excluded from the rounds. Rounds slowed "
+                    "interval, widened to cover a drift between the rounds' halves and, with several worker processes "
+                    "or passes, the t interval of their speedups' mean; compile is the warm-up (JIT/compile) time, "
+                    "excluded from the rounds. Rounds slowed "
                     "by a burst of load are kept: on both sides of a pair the pairing cancels them, on one side "
                     "they widen the interval (timings.parquet counts them per cell)."))
     for _, g in df.groupby("group", sort=False):

@@ -403,3 +403,14 @@ def test_a_run_records_precision_through_the_results_folder(fake_backends, write
     assert not bool(t.loc["slow", "precision_met"]) and t.loc["slow", "speedup_half_width"] > 0
     assert t.loc["slow", "speedup_precision"] == 0.000001 and t.loc["slow", "n_disturbed_one_sided"] >= 0
     assert pd.isna(t.loc["plain", "precision_met"])  # the baseline's own 1x has nothing to meet
+
+
+def test_the_report_says_how_the_speedups_were_timed():
+    import pandas as pd
+
+    from harness.report import timing_summary
+
+    rows = [dict(r, n_processes=1, n_passes=n) for r, n in zip(_rows_for_tables(), (3, 4, 6))]
+    assert timing_summary(pd.DataFrame(rows)) == ("precision target ±2.0%; 1 process(es) per pass; 3-6 passes; "
+                                                  "1 of 2 speedups met the target")
+    assert timing_summary(pd.DataFrame(_rows_for_tables())) is None  # a run from before passes
