@@ -102,8 +102,11 @@ def run_group_task(config, group, saved: dict | None = None) -> dict:
         _HOST_ROOFS["roofs"] = runner.gpu_roofs
     state = GroupTiming.restore(group, saved)
     runner._visit(state, None, None)
-    done = {"rows": [], "curves": [], "saved": state.saved()} if not state.finished else \
-        dict(zip(("rows", "curves"), runner._rows(state.ordered())), saved=None)
+    if state.finished:
+        rows, curves = runner._rows(state.ordered())
+        done = {"rows": rows, "curves": curves, "saved": None}
+    else:
+        done = {"rows": [], "curves": [], "saved": state.saved()}
     meta = dict(store.meta)
     for key in ("gemm_peak_gflops", "gpu_roofs"):  # kept per host instead
         meta.pop(key, None)
@@ -198,8 +201,6 @@ class DaskExecutor:
         futures = {}
         try:
             offers = [w.get("resources", {}) for w in client.scheduler_info()["workers"].values()]
-            unfinished = runner.store.meta.setdefault("unfinished_groups", {})
-
             def submit(group, saved, host=None):
                 """One pass; a group's next pass queues behind every pass asked for before it, on the
                 host of its first (elsewhere only if that host has left the cluster)."""
@@ -215,32 +216,27 @@ class DaskExecutor:
                     self._record_failed(runner, group, "unavailable", why)
                     self._advance(progress, task_id, group, len(futures))
                     continue
-                submit(group, unfinished.get(group[0].group_key))
+                submit(group, runner.store.unfinished(group[0].group_key))
             pending = len(futures)
             queue = distributed.as_completed(list(futures))
             for fut in queue:
                 group = futures[fut]
-                key = group[0].group_key
                 try:
                     result = fut.result()
                 except Exception as exc:  # the group's worker died twice, or the task itself failed
                     where = getattr(getattr(exc, "last_worker", None), "address", None)
                     detail = f" (last on {where})" if where else ""
-                    unfinished.pop(key, None)
                     self._record_failed(runner, group, "error", f"the Dask task running this group failed{detail}: "
                                                                f"{type(exc).__name__}: {exc}")
                 else:
                     merge_fragment(runner.store.meta, result)
                     if result["saved"] is not None:  # kept for --resume, and on to the next pass
-                        unfinished[key] = result["saved"]
-                        runner.store.save()
+                        runner.store.keep_unfinished(group[0].group_key, result["saved"])
                         queue.add(submit(group, result["saved"], result["address"]))
                         continue
-                    unfinished.pop(key, None)
                     runner.store.add(result["rows"], result["curves"])
                 pending -= 1
                 self._advance(progress, task_id, group, pending)
-            runner.store.meta.pop("unfinished_groups", None)
             # groups finished in any order; keep the table in the config's order, as a local run has it
             order = {cell.cell_id: i for i, cell in enumerate(runner.config.cells())}
             runner.store.timings.sort(key=lambda row: order.get(row["cell_id"], len(order)))

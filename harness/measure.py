@@ -225,7 +225,7 @@ class StopRule:
         self.interval = interval
         self.passes = passes
         self.pass_limit = max(passes, pass_limit or passes)
-        self.pass_rounds = pass_rounds if pass_rounds is not None else -(-min_rounds // passes)
+        self.pass_rounds = pass_rounds or min_rounds  # stop_rule gives TimingPolicy.pass_rounds
         self.pass_index = 0  # the pass under way, from 0
         self.n_cells = 0  # the most cells seen in one call: the cap's multiplier
         self.reason: str | None = None
@@ -240,7 +240,6 @@ class StopRule:
         self.pass_index = index
         self.reason = None
         self._pass_start = {c: len(s) for c, s in samples.items()}
-        self._next_check = {}  # a pass adds a block: every interval is worth a look at its end
 
     def done(self, samples: dict[str, list[float]], inner: dict[str, int], baseline: str | None,
              elapsed_s: float, blocks=None) -> bool:
@@ -258,12 +257,17 @@ class StopRule:
             if self.target is None or baseline not in samples or len(samples) < 2:
                 self.reason = "floor"
                 return True
-            if self._precise(samples, baseline, blocks):
-                self.reason = "target"
-                return True
             if self.pass_limit > 1:  # the pass has its rounds; what it lacks, only another pass can give
                 self.pending = self._short(samples, baseline, blocks)
-                self.reason = "pass" if self.pass_index + 1 < self.pass_limit and not capped else "cap"
+                if not self.pending:
+                    self.reason = "target"
+                elif self.pass_index + 1 < self.pass_limit and not capped:
+                    self.reason = "pass"
+                else:
+                    self.reason = "cap"
+                return True
+            if self._precise(samples, baseline, blocks):
+                self.reason = "target"
                 return True
         if capped:
             self.reason = "cap"

@@ -205,8 +205,23 @@ class RunStore:
     def done_cells(self) -> set[str]:
         return {r["cell_id"] for r in self.timings if r.get("status") in FINAL_STATUSES}
 
+    def unfinished(self, group_key: str) -> dict | None:
+        """What :meth:`keep_unfinished` kept of a comparison group between its passes (None if nothing)."""
+        return self.meta.get("unfinished_groups", {}).get(group_key)
+
+    def keep_unfinished(self, group_key: str, saved: dict) -> None:
+        """Keep a group's passes so far in run.json (saved at once), so --resume goes on at its next pass;
+        :meth:`add` of its rows lets it go."""
+        self.meta.setdefault("unfinished_groups", {})[group_key] = saved
+        self.save()
+
     def add(self, rows: list[dict], curves: list[dict]) -> None:
         """Record finished cells (replacing older rows of the same cells) and save at once."""
+        unfinished = self.meta.get("unfinished_groups", {})
+        for group in {r.get("group") for r in rows}:
+            unfinished.pop(group, None)
+        if not unfinished:
+            self.meta.pop("unfinished_groups", None)
         ids = {r["cell_id"] for r in rows}
         self.timings = [r for r in self.timings if r["cell_id"] not in ids] + rows
         self.curves = [c for c in self.curves if c["cell_id"] not in ids] + curves

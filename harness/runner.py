@@ -165,24 +165,19 @@ class Runner:
         self._measure_gpu_roofs()
         self.store.meta.setdefault("hosts", {})[machine.host_name()] = {
             "machine": self.store.meta.get("machine"), "gemm_peak_gflops": self.gemm_peaks, "gpu_roofs": self.gpu_roofs}
-        unfinished = self.store.meta.setdefault("unfinished_groups", {})
-        states = [GroupTiming.restore(g, unfinished.get(g[0].group_key)) for g in todo]
+        states = [GroupTiming.restore(g, self.store.unfinished(g[0].group_key)) for g in todo]
         if any(s.passes_done for s in states):
             self._say(f"resuming: {sum(1 for s in states if s.passes_done)} comparison group(s) go on at their next pass")
         while states:  # one pass over every group not yet finished, in the config's order
             for state in list(states):
                 self._visit(state, progress, task_id)
-                key = state.group[0].group_key
                 if not state.finished:
-                    unfinished[key] = state.saved()
-                    self.store.save()
+                    self.store.keep_unfinished(state.group[0].group_key, state.saved())
                     continue
                 states.remove(state)
-                unfinished.pop(key, None)
                 self.store.add(*self._rows(state.ordered()))
                 if progress is not None:
                     progress.advance(task_id, len(state.group))
-        del self.store.meta["unfinished_groups"]
 
     def run_group(self, group: list[Cell], progress=None, task_id=None) -> tuple[list[dict], list[dict]]:
         """Time one comparison group side by side, all its passes back to back, and return its
