@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from harness.errors import HarnessError
+from harness.spec.errors import HarnessError
 
 # name -> (module, class). One explicit list: adding a backend means adding a line here.
 REGISTRY: dict[str, tuple[str, str]] = {

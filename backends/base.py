@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.spec import Problem
+from harness.spec.model import Problem
 
 
 class Backend:
@@ -23,6 +23,8 @@ class Backend:
     devices: tuple[str, ...] = ("cpu",)
     #: name of the isolated environment its workers run in (None: the main environment)
     environment: str | None = None
+    #: what that environment holds (a :class:`harness.spec.environments.Recipe`); the harness builds it
+    recipe = None
     #: True when each new graph costs seconds to compile: ``harness check`` runs a
     #: representative subset in CI (``--quick``) and the whole matrix on request
     compile_heavy: bool = False

@@ -40,8 +40,8 @@ import os
 import numpy as np
 
 from backends.base import Backend, unsupported
-from harness.errors import HarnessError
-from harness.spec import Problem
+from harness.spec.errors import HarnessError
+from harness.spec.model import Problem
 
 _NOT_INSTALLED = "unavailable: the cuda backend needs torch and triton (pip install 'rnn-harness[cuda]')"
 _NO_GPU = ("unavailable: no NVIDIA GPU here (the cuda backend's kernels need one; TRITON_INTERPRET=1 runs them "

@@ -71,8 +71,8 @@ from pathlib import Path
 import numpy as np
 
 from backends.base import Backend, unsupported
-from harness.spec import Problem
-from harness.spec import layer_suffix as _sfx
+from harness.spec.model import Problem
+from harness.spec.model import layer_suffix as _sfx
 
 # tanh(a) = a * sum_k c_k a^(2k) for |a| < _TANH_SMALL: the first term left out is 2e-9 relative there
 _TANH_SERIES = (1.0, -1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925)
@@ -591,9 +591,9 @@ class _Graph:
 
 def aot_dir() -> Path:
     """Where ahead-of-time compiled pipelines live, shared by every process of the harness."""
-    from harness import envs
+    from harness.spec.environments import cache_dir
 
-    return envs.home() / "cache" / "halide"
+    return cache_dir("halide")
 
 
 @functools.lru_cache(maxsize=None)

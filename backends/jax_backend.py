@@ -51,8 +51,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from backends.base import Backend, unsupported
-from harness.spec import Problem
-from harness.spec import layer_suffix as _sfx
+from harness.spec.model import Problem
+from harness.spec.model import layer_suffix as _sfx
 
 #: the unroll the ``default`` variant passes to ``lax.scan`` (why: JaxBackend's docstring)
 DEFAULT_UNROLL = 1
@@ -82,11 +82,11 @@ def _x64_enabled(jax) -> bool:
 
 def _use_compilation_cache(jax) -> None:
     """Keep compiled executables under the harness folder, unless JAX already has a cache folder."""
-    from harness.envs import home
+    from harness.spec.environments import cache_dir
 
     if getattr(jax.config, "jax_compilation_cache_dir", None):
         return
-    jax.config.update("jax_compilation_cache_dir", str(home() / "cache" / "jax"))
+    jax.config.update("jax_compilation_cache_dir", str(cache_dir("jax")))
     # The step graphs here compile in well under JAX's default 1 s threshold, and there are many of them.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     try:  # GPU autotuning results persist beside the executables (jax:autotune's cold compile, once)

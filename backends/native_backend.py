@@ -32,7 +32,7 @@ import os
 import numpy as np
 
 from backends.base import Backend, unsupported
-from harness.spec import Problem
+from harness.spec.model import Problem
 
 _INT32_MAX = 2**31 - 1
 _OPENMP_VERSIONS = {201511: "4.5", 201811: "5.0", 202011: "5.1", 202111: "5.2"}

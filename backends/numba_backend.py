@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.base import Backend
-from harness.spec import layer_suffix
+from harness.spec.model import layer_suffix
 
 # codes the kernels branch on (module-level ints are compile-time constants for Numba)
 _ELMAN, _LSTM = 0, 1

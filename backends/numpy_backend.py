@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from backends.base import Backend, unsupported
-from harness.spec import Problem
-from harness.spec import layer_suffix as _sfx
+from harness.spec.model import Problem
+from harness.spec.model import layer_suffix as _sfx
 
 
 def _sigmoid_(a: np.ndarray) -> None:

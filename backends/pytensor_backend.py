@@ -27,9 +27,9 @@ _NEEDS = {"c": None, "numba": "numba", "jax": "jax"}
 
 def cache_dir():
     """PyTensor's compile and Numba caches, shared by every process of the harness."""
-    from harness import envs
+    from harness.spec.environments import cache_dir as _cache_dir
 
-    return envs.home() / "cache" / "pytensor"
+    return _cache_dir("pytensor")
 
 
 def blas_ldflags() -> tuple[str, str]:

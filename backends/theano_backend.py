@@ -2,7 +2,7 @@
 ``theano.function(..., updates=[...])``, the way the original WildML RNN tutorial did it.
 
 Theano-PyMC 1.1.2 needs numpy < 1.24, so it runs in the isolated environment
-``theano`` (harness/envs.py). In the main environment this module only answers
+``theano`` (built by the harness from the recipe this class declares). In the main environment this module only answers
 whether that environment exists or can be created; theano is imported only inside it.
 
 The graph (shared with backends/pytensor_backend.py, PyTensor being Theano's fork),
@@ -31,7 +31,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from backends.base import Backend, unsupported
-from harness.spec import Problem
+from harness.spec.environments import Recipe
+from harness.spec.model import Problem
 
 ENVIRONMENT = "theano"
 
@@ -357,7 +358,7 @@ def graph_compiler_flags(compiledir, ldflags: str, dtype: str | None) -> str:
 def theano_flags(dtype: str | None = None, threads: int | None = None) -> str:
     """The ``THEANO_FLAGS`` this backend runs with: cache in the environment, BLAS choice, compiler."""
     from backends import blas
-    from harness import envs
+    from harness.spec import environments as envs
 
     folder = envs.env_dir(ENVIRONMENT)
     ldflags = blas.choice_for(blas.read_choice(folder), threads)["ldflags"]
@@ -384,10 +385,25 @@ class TheanoBackend(ScanGraphBackend):
     name = "theano"
     variants = ("default",)
     environment = ENVIRONMENT
+    recipe = Recipe(
+        packages=(
+            "numpy==1.23.5",  # Theano-PyMC 1.1.2 uses np.bool, removed in numpy 1.24
+            "scipy==1.10.1",
+            "theano-pymc==1.1.2",
+            "filelock",
+            "setuptools<81",  # theano.gpuarray imports pkg_resources, gone from setuptools 81
+            "PyYAML",
+            "scipy-openblas32==0.3.34.0.0",  # a linkable OpenBLAS for Theano's C code
+        ),
+        max_python=(3, 11),
+        check="from backends.theano_backend import import_theano; import_theano()",
+        blas_probe="theano",
+        needs_cxx=True,
+    )
     compile_heavy = True
 
     def availability(self) -> tuple[bool, str]:
-        from harness import envs
+        from harness.spec import environments as envs
 
         if envs.current_env() == ENVIRONMENT:
             if importlib.util.find_spec("theano") is None:
@@ -395,7 +411,7 @@ class TheanoBackend(ScanGraphBackend):
             return True, ""
         if envs.env_python(ENVIRONMENT) is not None:
             return True, ""
-        ok, why = envs.can_create(ENVIRONMENT)
+        ok, why = envs.can_create(ENVIRONMENT, self.recipe)
         if not ok:
             return False, f"unavailable: {why}"
         return True, "environment will be created on first use"
@@ -406,7 +422,7 @@ class TheanoBackend(ScanGraphBackend):
 
     def versions(self) -> dict[str, str]:
         from backends import blas
-        from harness import envs
+        from harness.spec import environments as envs
 
         choice = blas.read_choice(envs.env_dir(ENVIRONMENT))
         out = {"numpy": np.__version__, "blas": blas.choice_for(choice)["choice"], "blas_probe": blas.describe(choice)}

@@ -19,7 +19,7 @@ import importlib.util
 import numpy as np
 
 from backends.base import Backend, unsupported
-from harness.spec import Problem
+from harness.spec.model import Problem
 
 _NOT_INSTALLED = "unavailable: torch not installed (pip install 'rnn-harness[torch]')"
 _NO_CUDA = "unavailable: no CUDA device (torch.cuda.is_available() is False)"

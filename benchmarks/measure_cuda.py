@@ -1,6 +1,6 @@
 """Each kernel of the ``cuda`` backend timed alone, for tuning its block sizes and launch choices.
 
-Per kernel and batch size, two figures through :mod:`harness.measure` (the one clock, synced with
+Per kernel and batch size, two figures through :mod:`harness.run.measure` (the one clock, synced with
 ``torch.cuda.synchronize`` before every read):
 
     launch   ``inner`` eager launches per round: what a step pays with launch overhead
@@ -10,9 +10,9 @@ Per kernel and batch size, two figures through :mod:`harness.measure` (the one c
 The kernels: the recurrent and the hoisted input GEMMs (cuBLAS, for scale), the per-operation
 kernels of ``cuda:naive``, the fused LSTM and Elman steps forward and backward, the SGD update,
 and one LSTM layer over ``T`` steps as ``T`` x (GEMM + fused step) against the persistent kernel.
-Rows carry the median, IQR and minimum seconds per call (harness.timing.Stats), GB/s of the bytes
+Rows carry the median, IQR and minimum seconds per call (harness.run.stats.Stats), GB/s of the bytes
 each kernel must move, and GFLOP/s for the GEMMs. They are written as the harness writes its
-tables (``harness.results.write_table`` / ``write_json``): ``kernels.parquet`` and ``kernels.json``
+tables (``harness.results.store.write_table`` / ``write_json``): ``kernels.parquet`` and ``kernels.json``
 (the device, versions, arguments and load) in ``--out``.
 
     python benchmarks/measure_cuda.py                                  # H 512, B 1..256, T 100, float32
@@ -34,8 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness import measure  # noqa: E402
-from harness.timing import Stats  # noqa: E402
+from harness.run import measure  # noqa: E402
+from harness.run.stats import Stats  # noqa: E402
 
 
 def _args(argv=None):
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
                 extra = f"  {row['gflops']:8.1f} GFLOP/s" if flops else ""
                 print(f"B={B:4d} {name:40s} {mode:6s} {st.median_s * 1e6:10.2f} us  IQR {st.iqr_s * 1e6:8.2f}"
                       f"  {row['gbs']:7.1f} GB/s{extra}", flush=True)
-    from harness.results import write_json, write_table
+    from harness.results.store import write_json, write_table
 
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(args.out or ROOT / "results" / f"measure-cuda-{stamp}")

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness import measure  # noqa: E402
+from harness.run import measure  # noqa: E402
 
 SHAPES = {
     "sobel": dict(model={"kind": "elman", "hidden": 32, "head": "mse", "output_act": "tanh"}, D=1, O=1, T=64, B=16),
@@ -48,8 +48,8 @@ def _problem(shape: dict, dtype: str):
     """``(problem, params, x, y)`` for one shape, from fixed seeds."""
     import numpy as np
 
-    from harness import reference as ref
-    from harness.spec import ModelSpec, Problem
+    from harness.spec import reference as ref
+    from harness.spec.model import ModelSpec, Problem
 
     model = ModelSpec.from_mapping(shape["model"])
     T, B, D, O = shape["T"], shape["B"], shape["D"], shape["O"]

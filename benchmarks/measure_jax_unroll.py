@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backends.jax_backend import SINGLE_THREAD_XLA_FLAGS  # noqa: E402  (cheap: no jax import)
-from harness import measure  # noqa: E402
+from harness.run import measure  # noqa: E402
 
 JAX_VARIANTS = ("jax:unroll=1", "jax:unroll=4", "jax:unroll=T", "jax:python")
 SHAPES = {
@@ -48,7 +48,7 @@ LR = 0.005
 def _numpy_passes() -> tuple[bool, str]:
     """Whether the numpy backend exists here and passes the quick conformance matrix."""
     import backends
-    from harness.check import all_cases, run_case
+    from harness.verify.check import all_cases, run_case
 
     try:
         backend = backends.create("numpy")
@@ -61,8 +61,8 @@ def _numpy_passes() -> tuple[bool, str]:
 def _contenders(shape: dict, with_numpy: bool):
     """``{name: step()}`` for one shape, every backend prepared and compiled."""
     import backends
-    from harness import reference as ref
-    from harness.spec import ModelSpec, Problem
+    from harness.spec import reference as ref
+    from harness.spec.model import ModelSpec, Problem
 
     model = ModelSpec.from_mapping(shape["model"])
     T, B, D, O = shape["T"], shape["B"], shape["D"], shape["O"]

@@ -1,7 +1,7 @@
 """Side-by-side sgd_step timings of the native backend against the reference, NumPy and PyTorch.
 
 Every contender runs in ONE process per thread count, in alternating rounds
-(``harness.measure.time_interleaved``: the order reverses every round), so machine
+(``harness.run.measure.time_interleaved``: the order reverses every round), so machine
 noise hits them alike; what is worth quoting is the ratios. Each thread count gets a fresh child process whose environment merges
 what every contender asks for (``Backend.environment_variables``) plus the allocator
 settings of DESIGN.md, applied identically to all. GFLOP/s is
@@ -84,8 +84,8 @@ def _numpy_blas_threads(n: int) -> str:
 
 
 def _make(shape: dict, dtype="float32"):
-    from harness import reference as ref
-    from harness.spec import ModelSpec, Problem
+    from harness.spec import reference as ref
+    from harness.spec.model import ModelSpec, Problem
 
     spec = ModelSpec.from_mapping(shape["model"])
     problem = Problem(spec, shape["input_size"], shape["output_size"], shape["tokens"], dtype, shape["batch"],
@@ -102,7 +102,7 @@ def _make(shape: dict, dtype="float32"):
 def _steppers(problem, params, x, y, threads: int, names, profile: bool = False):
     """name -> zero-argument callable doing one timed unit; notes on skipped contenders; the backends."""
     import backends
-    from harness import reference as ref
+    from harness.spec import reference as ref
 
     steps, notes, made = {}, {}, {}
     state = {"p": {k: v.astype(np.float64) for k, v in params.items()}}
@@ -153,7 +153,7 @@ def _profile_summary(prof: dict) -> dict:
 
 def child(args) -> None:
     """Runs every contender on every shape at one thread count; prints one JSON line per shape."""
-    from harness import measure
+    from harness.run import measure
 
     names = [n for n in args.contenders.split(",") if n]
     pinned = _numpy_blas_threads(args.threads)
@@ -224,7 +224,7 @@ def main(argv=None) -> int:
         args.threads = int(args.threads)
         child(args)
         return 0
-    from harness.client import worker_cpus
+    from harness.run.client import worker_cpus
 
     results = []
     for threads in [int(t) for t in args.threads.split(",")]:

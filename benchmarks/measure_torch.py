@@ -2,9 +2,10 @@
 import argparse, os, statistics, sys
 import numpy as np
 import backends
-from harness import measure, reference as ref
-from harness.check import run_case, all_cases
-from harness.spec import ModelSpec, Problem
+from harness.run import measure
+from harness.spec import reference as ref
+from harness.verify.check import run_case, all_cases
+from harness.spec.model import ModelSpec, Problem
 
 def shapes(which):
     out = []

@@ -4,8 +4,8 @@ For each backend and shape, what the check before timing compares: after the cel
 steps (``timing.warmup``), one more SGD step on the cell's own batch, per parameter update:
 
 - ``spec``: |got - ref64| over SPEC's float32 bound alone (``1e-3 |ref| + 1e-5 max|ref|`` plus
-  the ``4 eps |p|`` rounding of the update), the rule before :mod:`harness.tolerance`;
-- ``rule``: the same over :mod:`harness.tolerance`'s bound (what the check uses now);
+  the ``4 eps |p|`` rounding of the update), the rule before :mod:`harness.spec.tolerance`;
+- ``rule``: the same over :mod:`harness.spec.tolerance`'s bound (what the check uses now);
 - ``ref32``: the reference's own float32 run over SPEC's bound, on the same inputs.
 
 With ``--wrong``, the deliberately wrong backends of tests/wrong_backends.py (numpy with one
@@ -42,7 +42,7 @@ def cells(shape: str, names: list[str]):
     """The float32 train_step cells of a shape, grouped by batch."""
     import yaml
 
-    from harness.config import load_config
+    from harness.run.config import load_config
 
     if shape == "bigbatch":
         with tempfile.TemporaryDirectory() as tmp:
@@ -64,7 +64,7 @@ def cells(shape: str, names: list[str]):
 
 def fractions(got: dict, want: dict, low: dict, before: dict, problem, x) -> tuple[dict, dict, dict]:
     """Per tensor: got over SPEC's bound, got over the rule's bound, ref32 over SPEC's bound."""
-    from harness.tolerance import SPEC_TOLERANCES, Tolerance, compare, update_floor
+    from harness.spec.tolerance import SPEC_TOLERANCES, Tolerance, compare, update_floor
 
     rtol, atol = SPEC_TOLERANCES["float32"]
     tol = Tolerance.of("float32")
@@ -93,8 +93,9 @@ def _backend(name: str):
 
 def measure(shape: str, names: list[str], wrong: bool = False) -> list[dict]:
     """One row per backend and batch of a shape."""
-    from harness import protocol, reference
-    from harness.worker import CellState
+    from harness.run import protocol
+    from harness.spec import reference
+    from harness.run.worker import CellState
 
     rows = []
     for batch, group in cells(shape, names).items():

@@ -18,8 +18,9 @@ import statistics
 import numpy as np
 
 import backends
-from harness import measure, reference as ref
-from harness.spec import ModelSpec, Problem
+from harness.run import measure
+from harness.spec import reference as ref
+from harness.spec.model import ModelSpec, Problem
 
 ENV_KEYS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 

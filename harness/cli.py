@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.errors import HarnessError
+from harness.spec.errors import HarnessError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark one RNN spec across backends.")
 env_app = typer.Typer(no_args_is_help=True, help="Isolated environments for backends that need one (Theano).")
@@ -58,10 +58,10 @@ def run_cmd(
     """Run configs: every cell in fresh workers, results and plots in a folder per config."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from harness.config import load_config
-    from harness.client import kill_all_workers, stop_on_signals
-    from harness.results import RunStore, config_fingerprint
-    from harness.runner import Runner, new_run_meta
+    from harness.run.config import load_config
+    from harness.run.client import kill_all_workers, stop_on_signals
+    from harness.results.store import RunStore, config_fingerprint
+    from harness.run.runner import Runner, new_run_meta
 
     stores = []
     with stop_on_signals() as stopped:
@@ -117,7 +117,7 @@ def run_cmd(
 
 def _close_run(store, interrupted: bool = False, quiet: bool = False) -> bool:
     """Write the run's closing metadata; False (with the reason printed unless ``quiet``) when the disk refuses it."""
-    from harness.runner import finish_meta
+    from harness.run.runner import finish_meta
 
     try:
         finish_meta(store, interrupted=interrupted)
@@ -130,7 +130,7 @@ def _close_run(store, interrupted: bool = False, quiet: bool = False) -> bool:
 
 def _executor(kind: str, scheduler: str | None, workers: int | None):
     """The executor object for ``--executor`` (None: the local sequential runner)."""
-    from harness.distributed import DaskExecutor
+    from harness.run.distributed import DaskExecutor
 
     if kind == "local":
         if scheduler or workers:
@@ -150,7 +150,7 @@ def _executor(kind: str, scheduler: str | None, workers: int | None):
 
 
 def _draw(path: Path):
-    from harness.plots import make_plots
+    from harness.results.plots import make_plots
 
     try:
         made = make_plots(path)
@@ -164,9 +164,9 @@ def _draw(path: Path):
 
 
 def _print_summary(store):
-    from harness.labels import backend_label, group_label
-    from harness.report import fmt_speedup, imprecise, precision_note, speedup_note
-    from harness.timing import spread_warnings
+    from harness.results.labels import backend_label, group_label
+    from harness.results.report import fmt_speedup, imprecise, precision_note, speedup_note
+    from harness.results.report import spread_warnings
     import pandas as pd
 
     df = pd.DataFrame(store.timings)
@@ -208,8 +208,8 @@ def _print_summary(store):
 
 def _print_device_ratios(timings):
     """A run with CPU and GPU cells: each backend's GPU speedup over its own CPU time, per batch."""
-    from harness.devices import gpu_over_cpu
-    from harness.plots import backend_label, group_label
+    from harness.results.devices import gpu_over_cpu
+    from harness.results.plots import backend_label, group_label
 
     ratios = gpu_over_cpu(timings)
     if ratios.empty:
@@ -236,7 +236,7 @@ def plot_cmd(run_dir: Annotated[Path, typer.Argument(help="A results folder.")])
 @app.command("report")
 def report_cmd(run_dir: Annotated[Path, typer.Argument(help="A results folder.")]):
     """Write report.md and a self-contained report.html for a run."""
-    from harness.report import write_report
+    from harness.results.report import write_report
 
     try:
         made = write_report(run_dir)
@@ -254,7 +254,7 @@ def compare_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ):
     """Per-cell time ratios of two runs with significance; exit 1 on a regression."""
-    from harness.compare import compare_runs, print_comparison
+    from harness.results.compare import compare_runs, print_comparison
 
     try:
         result = compare_runs(run_a, run_b, threshold=threshold)
@@ -295,7 +295,7 @@ def check_cmd(
     match: Annotated[Optional[str], typer.Option("--match", help="Only the cases whose label contains this text, e.g. 'truncated' or 'lstm-peephole' (--json lists the labels).")] = None,
 ):
     """Conformance of backends against the NumPy reference (SPEC.md tolerances)."""
-    from harness.conformance import run_conformance
+    from harness.run.conformance import run_conformance
 
     try:
         if device not in ("cpu", "gpu"):
@@ -353,7 +353,7 @@ def _print_check(results, verbose: bool):
 def env_create(name: Annotated[str, typer.Argument(help="Environment name, e.g. theano.")],
                force: Annotated[bool, typer.Option("--force", help="Rebuild it even if it exists.")] = False):
     """Build (or rebuild) an isolated backend environment."""
-    from harness import envs
+    from harness.run import envs
 
     try:
         python = envs.create_env(name, force=force, progress=err_console)
@@ -365,7 +365,7 @@ def env_create(name: Annotated[str, typer.Argument(help="Environment name, e.g. 
 @env_app.command("list")
 def env_list():
     """Known environments, whether they exist, and where."""
-    from harness import envs
+    from harness.run import envs
 
     table = Table(title="isolated environments")
     for col in ("name", "exists", "path", "packages"):
@@ -378,7 +378,7 @@ def env_list():
 @env_app.command("remove")
 def env_remove(name: Annotated[str, typer.Argument(help="Environment name.")]):
     """Delete an isolated environment."""
-    from harness import envs
+    from harness.run import envs
 
     try:
         envs.remove_env(name)
@@ -394,13 +394,13 @@ def import_cmd(
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="Backend (benchmark name) speedups are measured against; default the recorded one, else the first of each group.")] = None,
 ):
     """Turn pytest-benchmark results into a run folder, for plot, report and compare."""
-    from harness.pytest_benchmark import import_json
+    from harness.results.pytest_benchmark import import_json
 
     try:
         path = import_json(json_file, out, baseline)
     except HarnessError as exc:
         _fail(exc, 2)
-    from harness.results import RunStore
+    from harness.results.store import RunStore
 
     store = RunStore.open(path)
     console.print(f"imported {len(store.timings)} benchmarks -> {path}", highlight=False)
@@ -415,7 +415,7 @@ def export_cmd(
     out: Annotated[Optional[Path], typer.Option("--out", help="Output file (default RUN_DIR/pytest-benchmark.json).")] = None,
 ):
     """Write a run's timed cells in another tool's format (pytest-benchmark JSON)."""
-    from harness.pytest_benchmark import FORMAT, export_json
+    from harness.results.pytest_benchmark import FORMAT, export_json
 
     try:
         if fmt != FORMAT:

@@ -1,6 +1,6 @@
 """Conformance checks for a backend's own test suite (a plugin's, or a built-in one's).
 
-The same cases and tolerances as ``harness check`` (:mod:`harness.check`), as plain functions
+The same cases and tolerances as ``harness check`` (:mod:`harness.verify.check`), as plain functions
 that raise :class:`ConformanceError` (an ``AssertionError``, so pytest shows it as a failure)::
 
     # tests/test_conformance.py of a package that registers the backend "mybackend"
@@ -21,7 +21,7 @@ One test per case, with the unsupported ones skipped::
 
 from __future__ import annotations
 
-from harness.check import Case, CaseResult, all_cases
+from harness.verify.check import Case, CaseResult, all_cases
 
 __all__ = ["ConformanceError", "check_backend", "check_case", "conformance_cases"]
 
@@ -52,7 +52,7 @@ def check_backend(name: str, quick: bool = False, device: str = "cpu", cases: li
     declares ``unsupported: <why>`` are not failures. A backend that lives in an isolated environment is
     checked there (``cases`` must then be left out)."""
     import backends
-    from harness.errors import HarnessError
+    from harness.spec.errors import HarnessError
 
     try:
         full = backends.validate_name(name)
@@ -60,13 +60,13 @@ def check_backend(name: str, quick: bool = False, device: str = "cpu", cases: li
     except HarnessError as exc:
         raise ConformanceError(str(exc)) from None
     if cases is None:
-        from harness.conformance import run_conformance
+        from harness.run.conformance import run_conformance
 
         results = run_conformance([full], quick=quick, device=device)
     elif isolated:
         raise ConformanceError(f"{full} runs in an isolated environment: check it on the whole matrix (cases=None)")
     else:
-        from harness import check
+        from harness.verify import check
 
         results = list(check.check_backend(full, device=device, cases=cases))
     _raise_on_failures(full, results)
@@ -80,8 +80,8 @@ def check_case(name: str, case: Case, device: str = "cpu", skip_unsupported: boo
     case calls ``pytest.skip`` with the backend's reason (``skip_unsupported=False``: returns it)."""
     import backends
     from backends.base import screen_device
-    from harness import check
-    from harness.errors import HarnessError
+    from harness.verify import check
+    from harness.spec.errors import HarnessError
 
     try:
         backend = backends.create(name)

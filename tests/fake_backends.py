@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from backends.base import Backend
-from harness import reference as ref
+from harness.spec import reference as ref
 
 
 class RefBackend(Backend):

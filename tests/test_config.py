@@ -4,8 +4,8 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.config import load_config
-from harness.errors import HarnessError
+from harness.run.config import load_config
+from harness.spec.errors import HarnessError
 
 BASE = """
 name: t

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-import harness.results
+import harness.results.store
 from harness.cli import app
 
 BASE = {
@@ -98,7 +98,7 @@ def dict_fault(draw, cfg):
 
 
 def _valid_keys(section: tuple) -> set:
-    from harness.config import SWEEPABLE, RawConfig
+    from harness.run.config import SWEEPABLE, RawConfig
 
     return set(RawConfig.model_fields) | {"profiles"} if not section else SWEEPABLE[section[0]]
 
@@ -145,7 +145,7 @@ def test_malformed_configs_exit_2_with_one_error_line(fake_backends, tmp_path, m
     def accepted(*args, **kwargs):
         raise AssertionError("a malformed config was accepted")
 
-    monkeypatch.setattr(harness.results.RunStore, "create", accepted)
+    monkeypatch.setattr(harness.results.store.RunStore, "create", accepted)
     cfg = copy.deepcopy(BASE)
     n_dict = data.draw(st.integers(0, 3))
     n_text = data.draw(st.integers(0 if n_dict else 1, 1))

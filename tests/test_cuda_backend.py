@@ -19,8 +19,8 @@ if importlib.util.find_spec("torch") is None or importlib.util.find_spec("triton
 import torch  # noqa: E402
 
 import backends  # noqa: E402
-from harness.check import Case, representative_cases, run_case  # noqa: E402
-from harness.spec import ModelSpec, Problem  # noqa: E402
+from harness.verify.check import Case, representative_cases, run_case  # noqa: E402
+from harness.spec.model import ModelSpec, Problem  # noqa: E402
 
 DTYPES = (torch.float64, torch.float32)
 TOL = {torch.float64: 1e-12, torch.float32: 2e-6}

@@ -8,11 +8,11 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.config import load_config
-from harness.devices import gpu_over_cpu
-from harness.errors import HarnessError
-from harness.plots import plot_crossover, plot_roofline
-from harness.results import load_run
+from harness.run.config import load_config
+from harness.results.devices import gpu_over_cpu
+from harness.spec.errors import HarnessError
+from harness.results.plots import plot_crossover, plot_roofline
+from harness.results.store import load_run
 
 from test_report import SWEEP, registered, synthetic_run  # noqa: F401  (fixture)
 
@@ -131,7 +131,7 @@ def test_list_keeps_install_hints_in_brackets(monkeypatch):
 
 def test_jax_compiles_for_gpus_without_autotuning_unless_asked():
     from backends.jax_backend import GPU_XLA_FLAGS, JaxBackend
-    from harness.spec import ModelSpec, Problem
+    from harness.spec.model import ModelSpec, Problem
 
     env = JaxBackend.environment_variables("default", 1, "gpu", "float32")
     assert env["XLA_FLAGS"] == GPU_XLA_FLAGS == "--xla_gpu_autotune_level=0"
@@ -143,7 +143,7 @@ def test_jax_compiles_for_gpus_without_autotuning_unless_asked():
 
 def test_run_summary_prints_the_gpu_over_cpu_table(tmp_path, registered, capsys):  # noqa: F811
     from harness.cli import _print_summary
-    from harness.results import RunStore
+    from harness.results.store import RunStore
 
     store = RunStore.open(synthetic_run(tmp_path / "sweep", SWEEP))
     _print_summary(store)
@@ -152,8 +152,9 @@ def test_run_summary_prints_the_gpu_over_cpu_table(tmp_path, registered, capsys)
 
 
 def test_gpu_rows_are_read_against_the_gpu_roofs_and_cpu_rows_against_numpy(tmp_path):
-    from harness.results import RunStore
-    from harness.runner import Runner, new_run_meta
+    from harness.results.rows import peak_columns
+    from harness.results.store import RunStore
+    from harness.run.runner import Runner, new_run_meta
 
     cfg = _load(tmp_path, MIXED)
     runner = Runner(cfg, RunStore(tmp_path / "run", new_run_meta(cfg)))
@@ -161,20 +162,21 @@ def test_gpu_rows_are_read_against_the_gpu_roofs_and_cpu_rows_against_numpy(tmp_
     runner.gpu_roofs = {"gemm_fp32_gflops": 50e3, "gemm_tf32_gflops": 400e3, "gemm_fp64_gflops": 25e3, "bandwidth_gbs": 3e3}
     cpu = next(c for c in cfg.cells() if c.problem.device == "cpu")
     gpu = next(c for c in cfg.cells() if c.problem.device == "gpu")
-    assert runner._peak_columns(cpu) == {"gemm_peak_gflops": 90.0}
-    assert runner._peak_columns(gpu) == {"gemm_peak_gflops": 50e3, "gpu_tf32_gflops": 400e3, "gpu_bandwidth_gbs": 3e3}
+    assert peak_columns(cpu, runner.gemm_peaks, runner.gpu_roofs) == {"gemm_peak_gflops": 90.0}
+    assert peak_columns(gpu, runner.gemm_peaks, runner.gpu_roofs) == {"gemm_peak_gflops": 50e3, "gpu_tf32_gflops": 400e3, "gpu_bandwidth_gbs": 3e3}
 
 
 def test_gpu_roofs_request_travels_the_worker_protocol():
-    from harness import protocol
+    from harness.run import protocol
 
     req = protocol.decode_request(protocol.encode_request(protocol.GpuRoofs(1024)))
     assert isinstance(req, protocol.GpuRoofs) and req.n == 1024
 
 
 def test_no_gpu_means_no_roofs_and_a_note(tmp_path):
-    from harness.results import RunStore
-    from harness.runner import Runner, new_run_meta
+    from harness.results.rows import peak_columns
+    from harness.results.store import RunStore
+    from harness.run.runner import Runner, new_run_meta
 
     cfg = _load(tmp_path, MIXED)
     said = []

@@ -5,15 +5,15 @@ import subprocess
 
 import pytest
 
-from harness import envs
-from harness.errors import HarnessError
+from harness.run import envs
+from harness.spec.errors import HarnessError
 
 
 @pytest.fixture
 def tmp_home(tmp_path, monkeypatch):
     """A private HARNESS_HOME with two throwaway recipes: one that builds, one that cannot."""
     monkeypatch.setenv("HARNESS_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(envs, "RECIPES", {
+    monkeypatch.setattr(envs, "recipes", lambda: {
         "tiny": envs.Recipe(packages=(), check="import json, sqlite3"),
         # a requirement pip rejects at once, without touching the network
         "broken": envs.Recipe(packages=(str(tmp_path / "no-such-dir" / "missing-0.1-py3-none-any.whl"),)),
@@ -62,7 +62,7 @@ def test_create_list_remove(tmp_home):
 
 def test_worker_environ_runs_the_project_from_source(tmp_home):
     py = envs.ensure_env("tiny")
-    code = "import harness.spec, harness.envs; print(harness.envs.home())"
+    code = "import harness.spec.model, harness.run.envs; print(harness.run.envs.home())"
     out = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=envs.worker_environ("tiny"),
                          cwd="/", check=True).stdout.strip()
     assert out == str(tmp_home)

@@ -8,9 +8,9 @@ import pytest
 pytest.importorskip("halide")
 
 import backends  # noqa: E402
-from harness import reference as ref  # noqa: E402
-from harness.check import TOLERANCES, Case, all_cases, compare, initial_params, make_data, run_case  # noqa: E402
-from harness.spec import ModelSpec, Problem  # noqa: E402
+from harness.spec import reference as ref  # noqa: E402
+from harness.verify.check import TOLERANCES, Case, all_cases, compare, initial_params, make_data, run_case  # noqa: E402
+from harness.spec.model import ModelSpec, Problem  # noqa: E402
 
 
 def _jit(name: str):

@@ -14,8 +14,8 @@ pytest.importorskip("jax")
 
 import backends  # noqa: E402
 from backends.jax_backend import JaxBackend  # noqa: E402
-from harness.check import Case, all_cases, run_case  # noqa: E402
-from harness.spec import ModelSpec  # noqa: E402
+from harness.verify.check import Case, all_cases, run_case  # noqa: E402
+from harness.spec.model import ModelSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = all_cases(quick=True)
@@ -89,8 +89,8 @@ print_ = {"jax_imported_by_module": None}
 import backends.jax_backend
 print_["jax_imported_by_module"] = "jax" in sys.modules
 import jax
-from harness.check import Case, initial_params, make_data, run_case
-from harness.spec import ModelSpec
+from harness.verify.check import Case, initial_params, make_data, run_case
+from harness.spec.model import ModelSpec
 import backends
 spec = ModelSpec.from_mapping({"kind": "lstm", "hidden": 4, "bptt": {"truncated": 2}})
 case = lambda dtype: Case("x64", spec, True, 5, 6, 7, 3, dtype, seed=3)

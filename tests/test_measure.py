@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from harness import measure
-from harness.config import TimingConfig
+from harness.run import measure
+from harness.run.config import TimingConfig
 
 
 def test_rounds_sync_before_every_clock_read_and_report_seconds_per_call():
@@ -52,7 +52,7 @@ def test_default_stop_rule_needs_rounds_and_time_or_hits_the_cap():
 
 def test_screening_says_who_lacks_the_device():
     from backends.base import Backend, screen
-    from harness.spec import ModelSpec, Problem
+    from harness.spec.model import ModelSpec, Problem
 
     class CpuOnly(Backend):
         name = "cpu-only"
@@ -80,9 +80,9 @@ def test_screening_says_who_lacks_the_device():
 
 def test_numpy_gpu_cells_are_unsupported_not_unavailable(write_config, tmp_path):
     import harness
-    from harness.config import load_config
-    from harness.results import RunStore
-    from harness.runner import Runner, finish_meta, new_run_meta
+    from harness.run.config import load_config
+    from harness.results.store import RunStore
+    from harness.run.runner import Runner, finish_meta, new_run_meta
 
     path = write_config("name: g\nmodel: {kind: elman, hidden: 4}\ntask: {kind: random, vocab: 5, seq_len: 3}\n"
                         "backends: [numpy]\ndevice: gpu\n")

@@ -4,9 +4,9 @@ code paths, and the asynchronous parameter-server variant."""
 import numpy as np
 import pytest
 
-from harness import check
-from harness import reference as ref
-from harness.spec import ModelSpec, Problem
+from harness.verify import check
+from harness.spec import reference as ref
+from harness.spec.model import ModelSpec, Problem
 
 
 def _native(variant=None):
@@ -146,8 +146,8 @@ def test_async_is_timed_in_train_only_and_learns():
 def test_single_input_weight_gradient_over_long_sequences_matches():
     """Input size 1 makes dW_xh a one-row product reduced over all T*B rows (the Sobel
     task); that sum must stay within the float32 bound, as the per-cell check demands."""
-    from harness.data import make_dataset
-    from harness.spec import TaskSpec
+    from harness.spec.data import make_dataset
+    from harness.spec.model import TaskSpec
 
     spec = ModelSpec.from_mapping({"kind": "elman", "hidden": 32, "head": "mse", "output_act": "tanh"})
     task = TaskSpec.from_mapping({"kind": "sobel", "seq_len": 256, "height": 64, "n_sequences": 64, "n_eval": 8})

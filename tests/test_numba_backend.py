@@ -14,9 +14,9 @@ pytest.importorskip("scipy")  # numba's np.dot calls scipy's BLAS
 
 import backends  # noqa: E402
 from backends import numba_backend as nbm  # noqa: E402
-from harness import reference as ref  # noqa: E402
-from harness.check import Case, all_cases, initial_params, make_data, run_case  # noqa: E402
-from harness.spec import ModelSpec, Problem  # noqa: E402
+from harness.spec import reference as ref  # noqa: E402
+from harness.verify.check import Case, all_cases, initial_params, make_data, run_case  # noqa: E402
+from harness.spec.model import ModelSpec, Problem  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = all_cases(quick=True)
@@ -200,7 +200,7 @@ def test_exp_and_tanh_special_values(elementwise, dtype):
 
 _CHILD = """
 import json
-from harness.check import all_cases, initial_params, make_data
+from harness.verify.check import all_cases, initial_params, make_data
 from backends.numba_backend import NumbaBackend
 case = all_cases(quick=True)[0]
 b = NumbaBackend()

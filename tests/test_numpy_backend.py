@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import backends
-from harness import reference as ref
-from harness.check import Case, all_cases, make_data, initial_params, run_case
-from harness.spec import ModelSpec, Problem
+from harness.spec import reference as ref
+from harness.verify.check import Case, all_cases, make_data, initial_params, run_case
+from harness.spec.model import ModelSpec, Problem
 
 CASES = all_cases()
 

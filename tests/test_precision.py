@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from harness import measure
-from harness.compare import ratio_interval
-from harness.config import TimingConfig
-from harness.timing import paired_speedup
+from harness.run import measure, stats
+from harness.results.compare import ratio_interval
+from harness.run.config import TimingConfig
+from harness.run.stats import paired_speedup
 
 TARGET = 0.02
 
@@ -35,7 +35,7 @@ def drive(rule: measure.StopRule, round_times, max_rounds: int = 2000) -> dict[s
 
 def _met(samples, cell) -> bool:
     point, lo, hi = paired_speedup(samples["base"], samples[cell])
-    return measure.precision_met(point, lo, hi, len(samples[cell]), TARGET)
+    return stats.precision_met(point, lo, hi, len(samples[cell]), TARGET)
 
 
 def quiet(seed=0):
@@ -49,11 +49,11 @@ def test_a_quiet_machine_stops_as_soon_as_the_target_is_met():
     rule = _rule(max_time_s=10)
     samples = drive(rule, quiet())
     n = len(samples["base"])
-    assert rule.reason == "target" and n == measure.MIN_PRECISION_ROUNDS  # far below the 30 s cap
+    assert rule.reason == "target" and n == stats.MIN_PRECISION_ROUNDS  # far below the 30 s cap
     assert set(rule.widths) == {"fast", "slow"} and all(w <= TARGET for w in rule.widths.values())
     # what the rule stopped on is the interval the results report
     assert _met(samples, "fast") and _met(samples, "slow")
-    assert rule.widths["fast"] == measure.half_width(*paired_speedup(samples["base"], samples["fast"]))
+    assert rule.widths["fast"] == stats.half_width(*paired_speedup(samples["base"], samples["fast"]))
 
 
 def test_without_a_target_the_floor_alone_stops_the_rounds():
@@ -73,29 +73,29 @@ def test_a_drifting_machine_stays_tight_through_pairing():
 
     rule = _rule(max_time_s=10)
     samples = drive(rule, drifting)
-    assert rule.reason == "target" and len(samples["base"]) <= 2 * measure.MIN_PRECISION_ROUNDS
+    assert rule.reason == "target" and len(samples["base"]) <= 2 * stats.MIN_PRECISION_ROUNDS
     assert _met(samples, "fast")
     # the same rounds unpaired are nowhere near the target: the drift is far wider than 2%
     _, lo, hi = ratio_interval(samples["fast"], samples["base"])
     assert (hi - lo) / 2 > 5 * TARGET
-    assert measure.disturbed(samples["base"]) == [False] * len(samples["base"])  # drift is no burst
+    assert stats.disturbed(samples["base"]) == [False] * len(samples["base"])  # drift is no burst
 
 
 def test_a_shift_in_how_the_sides_compare_is_not_averaged_away(monkeypatch):
     """For the last 30% of the rounds the machine's state changes the ratio itself (another
     tenant's load slows one side more than the other): the median of all rounds hardly moves,
     so the bootstrap alone calls the run precise, but the next run may be all in the new state."""
-    from harness import timing
+    from harness.run import stats as timing
 
     rng = np.random.default_rng(4)
     base = [0.010 * (1 + 0.002 * rng.standard_normal()) for _ in range(40)]
     fast = [0.005 * (1 if r < 28 else 1.08) * (1 + 0.002 * rng.standard_normal()) for r in range(40)]
     point, lo, hi = paired_speedup(base, fast)
-    assert measure.half_width(point, lo, hi) >= 0.03  # half the difference between the halves
-    assert not measure.precision_met(point, lo, hi, 40, TARGET)
-    assert measure.precision_met(*paired_speedup(base[:28], fast[:28]), 28, TARGET)  # the steady stretch alone
+    assert stats.half_width(point, lo, hi) >= 0.03  # half the difference between the halves
+    assert not stats.precision_met(point, lo, hi, 40, TARGET)
+    assert stats.precision_met(*paired_speedup(base[:28], fast[:28]), 28, TARGET)  # the steady stretch alone
     monkeypatch.setattr(timing, "MIN_BLOCK_ROUNDS", 10**6)  # without the halves' term
-    assert measure.half_width(*paired_speedup(base, fast)) < 0.005
+    assert stats.half_width(*paired_speedup(base, fast)) < 0.005
 
 
 def test_processes_that_disagree_widen_the_interval():
@@ -105,10 +105,10 @@ def test_processes_that_disagree_widen_the_interval():
     base = [0.010 * (1 + 0.002 * rng.standard_normal()) for _ in range(40)]
     fast = [0.005 * (1.06 if r % 2 else 1) * (1 + 0.002 * rng.standard_normal()) for r in range(40)]
     two = paired_speedup(base, fast, blocks=[r % 2 for r in range(40)])
-    assert measure.half_width(*two) >= 0.028  # half the 6% between the processes
-    assert not measure.precision_met(*two, 40, TARGET)
+    assert stats.half_width(*two) >= 0.028  # half the 6% between the processes
+    assert not stats.precision_met(*two, 40, TARGET)
     same = [0.005 * (1 + 0.002 * rng.standard_normal()) for _ in range(40)]
-    assert measure.precision_met(*paired_speedup(base, same, blocks=[r % 2 for r in range(40)]), 40, TARGET)  # agreeing processes
+    assert stats.precision_met(*paired_speedup(base, same, blocks=[r % 2 for r in range(40)]), 40, TARGET)  # agreeing processes
 
 
 def test_the_process_count_is_validated():
@@ -156,12 +156,12 @@ def test_passes_take_their_share_of_rounds_and_stop_at_the_target():
     timing = _timing(max_time_s=10, passes=2, max_passes=6)
     samples, blocks, reasons = drive_passes(timing, _state_per_pass([2.0]))
     per_pass = measure.TimingPolicy.of(timing).pass_rounds
-    assert per_pass == max(4, measure.MIN_BLOCK_ROUNDS)
+    assert per_pass == max(4, stats.MIN_BLOCK_ROUNDS)
     # every pass takes its share and no more; passes go on until the target
     assert reasons[-1] == "target" and set(reasons[:-1]) == {"pass"} and 2 <= len(reasons) <= 4
     assert blocks == [p for p in range(len(reasons)) for _ in range(per_pass)]
     point, lo, hi = paired_speedup(samples["base"], samples["fast"], blocks=blocks)
-    assert measure.precision_met(point, lo, hi, len(blocks), TARGET) and point == pytest.approx(2.0, rel=0.01)
+    assert stats.precision_met(point, lo, hi, len(blocks), TARGET) and point == pytest.approx(2.0, rel=0.01)
 
 
 def test_passes_that_disagree_keep_a_cell_from_its_target():
@@ -171,10 +171,10 @@ def test_passes_that_disagree_keep_a_cell_from_its_target():
     samples, blocks, reasons = drive_passes(timing, _state_per_pass([2.0, 2.12]))
     assert reasons == ["pass", "pass", "pass", "cap"]
     point, lo, hi = paired_speedup(samples["base"], samples["fast"], blocks=blocks)
-    assert measure.half_width(point, lo, hi) >= 0.03 and not measure.precision_met(point, lo, hi, len(blocks), TARGET)
+    assert stats.half_width(point, lo, hi) >= 0.03 and not stats.precision_met(point, lo, hi, len(blocks), TARGET)
     # what one pass alone would have claimed
     first = [i for i, b in enumerate(blocks) if b == 0]
-    assert measure.half_width(*paired_speedup([samples["base"][i] for i in first], [samples["fast"][i] for i in first])) < 0.01
+    assert stats.half_width(*paired_speedup([samples["base"][i] for i in first], [samples["fast"][i] for i in first])) < 0.01
 
 
 def test_a_cell_whose_speedup_is_precise_leaves_the_later_passes():
@@ -202,7 +202,7 @@ def test_a_cell_whose_speedup_is_precise_leaves_the_later_passes():
     assert timed[:3] == [["base", "steady", "shifty"]] * 3 and timed[3:] == [["base", "shifty"]] * 2
     assert rule.reason == "cap" and rule.pending == {"shifty"}
     n = len(samples["steady"])
-    assert measure.precision_met(*paired_speedup(samples["base"][:n], samples["steady"], blocks=blocks), n, TARGET)
+    assert stats.precision_met(*paired_speedup(samples["base"][:n], samples["steady"], blocks=blocks), n, TARGET)
 
 
 def test_two_blocks_must_agree_closely_and_more_blocks_narrow_the_interval():
@@ -210,10 +210,10 @@ def test_two_blocks_must_agree_closely_and_more_blocks_narrow_the_interval():
     base = list(0.010 * (1 + 0.001 * rng.standard_normal(40)))
     fast = [0.005 * (1.01 if r >= 20 else 1.0) * (1 + 0.001 * rng.standard_normal()) for r in range(40)]
     two = paired_speedup(base, fast, blocks=[r // 20 for r in range(40)])
-    assert measure.half_width(*two) > 0.05  # 1% apart: t with one degree of freedom is 12.7 standard errors
+    assert stats.half_width(*two) > 0.05  # 1% apart: t with one degree of freedom is 12.7 standard errors
     alternating = [0.005 * (1.01 if (r // 10) % 2 else 1.0) * (1 + 0.001 * rng.standard_normal()) for r in range(40)]
     four = paired_speedup(base, alternating, blocks=[r // 10 for r in range(40)])
-    assert measure.half_width(*four) < 0.02  # four blocks, same 1% spread: t(3) = 3.18 over a halved error
+    assert stats.half_width(*four) < 0.02  # four blocks, same 1% spread: t(3) = 3.18 over a halved error
 
 
 def test_the_time_cap_ends_the_passes():
@@ -228,8 +228,8 @@ def test_the_time_cap_ends_the_passes():
 def test_the_pass_counts_are_validated_and_set_the_rounds_per_pass(write_config):
     from pydantic import ValidationError
 
-    from harness.config import load_config
-    from harness.errors import HarnessError
+    from harness.run.config import load_config
+    from harness.spec.errors import HarnessError
 
     assert TimingConfig().passes == 1 and TimingConfig().max_passes is None
     for bad in (0, 17, 1.5):
@@ -243,7 +243,7 @@ def test_the_pass_counts_are_validated_and_set_the_rounds_per_pass(write_config)
     policy = lambda **kw: measure.TimingPolicy.of(TimingConfig(**kw))  # noqa: E731
     assert policy(min_rounds=8).pass_rounds == 8 and policy(min_rounds=8).pass_limit == 1  # one pass, one process
     assert policy(min_rounds=30, passes=3).pass_rounds == 10 and policy(passes=2, max_passes=5).pass_limit == 5
-    assert policy(min_rounds=8, passes=2, processes=2).pass_rounds == 2 * measure.MIN_BLOCK_ROUNDS
+    assert policy(min_rounds=8, passes=2, processes=2).pass_rounds == 2 * stats.MIN_BLOCK_ROUNDS
     assert [policy(passes=2, processes=2).round_block(p, r) for p in (0, 1) for r in range(3)] == [0, 1, 0, 2, 3, 2]
 
 
@@ -262,8 +262,8 @@ def test_bursts_on_both_sides_cancel_in_the_pairs():
     rule = _rule(max_time_s=10)
     samples = drive(rule, _bursty(one_sided=False))
     assert rule.reason == "target" and _met(samples, "fast")
-    assert len(samples["base"]) <= 2 * measure.MIN_PRECISION_ROUNDS
-    shared = [a and b for a, b in zip(measure.disturbed(samples["base"]), measure.disturbed(samples["fast"]))]
+    assert len(samples["base"]) <= 2 * stats.MIN_PRECISION_ROUNDS
+    shared = [a and b for a, b in zip(stats.disturbed(samples["base"]), stats.disturbed(samples["fast"]))]
     assert sum(shared) >= 2  # flagged, and kept
 
 
@@ -273,8 +273,8 @@ def test_one_sided_bursts_widen_the_interval_until_the_cap():
     n = len(samples["base"])
     assert rule.reason == "cap" and 30 <= n <= 45
     assert not _met(samples, "fast") and rule.widths["fast"] > TARGET
-    flagged = measure.disturbed(samples["fast"])
-    assert sum(flagged) >= 10 and not any(measure.disturbed(samples["base"]))
+    flagged = stats.disturbed(samples["fast"])
+    assert sum(flagged) >= 10 and not any(stats.disturbed(samples["base"]))
     # the interval is computed on a schedule, not every round
     assert rule.n_checks < n / 3
 
@@ -293,12 +293,12 @@ def test_the_cap_counts_cells_that_failed_and_a_missing_baseline_falls_back_to_t
 
 
 def test_precision_needs_enough_rounds_and_a_finite_interval():
-    assert measure.half_width(2.0, 1.96, 2.02) == pytest.approx(0.02)
-    assert np.isnan(measure.half_width(2.0, float("nan"), float("nan")))
-    assert measure.precision_met(2.0, 1.99, 2.01, measure.MIN_PRECISION_ROUNDS, 0.02)
-    assert not measure.precision_met(2.0, 1.99, 2.01, measure.MIN_PRECISION_ROUNDS - 1, 0.02)
-    assert not measure.precision_met(2.0, 1.9, 2.01, 50, 0.02)
-    assert not measure.precision_met(2.0, float("nan"), float("nan"), 50, 0.02)
+    assert stats.half_width(2.0, 1.96, 2.02) == pytest.approx(0.02)
+    assert np.isnan(stats.half_width(2.0, float("nan"), float("nan")))
+    assert stats.precision_met(2.0, 1.99, 2.01, stats.MIN_PRECISION_ROUNDS, 0.02)
+    assert not stats.precision_met(2.0, 1.99, 2.01, stats.MIN_PRECISION_ROUNDS - 1, 0.02)
+    assert not stats.precision_met(2.0, 1.9, 2.01, 50, 0.02)
+    assert not stats.precision_met(2.0, float("nan"), float("nan"), 50, 0.02)
 
 
 def test_the_setting_is_validated():
@@ -313,9 +313,10 @@ def test_the_setting_is_validated():
 
 def test_rows_record_precision_and_disturbed_rounds(write_config):
     """The columns a timed group's rows carry, from the rounds the stop rule left (no workers needed)."""
-    from harness import schema
-    from harness.config import load_config
-    from harness.runner import Outcome, _precision_columns
+    from harness.results import schema
+    from harness.run.config import load_config
+    from harness.results.rows import precision_columns as _precision_columns
+    from harness.run.runner import Outcome
 
     cfg = load_config(write_config("name: p\nmodel: {kind: elman, hidden: 4}\ntask: {kind: random, vocab: 5, seq_len: 3}\n"
                                    "backends: [numpy, 'numpy:wildml']\ntiming: {speedup_precision: 0.02}\n"))
@@ -357,7 +358,7 @@ def test_tables_flag_a_speedup_that_missed_its_target(capsys):
     import pandas as pd
 
     from harness import cli
-    from harness.report import fmt_speedup, imprecise, precision_note
+    from harness.results.report import fmt_speedup, imprecise, precision_note
 
     rows = _rows_for_tables()
     assert [imprecise(r) for r in rows] == [False, False, True]
@@ -383,9 +384,9 @@ def test_a_run_records_precision_through_the_results_folder(fake_backends, write
     import pandas as pd
 
     import harness
-    from harness.config import load_config
-    from harness.results import RunStore
-    from harness.runner import Runner, finish_meta, new_run_meta
+    from harness.run.config import load_config
+    from harness.results.store import RunStore
+    from harness.run.runner import Runner, finish_meta, new_run_meta
 
     path = write_config("name: prec\nmodel: {kind: elman, hidden: 8}\n"
                         "task: {kind: random, vocab: 20, seq_len: 6, n_sequences: 16, n_eval: 8}\n"
@@ -399,7 +400,7 @@ def test_a_run_records_precision_through_the_results_folder(fake_backends, write
     runner.run()
     finish_meta(store)
     t = harness.load_run(tmp_path / "run").timings.set_index("variant")
-    assert list(t["stop_reason"]) == ["cap", "cap"] and t.loc["slow", "n_samples"] >= measure.MIN_PRECISION_ROUNDS
+    assert list(t["stop_reason"]) == ["cap", "cap"] and t.loc["slow", "n_samples"] >= stats.MIN_PRECISION_ROUNDS
     assert not bool(t.loc["slow", "precision_met"]) and t.loc["slow", "speedup_half_width"] > 0
     assert t.loc["slow", "speedup_precision"] == 0.000001 and t.loc["slow", "n_disturbed_one_sided"] >= 0
     assert pd.isna(t.loc["plain", "precision_met"])  # the baseline's own 1x has nothing to meet
@@ -408,7 +409,7 @@ def test_a_run_records_precision_through_the_results_folder(fake_backends, write
 def test_the_report_says_how_the_speedups_were_timed():
     import pandas as pd
 
-    from harness.report import timing_summary
+    from harness.results.report import timing_summary
 
     rows = [dict(r, n_processes=1, n_passes=n) for r, n in zip(_rows_for_tables(), (3, 4, 6))]
     assert timing_summary(pd.DataFrame(rows)) == ("precision target ±2.0%; 1 process(es) per pass; 3-6 passes; "

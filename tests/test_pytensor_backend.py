@@ -12,7 +12,7 @@ if importlib.util.find_spec("pytensor") is None:  # not importorskip: the backen
 
 import backends  # noqa: E402
 from backends import blas  # noqa: E402
-from harness.check import all_cases, representative_cases, run_case  # noqa: E402
+from harness.verify.check import all_cases, representative_cases, run_case  # noqa: E402
 
 
 def test_blas_shim_forwards_to_openblas(tmp_path):

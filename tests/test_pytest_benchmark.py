@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import harness
 from harness.cli import app
-from harness.pytest_benchmark import PAIRED_NOTE, UNPAIRED_NOTE
+from harness.results.pytest_benchmark import PAIRED_NOTE, UNPAIRED_NOTE
 
 pytest.importorskip("pytest_benchmark")
 

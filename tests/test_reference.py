@@ -5,8 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from harness import reference as ref
-from harness.spec import ModelSpec
+from harness.spec import reference as ref
+from harness.spec.model import ModelSpec
 
 T, B, D, H, O = 6, 2, 3, 4, 5
 

@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 
 import harness
 from harness.cli import app
-from harness.config import load_config
-from harness.errors import HarnessError
-from harness.results import RunStore, write_json
-from harness.runner import Runner, finish_meta, new_run_meta
+from harness.run.config import load_config
+from harness.spec.errors import HarnessError
+from harness.results.store import RunStore, write_json
+from harness.run.runner import Runner, finish_meta, new_run_meta
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = """\
@@ -117,7 +117,7 @@ def test_text_task_path_must_be_a_regular_file(fake_backends, tmp_path, target):
 
 
 def test_worker_reads_text_only_from_a_regular_file(tmp_path):
-    from harness.data import read_text_file
+    from harness.spec.data import read_text_file
 
     with pytest.raises(HarnessError, match="expected a regular text file"):
         read_text_file(Path("/dev/zero"))
@@ -129,7 +129,7 @@ def test_worker_reads_text_only_from_a_regular_file(tmp_path):
 
 
 def test_memory_refusal_shows_the_estimate(fake_backends, tmp_path):
-    from harness.config import estimate_bytes
+    from harness.run.config import estimate_bytes
 
     path = tmp_path / "cfg.yaml"
     path.write_text(BASE.replace("hidden: 8}", "hidden: 4096}") + "batch: 64\n")
@@ -194,14 +194,14 @@ def test_runs_started_in_the_same_second_get_their_own_ids(fake_backends, tmp_pa
 
 
 def _started_run(tmp_path, cfg):
-    from harness.results import config_fingerprint
+    from harness.results.store import config_fingerprint
 
     meta = new_run_meta(cfg)
     meta["config_fingerprint"] = config_fingerprint(cfg)
     store = RunStore.create(tmp_path / "run", meta)
     runner = Runner(cfg, store)
     runner.gemm_peaks = {"float32|threads=1": 1.0}
-    store.add(*runner.run_group(runner.pending_groups()[0]))  # one group done, then "interrupted"
+    runner.run_group(runner.pending_groups()[0])  # one group done, then "interrupted"
     finish_meta(store, interrupted=True)
     return store
 
@@ -243,7 +243,7 @@ def test_result_files_honour_the_umask(fake_backends, tmp_path, umask):
 @pytest.mark.parametrize("code, says", [(errno.ENOSPC, "the disk is full"), (errno.EROFS, "the file system is read-only"),
                                         (errno.EACCES, "no permission")])
 def test_a_full_or_read_only_disk_is_a_clear_error_and_keeps_finished_cells(fake_backends, tmp_path, monkeypatch, code, says):
-    import harness.results as results
+    import harness.results.store as results
 
     path = tmp_path / "cfg.yaml"
     path.write_text(BASE + "batch: [1, 2]\n" + FAST_TIMING)
@@ -268,7 +268,7 @@ def test_a_full_or_read_only_disk_is_a_clear_error_and_keeps_finished_cells(fake
 
 
 def test_a_read_only_output_folder_is_refused_before_the_run(fake_backends, tmp_path, monkeypatch):
-    import harness.results as results
+    import harness.results.store as results
 
     def mkstemp(*a, **k):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
@@ -304,8 +304,8 @@ def test_check_match_runs_only_the_cases_it_names(fake_backends):
 
 
 def test_check_with_no_backend_available_on_the_device_fails(fake_backends, monkeypatch):
-    import harness.conformance as conformance
-    from harness.check import CaseResult
+    import harness.run.conformance as conformance
+    from harness.verify.check import CaseResult
 
     monkeypatch.setattr(conformance, "check_backend", lambda full, **k: [
         CaseResult(full, "case", "float32", "unavailable", "no GPU here")])
@@ -322,7 +322,7 @@ def test_run_with_an_empty_backend_list_is_refused(fake_backends, tmp_path):
 
 
 def test_compare_of_runs_with_no_cell_in_common_fails(fake_backends, tmp_path):
-    from harness.schema import cell_columns
+    from harness.results.schema import cell_columns
 
     for name, hidden in (("a", 8), ("b", 16)):
         cfg_path = tmp_path / f"{name}.yaml"
@@ -339,7 +339,7 @@ def test_compare_of_runs_with_no_cell_in_common_fails(fake_backends, tmp_path):
 
 # -- the worker channel ---------------------------------------------------------------------------------------
 def test_a_malformed_reply_line_fails_one_cell_not_the_run(fake_backends, tmp_path, monkeypatch):
-    from harness import protocol
+    from harness.run import protocol
 
     site = tmp_path / "site"
     site.mkdir()

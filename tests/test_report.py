@@ -1,7 +1,7 @@
 """Plots and reports from results tables: each plot only with its data, a self-contained HTML report.
 
 The runs here are built from synthetic timings passed through the runner's own row
-making (Runner._rows), so every column is what a real run writes, no worker starts, and
+making (harness.results.rows), so every column is what a real run writes, no worker starts, and
 CPU/GPU cells exist on a machine without a GPU.
 """
 
@@ -19,11 +19,11 @@ from typer.testing import CliRunner
 
 import harness
 from harness.cli import app
-from harness.config import load_config
-from harness.plots import arithmetic_intensity, crossover_batch, make_plots
-from harness.report import build_report, to_markdown, write_report
-from harness.results import RunStore
-from harness.runner import Outcome, Runner, finish_meta, new_run_meta
+from harness.run.config import load_config
+from harness.results.plots import arithmetic_intensity, crossover_batch, make_plots
+from harness.results.report import build_report, to_markdown, write_report
+from harness.results.store import RunStore
+from harness.run.runner import Outcome, Runner, finish_meta, new_run_meta
 
 SWEEP = """
 name: synthetic
@@ -104,8 +104,7 @@ def synthetic_run(path: Path, text: str):
                 samples = list(_seconds(cell) * (1 + 0.03 * rng.standard_normal(12)))
                 outcomes.append(Outcome(cell, compile_s=0.2, samples=samples, peak_rss_mb=100.0,
                                         versions={"numpy": np.__version__}))
-        rows, curves = runner._rows(outcomes)
-        store.add(rows, curves)
+        store.add_group(outcomes, runner.gemm_peaks, runner.gpu_roofs)
     finish_meta(store)
     return path
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from harness import envs
-from harness.errors import HarnessError
+from harness.run import envs
+from harness.spec.errors import HarnessError
 
 
 def test_availability_never_imports_theano_here():
@@ -26,7 +26,7 @@ def test_availability_never_imports_theano_here():
 
 def test_every_bptt_mode_is_supported_without_theano():
     from backends.theano_backend import TheanoBackend
-    from harness.check import all_cases
+    from harness.verify.check import all_cases
 
     for case in all_cases(quick=True):
         assert TheanoBackend().supports(case.problem()) == (True, ""), case.label
@@ -49,8 +49,8 @@ def theano_env():
 
 @pytest.mark.slow
 def test_representative_conformance_in_the_environment(theano_env):
-    from harness.check import representative_cases
-    from harness.conformance import run_conformance
+    from harness.verify.check import representative_cases
+    from harness.run.conformance import run_conformance
 
     results = run_conformance(["theano"], representative=True)
     broken = [f"{r.status} {r.case} [{r.dtype}]: {r.reason}"
@@ -66,8 +66,8 @@ def test_representative_conformance_in_the_environment(theano_env):
 @pytest.mark.fullmatrix
 def test_quick_conformance_in_the_environment(theano_env):
     from backends import blas
-    from harness.check import all_cases
-    from harness.conformance import run_conformance
+    from harness.verify.check import all_cases
+    from harness.run.conformance import run_conformance
 
     results = run_conformance(["theano"], quick=True)
     by_status = {}

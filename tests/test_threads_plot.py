@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.plots import plot_threads
+from harness.results.plots import plot_threads
 
 
 def _rows(backends, threads, problems, seconds):

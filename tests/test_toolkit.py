@@ -1,6 +1,6 @@
 """The shared rules backends lean on: parameter names per layer, the effective BPTT window."""
 
-from harness.spec import Bptt, ModelSpec, layer_suffix
+from harness.spec.model import Bptt, ModelSpec, layer_suffix
 
 
 def test_layer_suffix_spells_the_parameter_names():
@@ -21,7 +21,7 @@ def test_a_window_as_long_as_the_sequence_is_full_bptt():
 def test_inputs_and_targets_are_cast_as_the_problem_reads_them():
     import numpy as np
 
-    from harness.spec import Problem
+    from harness.spec.model import Problem
 
     tok = Problem(ModelSpec(kind="elman", hidden=3), 5, 5, True, "float32")
     x = np.arange(6).reshape(3, 2)

@@ -8,9 +8,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import backends  # noqa: E402
-from harness import reference as ref  # noqa: E402
-from harness.check import all_cases, initial_params, make_data, run_case  # noqa: E402
-from harness.spec import ModelSpec, Problem  # noqa: E402
+from harness.spec import reference as ref  # noqa: E402
+from harness.verify.check import all_cases, initial_params, make_data, run_case  # noqa: E402
+from harness.spec.model import ModelSpec, Problem  # noqa: E402
 
 CASES = all_cases()
 QUICK = all_cases(quick=True)

@@ -1,4 +1,4 @@
-"""The verification bound (harness.tolerance): correct float32 work passes where float32 itself moves
+"""The verification bound (harness.spec.tolerance): correct float32 work passes where float32 itself moves
 the answer (a ReLU's kink, a large batch), and deliberately wrong backends are still caught."""
 
 from dataclasses import replace
@@ -6,13 +6,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from harness import protocol
-from harness import reference as ref
-from harness.check import Case, all_cases, run_case
-from harness.config import load_config
-from harness.spec import ModelSpec
-from harness.tolerance import SPEC_TOLERANCES, Tolerance, compare
-from harness.worker import CellState, verify_step
+from harness.run import protocol
+from harness.spec import reference as ref
+from harness.verify.check import Case, all_cases, run_case
+from harness.run.config import load_config
+from harness.spec.model import ModelSpec
+from harness.spec.tolerance import SPEC_TOLERANCES, Tolerance, compare
+from harness.run.worker import CellState, verify_step
 from wrong_backends import WrongBackend
 
 WRONG = ("scaled", "nobias", "window")
@@ -155,7 +155,7 @@ def test_conformance_catches_wrong_backends_at_the_kink(monkeypatch):
     """``harness check``'s path (loss, gradients, three steps) on a kink-prone case."""
     import backends
 
-    import harness.check as check
+    import harness.verify.check as check
 
     problem, params, x, y = _kink_problem("full", seed=2)
     case = Case("kink", problem.model, False, problem.input_size, problem.output_size, problem.seq_len,
@@ -201,9 +201,9 @@ def test_float64_is_judged_by_spec_alone_and_float32_asks_for_the_low_reference_
 def test_failed_baseline_speedups_are_over_the_fastest_verified_backend_and_say_so(fake_backends, write_config,
                                                                                   tmp_path):
     import harness
-    from harness.report import speedup_note, write_report
-    from harness.results import RunStore
-    from harness.runner import Runner, finish_meta, new_run_meta
+    from harness.results.report import speedup_note, write_report
+    from harness.results.store import RunStore
+    from harness.run.runner import Runner, finish_meta, new_run_meta
 
     text = """
 name: failed-baseline
@@ -235,7 +235,7 @@ timing: {warmup: 1, min_rounds: 4, min_time_s: 0.05, max_time_s: 1, timeout_s: 4
 def test_a_verified_baseline_needs_no_note():
     import pandas as pd
 
-    from harness.report import speedup_note
+    from harness.results.report import speedup_note
 
     rows = pd.DataFrame([{"baseline": "numpy", "baseline_status": "ok", "status": "ok", "speedup_over": "numpy"}])
     assert speedup_note(rows) == ""

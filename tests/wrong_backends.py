@@ -16,7 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from backends.numpy_backend import NumpyBackend
-from harness.spec import Bptt
+from harness.spec.model import Bptt
 
 SCALE = 1.01
 

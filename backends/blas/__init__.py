@@ -78,7 +78,7 @@ def build_shim(out_dir: Path, site_dirs) -> dict:
 
 
 def read_choice(folder: Path) -> dict | None:
-    """The recorded BLAS decision in ``folder`` (see :func:`harness.envs.create_env`), or None."""
+    """The recorded BLAS decision in ``folder`` (see :func:`harness.run.envs.create_env`), or None."""
     path = Path(folder) / CHOICE_FILE
     try:
         return json.loads(path.read_text())

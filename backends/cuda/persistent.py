@@ -159,7 +159,7 @@ def run_layer(pre, w_t, hs, cs, gates, peep, lstm: bool, activation: str = "tanh
 
 def raise_on_barrier_timeout(bar) -> None:
     """After the launch (a host sync): a barrier that timed out means the programs were not co-resident."""
-    from harness.errors import HarnessError
+    from harness.spec.errors import HarnessError
 
     if int(bar[1]) != 0:
         raise HarnessError("cuda:persistent: the grid barrier timed out (programs not co-resident)")

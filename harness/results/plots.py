@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.labels import backend_label, fmt_seconds, group_label  # noqa: F401  (re-exported for notebooks)
-from harness.schema import PROBLEM_COLUMNS, SIZE_COLUMNS
+from harness.results.labels import backend_label, fmt_seconds, group_label  # noqa: F401  (re-exported for notebooks)
+from harness.results.schema import PROBLEM_COLUMNS, SIZE_COLUMNS
 
 
 def _setup():
@@ -418,7 +418,7 @@ def crossover_batch(cpu_best: pd.Series, gpu_best: pd.Series):
 def plot_crossover(timings: pd.DataFrame, out: Path):
     """Per problem, two panels: time per example against batch for CPU and GPU cells, with the
     crossover marked; and each backend's GPU-over-CPU speedup against batch (same backend)."""
-    from harness.devices import gpu_over_cpu
+    from harness.results.devices import gpu_over_cpu
 
     df = timings[(timings["status"] == "ok") & (timings["workload"] != "train")].copy()
     if df.empty or not {"cpu", "gpu"} <= set(df["device"]):
@@ -487,7 +487,7 @@ def _plot_device_ratio(ax, ratios: pd.DataFrame, palette, problem: str) -> None:
 
 def make_plots(run_dir) -> list[Path]:
     """Draw every plot the run has data for into ``run_dir/plots``."""
-    from harness.results import load_run
+    from harness.results.store import load_run
 
     run = load_run(run_dir)
     plots = Path(run_dir) / "plots"

@@ -1,4 +1,4 @@
-"""The runner's side of :mod:`harness.protocol`: a worker subprocess, its environment, its failures.
+"""The runner's side of :mod:`harness.run.protocol`: a worker subprocess, its environment, its failures.
 
 Used by the runner (one worker per cell) and by ``harness check`` of a backend that lives in
 an isolated environment, so both get the same timeouts, thread settings and failure statuses.
@@ -18,9 +18,10 @@ import weakref
 from contextlib import contextmanager
 from pathlib import Path
 
-from harness import envs, protocol
+from harness.run import envs
+from harness.run import protocol
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 OOM_MARKERS = ("MemoryError", "std::bad_alloc", "out of memory", "OutOfMemory", "RESOURCE_EXHAUSTED")
 # Plumbing every worker gets; not part of a cell's recorded environment.
 PLUMBING_VARS = ("PYTHONUNBUFFERED",)
@@ -178,7 +179,7 @@ def _process_state(pid: int) -> str | None:
 
 
 class WorkerProcess:
-    """A worker subprocess, talked to through :mod:`harness.protocol`, with timeouts.
+    """A worker subprocess, talked to through :mod:`harness.run.protocol`, with timeouts.
 
     ``env`` is its whole process environment; ``recorded`` the part of it the run chose
     (see :func:`worker_settings`), kept as ``.env`` for run.json."""
@@ -190,7 +191,7 @@ class WorkerProcess:
         self.stray: list[str] = []  # stdout lines that were not replies (kept for the error tail)
         self.peak_rss_mb: float | None = None
         self.oom_kills = _oom_kills()
-        self.proc = subprocess.Popen([python, "-m", "harness.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([python, "-m", "harness.run.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, env=env, cwd=str(PROJECT_ROOT), start_new_session=True)
         _LIVE.add(self)
         self.buf = b""

@@ -5,8 +5,9 @@ training steps and GEMM peak, the BLAS probe, and the benchmark scripts. The clo
 ``time.perf_counter_ns`` and the code under test is ``sync()``-ed before every read, so
 asynchronous backends (JAX, CUDA) are charged for the work they queued.
 
-Worker-safe: standard library only (the policy is built from the config's timing
-settings on the runner side, and from plain numbers on the worker side).
+Worker-safe: the standard library and the statistics of :mod:`harness.run.stats` (the policy
+is built from the config's timing settings on the runner side, and from plain numbers on the
+worker side).
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import time
 from dataclasses import dataclass, fields
 from typing import Callable
 
-from harness.errors import HarnessError
+from harness.run.stats import MIN_BLOCK_ROUNDS, MIN_PRECISION_ROUNDS, half_width, paired_speedup, precision_met
+from harness.spec.errors import HarnessError
 
 MAX_INNER = 10_000  # calls per round at most: beyond that a round's clock reads are noise-free enough
 MIN_ROUND_S = 0.005  # a round shorter than this is dominated by the clock and the protocol
-MIN_BLOCK_ROUNDS = 5  # rounds a block (a half of the rounds, a process, a pass) needs to give a speedup of its own
 
 
 _clock = time.perf_counter_ns  # bound once: a global lookup less between the code under test and the clock
@@ -150,7 +151,7 @@ class TimingPolicy:
     def round_block(self, n_pass: int, n_round: int) -> int:
         """The block of the ``n_round``-th round (from 0) of the ``n_pass``-th pass (from 0): the pass's
         worker process that takes it (round ``i`` of a pass runs in its process ``i % processes``),
-        numbered across passes, as :func:`harness.timing.paired_speedup` reads it."""
+        numbered across passes, as :func:`harness.run.stats.paired_speedup` reads it."""
         return n_pass * self.processes + n_round % self.processes
 
 
@@ -159,21 +160,7 @@ def calibrate(one_call_s: float, round_s: float) -> int:
     return max(1, min(MAX_INNER, int(round(round_s / max(one_call_s, 1e-9)))))
 
 
-MIN_PRECISION_ROUNDS = 10  # a 95% interval from fewer paired rounds is too coarse to call precise
 RECHECK_GROWTH = 1.25  # a cell short of its target is re-checked at most this much later (in rounds)
-
-
-def half_width(point: float, lo: float, hi: float) -> float:
-    """The larger side of the interval ``[lo, hi]`` relative to ``point`` (NaN without an interval)."""
-    if not (point > 0 and lo == lo and hi == hi):  # NaN compares unequal to itself
-        return float("nan")
-    return max(hi - point, point - lo) / point
-
-
-def precision_met(point: float, lo: float, hi: float, n_rounds: int, target: float) -> bool:
-    """True when a speedup's interval is within ``target`` of it (relative) from enough paired rounds."""
-    w = half_width(point, lo, hi)
-    return n_rounds >= MIN_PRECISION_ROUNDS and w == w and w <= target
 
 
 class StopRule:
@@ -319,29 +306,10 @@ class StopRule:
 def stop_rule(timing) -> StopRule:
     """A fresh stop rule for one group timed with ``timing`` (a TimingConfig or TimingPolicy).
 
-    A precision target reads the speedups' intervals through :func:`harness.timing.paired_speedup`,
-    imported here and not at the top: workers import this module and need no NumPy for it."""
+    A precision target reads the speedups' intervals through :func:`harness.run.stats.paired_speedup`."""
     policy = timing if isinstance(timing, TimingPolicy) else TimingPolicy.of(timing)
     interval = None
     if policy.speedup_precision is not None:
-        from harness.timing import paired_speedup
-
         interval = paired_speedup
     return StopRule(policy.min_rounds, policy.min_time_s, policy.max_time_s, policy.speedup_precision, interval,
                     policy.passes, policy.pass_limit, policy.pass_rounds)
-
-
-def disturbed(samples: list[float]) -> list[bool]:
-    """Which rounds a burst of load slowed: over 5% and over five robust standard deviations
-    (1.4826 median absolute deviations) slower than the median of the cell's rounds.
-
-    Only slow rounds: nothing makes code run faster than it can. The median and its
-    deviation stay on the undisturbed rounds while fewer than half are disturbed."""
-    import statistics
-
-    if len(samples) < 4:
-        return [False] * len(samples)
-    med = statistics.median(samples)
-    mad = statistics.median(abs(s - med) for s in samples)
-    fence = med + max(5 * 1.4826 * mad, 0.05 * med)
-    return [s > fence for s in samples]

@@ -1,11 +1,11 @@
-"""Runs :mod:`harness.check` for many backends, each in the environment it lives in."""
+"""Runs :mod:`harness.verify.check` for many backends, each in the environment it lives in."""
 
 from __future__ import annotations
 
 import sys
 
-from harness.check import CaseResult, check_backend
-from harness.errors import HarnessError
+from harness.verify.check import CaseResult, check_backend
+from harness.spec.errors import HarnessError
 
 CASE_TIMEOUT_S = 300.0  # a first Theano compile takes ~20 s; a case beyond this is stuck
 
@@ -29,9 +29,10 @@ def _check_isolated(full_name: str, environment: str, cases: list, quick: bool, 
                     indices: list[int] | None = None) -> list[CaseResult]:
     """Check a backend that lives in an isolated environment through a worker there (the runner's protocol),
     one request per case: the worker gets the run's thread settings and each case a timeout."""
-    from harness import measure, protocol
-    from harness.client import WorkerFailure, WorkerProcess, worker_environment
-    from harness.config import DEFAULT_ENV
+    from harness.run import measure
+    from harness.run import protocol
+    from harness.run.client import WorkerFailure, WorkerProcess, worker_environment
+    from harness.run.config import DEFAULT_ENV
 
     # dtype None: the check runs float32 and float64 cases in one process, so no flag may pin one
     environment, env = worker_environment(full_name, device, None, threads, DEFAULT_ENV)
@@ -67,8 +68,8 @@ def run_conformance(names: list[str] | None, quick: bool = False, device: str = 
     gets a line per backend and per case."""
     import setuptools  # noqa: F401  (before any distutils import; see tests/conftest.py)
 
-    from harness import measure
-    from harness.check import case_list
+    from harness.run import measure
+    from harness.verify.check import case_list
 
     import backends
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.errors import HarnessError
+from harness.run import stats
+from harness.spec.errors import HarnessError
 
 PLOT_CAPTIONS = {
     "speedup.png": "Speedup over the baseline per comparison group, from rounds timed in turn; bars are the 95% intervals of the table.",
@@ -71,6 +72,23 @@ class Pre:
 
 
 # -- formatting ----------------------------------------------------------------------------------
+def spread_warnings(timings) -> list[str]:
+    """Cells whose interquartile range exceeds SPREAD_LIMIT of the median: their figures deserve less trust."""
+    from harness.results.labels import backend_label, group_label
+
+    df = pd.DataFrame(timings)
+    if df.empty:
+        return []
+    df["label"] = backend_label(df)
+    warn = []
+    for _, r in df.iterrows():
+        if r.get("status") == "ok" and r.get("median_s") and pd.notna(r.get("iqr_s")) and r.get("workload") != "train":
+            rel = stats.spread(r["iqr_s"], r["median_s"])
+            if np.isfinite(rel) and rel > stats.SPREAD_LIMIT:
+                warn.append(f"{r['label']} ({r['workload']} {group_label(r)}): IQR is {rel:.0%} of the median")
+    return warn
+
+
 def _num(v) -> bool:
     try:
         return v is not None and bool(np.isfinite(float(v)))
@@ -80,7 +98,7 @@ def _num(v) -> bool:
 
 def fmt_time(v) -> str:
     """Seconds with a readable unit, ``-`` when missing."""
-    from harness.labels import fmt_seconds
+    from harness.results.labels import fmt_seconds
 
     return fmt_seconds(float(v)) if _num(v) else "-"
 
@@ -241,7 +259,7 @@ def _versions_section(meta: dict) -> list:
         rows.append([backend, text])
     out = [Heading(2, "Library versions"), Table(["backend", "libraries (as its worker imported them)"], rows)]
     # library flags a backend sets for its workers (XLA_FLAGS, THEANO_FLAGS, ...); thread counts vary per cell
-    from harness.envs import THREAD_VARS
+    from harness.run.envs import THREAD_VARS
 
     common = meta.get("env") or {}
     own = []
@@ -276,14 +294,13 @@ def _conformance_section(meta: dict, timings: pd.DataFrame) -> list:
 
 
 def _labels(df: pd.DataFrame) -> pd.Series:
-    from harness.labels import backend_label
+    from harness.results.labels import backend_label
 
     return backend_label(df)
 
 
 def _results_section(timings: pd.DataFrame) -> list:
-    from harness.labels import group_label
-    from harness.timing import spread_warnings
+    from harness.results.labels import group_label
 
     out: list = [Heading(2, "Results")]
     if timings.empty:
@@ -320,8 +337,8 @@ def _results_section(timings: pd.DataFrame) -> list:
 
 def _devices_section(timings: pd.DataFrame) -> list:
     """Each backend's GPU time against its own CPU time, per problem and batch (runs with both devices)."""
-    from harness.devices import gpu_over_cpu
-    from harness.plots import group_label
+    from harness.results.devices import gpu_over_cpu
+    from harness.results.plots import group_label
 
     ratios = gpu_over_cpu(timings)
     if ratios.empty:
@@ -348,7 +365,7 @@ def _plots_section(plots: list[Path], note: str) -> list:
 
 
 def _failures_section(timings: pd.DataFrame) -> list:
-    from harness.labels import group_label
+    from harness.results.labels import group_label
 
     out: list = [Heading(2, "Failed and unsupported cells")]
     if timings.empty:
@@ -372,7 +389,7 @@ def _failures_section(timings: pd.DataFrame) -> list:
 
 
 def _training_section(timings: pd.DataFrame, curves: pd.DataFrame) -> list:
-    from harness.labels import group_label
+    from harness.results.labels import group_label
 
     # cells that never started are listed with their reasons under the failures already
     train = timings[(timings["workload"] == "train") & ~timings["status"].isin(["unsupported", "unavailable"])] \
@@ -399,7 +416,7 @@ def _training_section(timings: pd.DataFrame, curves: pd.DataFrame) -> list:
 
 def build_report(run_dir, plots: list[Path] | None = None, plot_note: str = "") -> tuple[str, list]:
     """The report's title and blocks for a results folder."""
-    from harness.results import load_run
+    from harness.results.store import load_run
 
     run = load_run(run_dir)
     title = f"{run.meta.get('name', run.run_id)}: benchmark report"
@@ -517,7 +534,7 @@ def to_html(title: str, blocks: list) -> str:
 
 def write_report(run_dir) -> list[Path]:
     """(Re)draw the plots, then write ``report.md`` and ``report.html`` into the run folder."""
-    from harness.plots import make_plots
+    from harness.results.plots import make_plots
 
     run_dir = Path(run_dir)
     if not (run_dir / "run.json").exists():

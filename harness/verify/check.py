@@ -1,7 +1,7 @@
 """Conformance: every backend against the reference, before anything is timed.
 
 Worker-safe (numpy + the backend only), because backends that live in an
-isolated environment run this module there: ``python -m harness.check --backend
+isolated environment run this module there: ``python -m harness.verify.check --backend
 theano`` prints one JSON object per case.
 """
 
@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from harness import reference as ref
-from harness.spec import ModelSpec, Problem
-from harness.tolerance import SPEC_TOLERANCES as TOLERANCES, Tolerance, compare, worst  # noqa: F401  (re-exported)
+from harness.spec import reference as ref
+from harness.spec.model import ModelSpec, Problem
+from harness.spec.tolerance import SPEC_TOLERANCES as TOLERANCES, Tolerance, compare, worst  # noqa: F401  (re-exported)
 
 LR = 0.1
 N_STEPS = 3
@@ -261,7 +261,7 @@ def check_backend(full_name: str, quick: bool = False, device: str = "cpu", case
 
 def main(argv=None) -> int:
     """Entry point for running a backend's check inside its own environment."""
-    ap = argparse.ArgumentParser(prog="python -m harness.check")
+    ap = argparse.ArgumentParser(prog="python -m harness.verify.check")
     ap.add_argument("--backend", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--representative", action="store_true", help="only representative_cases()")

@@ -20,49 +20,14 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from harness import measure
-from harness.errors import HarnessError
-
-MARKER = "harness-env.json"
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """What an isolated environment holds and how it is finished after installing."""
-
-    packages: tuple[str, ...]
-    #: newest Python the pinned packages support (numpy 1.23.5 has no wheels past 3.11)
-    max_python: tuple[int, int] = (3, 13)
-    min_python: tuple[int, int] = (3, 9)
-    #: a statement that must run in the new environment (catches broken installs early)
-    check: str | None = None
-    #: a backend to time with and without the OpenBLAS shim; the faster choice is kept
-    blas_probe: str | None = None
-    #: the environment needs a C++ compiler at run time (Theano compiles its graphs)
-    needs_cxx: bool = False
-
-
-RECIPES: dict[str, Recipe] = {
-    "theano": Recipe(
-        packages=(
-            "numpy==1.23.5",  # Theano-PyMC 1.1.2 uses np.bool, removed in numpy 1.24
-            "scipy==1.10.1",
-            "theano-pymc==1.1.2",
-            "filelock",
-            "setuptools<81",  # theano.gpuarray imports pkg_resources, gone from setuptools 81
-            "PyYAML",
-            "scipy-openblas32==0.3.34.0.0",  # a linkable OpenBLAS for Theano's C code
-        ),
-        max_python=(3, 11),
-        check="from backends.theano_backend import import_theano; import_theano()",
-        blas_probe="theano",
-        needs_cxx=True,
-    ),
-}
-
+from harness.run import measure
+from harness.spec import environments
+# the folders and the recipe type live in the spec layer, where backends read them
+from harness.spec.environments import MARKER, Recipe, current_env, env_dir, env_python, home  # noqa: F401
+from harness.spec.environments import marker as _marker
+from harness.spec.errors import HarnessError
 
 # The variables that size the thread pools of BLAS, OpenMP and friends: a worker gets all of them
 # set to its cell's thread count.
@@ -70,50 +35,33 @@ THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BL
                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 
-def home() -> Path:
-    """The folder the harness owns for environments and caches."""
-    root = os.environ.get("HARNESS_HOME")
-    return Path(root) if root else Path(__file__).resolve().parent.parent / ".harness"
-
-
-def env_dir(name: str) -> Path:
-    """Where environment ``name`` lives (whether or not it exists)."""
-    return home() / "envs" / name
-
-
-def _marker(name: str) -> dict | None:
-    try:
-        return json.loads((env_dir(name) / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def env_python(name: str) -> Path | None:
-    """The environment's interpreter, or None when it has not been (completely) created."""
-    py = env_dir(name) / "bin" / "python"
-    return py if py.exists() and _marker(name) is not None else None
-
-
 def _stale(name: str) -> bool:
     """True when the environment was built from other packages than its recipe now names."""
-    marker = _marker(name)
-    return marker is not None and name in RECIPES and marker.get("recipe") != list(RECIPES[name].packages)
+    marker, known = _marker(name), recipes()
+    return marker is not None and name in known and marker.get("recipe") != list(known[name].packages)
 
 
-def current_env() -> str | None:
-    """The name of the isolated environment this process runs in, or None for the main one."""
-    prefix = Path(sys.prefix).resolve()
-    for name in RECIPES:
-        if env_dir(name).resolve() == prefix:
-            return name
-    return None
+def recipes() -> dict[str, Recipe]:
+    """The environments the registered backends declare (``environment`` and ``recipe`` on the class)."""
+    import backends
+
+    out = {}
+    for name in backends.registry():
+        try:
+            cls = backends.backend_class(name)
+        except HarnessError:  # a plugin that cannot be imported declares nothing
+            continue
+        if cls.environment is not None and cls.recipe is not None:
+            out[cls.environment] = cls.recipe
+    return out
 
 
 def _recipe(name: str) -> Recipe:
-    if name not in RECIPES:
-        known = ", ".join(RECIPES) or "none"
-        raise HarnessError(f"no recipe for an isolated environment named {name!r}; known environments: {known}")
-    return RECIPES[name]
+    known = recipes()
+    if name not in known:
+        raise HarnessError(f"no recipe for an isolated environment named {name!r}; known environments: "
+                           f"{', '.join(known) or 'none'}")
+    return known[name]
 
 
 # -- creation ------------------------------------------------------------------------
@@ -137,34 +85,9 @@ class _Reporter:
             self.progress.print(f"env {self.name}: {message}", highlight=False)
 
 
-def _base_python(recipe: Recipe) -> str | None:
-    """An interpreter within the recipe's Python range, or None."""
-    if recipe.min_python <= sys.version_info[:2] <= recipe.max_python:
-        return sys.executable
-    for minor in range(recipe.max_python[1], recipe.min_python[1] - 1, -1):
-        found = shutil.which(f"python{recipe.max_python[0]}.{minor}")
-        if found:
-            return found
-    return None
-
-
-def _has_pip() -> bool:
-    # not importlib.util.find_spec("pip"): setuptools' distutils hook takes that lookup for
-    # pip starting up and switches itself off, and a later `import setuptools` (PyTensor's
-    # C compiler does one) then fails in this process
-    return any((Path(entry) / "pip" / "__init__.py").is_file() for entry in sys.path if entry)
-
-
 def can_create(name: str) -> tuple[bool, str]:
     """Cheaply: whether this machine has what creating ``name`` needs (network aside)."""
-    recipe = _recipe(name)
-    uv = shutil.which("uv")
-    if uv is None and _base_python(recipe) is None:
-        lo, hi = ".".join(map(str, recipe.min_python)), ".".join(map(str, recipe.max_python))
-        return False, f"environment {name!r} needs Python {lo} to {hi} (or uv, which can fetch one)"
-    if recipe.needs_cxx and shutil.which("g++") is None:
-        return False, f"environment {name!r} needs a C++ compiler (g++) on PATH"
-    return True, ""
+    return environments.can_create(name, _recipe(name))
 
 
 class _StageError(Exception):
@@ -183,7 +106,7 @@ def _run(cmd: list[str], stage: str, env: dict | None = None) -> str:
 def _make_and_install(name: str, recipe: Recipe, target: Path, say) -> Path:
     py = target / "bin" / "python"
     uv = shutil.which("uv")
-    base = _base_python(recipe)
+    base = environments.base_python(recipe)
     if uv is not None:
         want = base or ".".join(map(str, recipe.max_python))
         say(f"creating a virtual environment with uv (Python {want}) in {target}")
@@ -195,7 +118,7 @@ def _make_and_install(name: str, recipe: Recipe, target: Path, say) -> Path:
     if base is None:
         raise _StageError(can_create(name)[1])
     version = _run([base, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], "finding Python").strip()
-    if _has_pip():
+    if environments.has_pip():
         say(f"creating a virtual environment (Python {version}) in {target}")
         _run([base, "-m", "venv", "--without-pip", str(target)], "python -m venv")
         installer = [sys.executable, "-m", "pip", "--python", str(py)]
@@ -248,7 +171,7 @@ def _probe_blas(name: str, recipe: Recipe, target: Path, py: Path, say, rounds: 
         samples: dict[str, list[float]] = {"numpy": [], "openblas": []}
         for r in range(rounds):
             for key in measure.round_order(["numpy", "openblas"], r):
-                out = _run([str(py), "-m", "backends.blas.probe", "--backend", recipe.blas_probe,
+                out = _run([str(py), "-m", "harness.run.blas_probe", "--backend", recipe.blas_probe,
                             "--ldflags", f"{key}={flags[key]}"], "BLAS probe", env=env)
                 samples[key].append(json.loads(out.strip().splitlines()[-1])["median_ms"][key])
         med = {key: min(values) for key, values in samples.items()}  # the least disturbed process
@@ -326,10 +249,10 @@ def ensure_env(name: str, progress=None) -> Path:
 
 def list_envs() -> list[dict]:
     """Every known or present environment: name, exists, path and packages (a string)."""
-    root = home() / "envs"
-    names = list(RECIPES)
+    root, known = home() / "envs", recipes()
+    names = list(known)
     if root.is_dir():
-        names += sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in RECIPES)
+        names += sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in known)
     rows = []
     for name in names:
         marker = _marker(name)
@@ -340,8 +263,8 @@ def list_envs() -> list[dict]:
             choice = blas.read_choice(env_dir(name))
             if choice is not None:
                 packages += f"; BLAS: {blas.describe(choice)}"
-        elif name in RECIPES:
-            packages = ", ".join(RECIPES[name].packages)
+        elif name in known:
+            packages = ", ".join(known[name].packages)
         else:
             packages = ""
         rows.append({"name": name, "exists": marker is not None, "path": str(env_dir(name)), "packages": packages})
@@ -360,7 +283,7 @@ def remove_env(name: str) -> None:
 def worker_environ(name: str | None) -> dict[str, str]:
     """The process environment for a worker in environment ``name`` (None: the main one)."""
     env = dict(os.environ)
-    src = str(Path(__file__).resolve().parent.parent)
+    src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     # children must find the same environments and caches as this process
     env["HARNESS_HOME"] = str(home())

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.errors import HarnessError
+from harness.spec.errors import HarnessError
 
 TIMING_COLUMNS = [
     "cell_id", "group", "backend", "variant", "device", "model", "task", "workload", "dtype", "batch",
@@ -214,6 +214,13 @@ class RunStore:
         :meth:`add` of its rows lets it go."""
         self.meta.setdefault("unfinished_groups", {})[group_key] = saved
         self.save()
+
+    def add_group(self, outcomes: list, gemm_peaks: dict | None = None, gpu_roofs: dict | None = None) -> None:
+        """Record a finished comparison group from its outcomes (:func:`harness.results.rows.group_rows`,
+        against the roofs of the host it ran on) and save at once."""
+        from harness.results.rows import group_rows
+
+        self.add(*group_rows(outcomes, self.meta, gemm_peaks, gpu_roofs))
 
     def add(self, rows: list[dict], curves: list[dict]) -> None:
         """Record finished cells (replacing older rows of the same cells) and save at once."""

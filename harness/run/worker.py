@@ -1,9 +1,9 @@
-"""One benchmark cell in its own process: ``python -m harness.worker``.
+"""One benchmark cell in its own process: ``python -m harness.run.worker``.
 
-Serves the requests of :mod:`harness.protocol` (init, warmup, verify, calibrate, rounds,
+Serves the requests of :mod:`harness.run.protocol` (init, warmup, verify, calibrate, rounds,
 train, check, gemm_peak, quit): one request per line on stdin, one framed reply per line
 on the process's original stdout. Anything a library prints goes to stderr, which the
-runner keeps the tail of. Every timed loop goes through :mod:`harness.measure`. Imports
+runner keeps the tail of. Every timed loop goes through :mod:`harness.run.measure`. Imports
 nothing but numpy, this package's numpy-only modules and the backend, so it runs in
 isolated environments on numpy 1.23 too. A failed request answers ``status: error`` (or
 ``diverged``) and the worker stays alive.
@@ -26,7 +26,8 @@ if os.environ.get("HARNESS_CPUS"):
 
 import numpy as np  # noqa: E402
 
-from harness import measure, protocol  # noqa: E402
+from harness.run import measure
+from harness.run import protocol  # noqa: E402
 
 
 def peak_rss_mb() -> float:
@@ -43,11 +44,11 @@ def verify_step(p, b, x, y, lr: float) -> dict:
 
     For a step, the parameter *change* is compared with the reference's change from the
     same starting parameters, so a wrong gradient cannot hide behind a small learning rate.
-    The bound is :mod:`harness.tolerance`'s: the reference runs a second time in the cell's
+    The bound is :mod:`harness.spec.tolerance`'s: the reference runs a second time in the cell's
     dtype only when the float64 comparison alone is not met.
     """
-    from harness import reference
-    from harness.tolerance import Tolerance, update_floor, worst
+    from harness.spec import reference
+    from harness.spec.tolerance import Tolerance, update_floor, worst
 
     tol = Tolerance.of(p.dtype, b.tolerance(p))
     start = reference.params_like(b.get_params(), p.dtype)  # a copy: the step may update views in place
@@ -81,9 +82,9 @@ class CellState:
     def __init__(self, req: protocol.Init):
         import backends
         from backends.base import screen
-        from harness import reference
-        from harness.data import make_dataset
-        from harness.spec import Problem, TaskSpec
+        from harness.spec import reference
+        from harness.spec.data import make_dataset
+        from harness.spec.model import Problem, TaskSpec
 
         self.problem = Problem.from_mapping(req.problem)
         self.task = TaskSpec.from_mapping(req.task)
@@ -136,7 +137,7 @@ class CellState:
 
     def evaluate(self) -> float:
         """Loss on the fixed evaluation set, in minibatches of the training batch size."""
-        from harness.data import eval_loss
+        from harness.spec.data import eval_loss
 
         B, n_eval = self.problem.batch, self.data.x_eval.shape[1]
         total, count = 0.0, 0
@@ -226,14 +227,14 @@ def gemm_peak(dtype: str, n: int = 1024, seconds: float = 0.5) -> float:
 
 
 def _gpu_roofs(n: int) -> dict:
-    from harness.gpu_roofs import gpu_roofs
+    from harness.run.gpu_roofs import gpu_roofs
 
     return gpu_roofs(n)
 
 
 def check(req: protocol.Check) -> list[dict]:
     """``harness check`` of one backend in this worker's environment: one result per case."""
-    from harness.check import case_list, check_backend
+    from harness.verify.check import case_list, check_backend
 
     cases = case_list(req.quick, req.representative)
     if req.index is not None:

@@ -15,11 +15,11 @@ CURVE_ID_COLUMNS = ("cell_id", "group", "backend", "variant", "device", "model",
                     "hidden_size", "threads", "bptt")
 
 
-def cell_columns(cell) -> dict:
-    """The identifying columns of a config cell: its ids, backend and variant, problem and sweep point."""
+def cell_columns(cell, host: str | None = None) -> dict:
+    """The identifying columns of a config cell: its ids, backend and variant, problem and sweep point,
+    and the host it ran on."""
     import backends
-    from harness import machine
-    from harness.errors import HarnessError
+    from harness.spec.errors import HarnessError
 
     p, m = cell.problem, cell.problem.model
     name, variant = backends.split_name(cell.backend)
@@ -35,7 +35,7 @@ def cell_columns(cell) -> dict:
         "output_size": p.output_size, "threads": cell.threads, "bptt": str(m.bptt), "layers": m.layers,
         "activation": m.activation if m.kind == "elman" else "lstm", "head": m.head, "output_act": m.output_act,
         "peephole": m.peephole, "bias": m.bias, "tokens": p.tokens, "sweep": json.dumps(cell.point, default=str),
-        "host": machine.host_name(),  # a run spread over a cluster names where each cell ran
+        "host": host,  # a run spread over a cluster names where each cell ran
     }
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.errors import HarnessError
-from harness.spec import ModelSpec, TaskSpec
+from harness.spec.errors import HarnessError
+from harness.spec.model import ModelSpec, TaskSpec
 
 START, END = 0, 1
 SAMPLE_TEXT = Path(__file__).resolve().parent / "texts" / "sample.txt"

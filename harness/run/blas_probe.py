@@ -1,8 +1,8 @@
 """Which BLAS makes a backend's training step faster.
 
-``python -m backends.blas.probe --backend theano --ldflags "openblas=-L... -l..."`` compiles
+``python -m harness.run.blas_probe --backend theano --ldflags "openblas=-L... -l..."`` compiles
 the sgd_step at the WildML shape once per ``blas__ldflags`` value given, times the
-variants in alternating steps and prints one JSON line with the medians. harness/envs.py
+variants in alternating steps and prints one JSON line with the medians. harness/run/envs.py
 runs it with one value per process, alternating processes, at each thread count
 (``OPENBLAS_NUM_THREADS`` of the process). Benchmarks proper go through the runner.
 """
@@ -21,8 +21,9 @@ import numpy as np
 def probe(full_name: str, ldflags: dict[str, str], n_steps: int = 40) -> dict:
     """Median sgd_step time (ms) per ``blas__ldflags`` value at vocab 8000, hidden 100, T 20, batch 1, float32."""
     import backends
-    from harness import measure, reference
-    from harness.spec import ModelSpec, Problem
+    from harness.run import measure
+    from harness.spec import reference
+    from harness.spec.model import ModelSpec, Problem
 
     model = ModelSpec(kind="elman", hidden=100, bias=False)
     problem = Problem(model, 8000, 8000, True, "float32", 1, 20)
@@ -46,7 +47,7 @@ def probe(full_name: str, ldflags: dict[str, str], n_steps: int = 40) -> dict:
 
 def main(argv=None) -> int:
     """Entry point: print the probe's result as one JSON line."""
-    ap = argparse.ArgumentParser(prog="python -m backends.blas.probe")
+    ap = argparse.ArgumentParser(prog="python -m harness.run.blas_probe")
     ap.add_argument("--backend", required=True)
     ap.add_argument("--ldflags", action="append", required=True, help="NAME=FLAGS, repeated")
     ap.add_argument("--steps", type=int, default=40)

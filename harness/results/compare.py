@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from harness.errors import HarnessError
+from harness.spec.errors import HarnessError
 
 IDENTITY_COLUMNS = ["backend", "variant", "device", "model", "task", "workload", "dtype", "batch", "seq_len",
                     "input_size", "hidden_size", "output_size", "threads", "bptt", "layers", "activation", "head",
@@ -128,7 +128,7 @@ def mann_whitney_p(a, b) -> float:
 
 
 def _cell_name(row) -> str:
-    from harness.labels import group_label
+    from harness.results.labels import group_label
 
     return f"{row['label']} · {row['workload']} {group_label(row)}"
 
@@ -179,8 +179,8 @@ def _samples(row) -> np.ndarray:
 
 def compare_runs(run_a, run_b, threshold: float = 1.05, alpha: float = ALPHA) -> Comparison:
     """Compare run B against run A cell by cell; see :class:`Comparison`."""
-    from harness.labels import backend_label
-    from harness.results import load_run
+    from harness.results.labels import backend_label
+    from harness.results.store import load_run
 
     if not threshold >= 1.0:
         raise HarnessError(f"--threshold: expected a ratio of at least 1 (1.05 = 5% slower), got {threshold}")
@@ -313,7 +313,7 @@ def print_comparison(result: Comparison, console) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from harness.labels import fmt_seconds
+    from harness.results.labels import fmt_seconds
 
     title = f"{result.run_b} vs {result.run_a}: time ratio B/A (above 1 is slower)"
     table = Table(title=title)

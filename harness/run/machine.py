@@ -105,7 +105,7 @@ def machine_info() -> dict:
 
 def git_commit(path: str | Path | None = None) -> str | None:
     """The project's git commit (with "-dirty" when the tree has changes), or None outside git."""
-    cwd = Path(path or Path(__file__).resolve().parent.parent)
+    cwd = Path(path or Path(__file__).resolve().parents[2])
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
         if sha.returncode != 0:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from harness.errors import HarnessError
+from harness.spec.errors import HarnessError
 
 #: a group whose worker dies is handed to another worker this many times before it is recorded as failed
 GROUP_RETRIES = 1
@@ -57,8 +57,8 @@ def unmet_need(need: dict[str, int], offers: list[dict[str, float]]) -> str | No
 
 
 class _MemoryStore:
-    """What a :class:`Runner` writes into on a Dask worker: its run.json fragment (versions,
-    worker variables, conformance), sent back to the client with the rows."""
+    """What a :class:`Runner` writes into on a Dask worker: nothing but the roofs it measures; the
+    group's outcomes go back to the client, whose store makes the rows."""
 
     def __init__(self):
         self.meta: dict = {}
@@ -85,10 +85,10 @@ def _pin_to_worker_cpus() -> None:
 
 def run_group_task(config, group, saved: dict | None = None) -> dict:
     """Run one pass over a comparison group on this (Dask worker's) host, from where ``saved`` (a
-    :meth:`GroupTiming.saved` of its earlier passes, or None) left it. Returns its run.json fragment
-    and either its rows (the group is finished) or ``saved`` for its next pass."""
-    from harness import machine
-    from harness.runner import GroupTiming, Runner
+    :meth:`GroupTiming.saved` of its earlier passes, or None) left it. Returns this host's facts
+    and either the group's outcomes (it is finished) or ``saved`` for its next pass."""
+    from harness.run import machine
+    from harness.run.runner import GroupTiming, Runner
 
     _pin_to_worker_cpus()
     store = _MemoryStore()
@@ -102,15 +102,9 @@ def run_group_task(config, group, saved: dict | None = None) -> dict:
         _HOST_ROOFS["roofs"] = runner.gpu_roofs
     state = GroupTiming.restore(group, saved)
     runner._visit(state, None, None)
-    if state.finished:
-        rows, curves = runner._rows(state.ordered())
-        done = {"rows": rows, "curves": curves, "saved": None}
-    else:
-        done = {"rows": [], "curves": [], "saved": state.saved()}
-    meta = dict(store.meta)
-    for key in ("gemm_peak_gflops", "gpu_roofs"):  # kept per host instead
-        meta.pop(key, None)
-    return {**done, "meta": meta, "host": machine.host_name(), "machine": machine.machine_info(),
+    done = {"outcomes": state.ordered() if state.finished else None,
+            "saved": None if state.finished else state.saved()}
+    return {**done, "host": machine.host_name(), "machine": machine.machine_info(),
             "gemm_peak_gflops": dict(runner.gemm_peaks), "gpu_roofs": runner.gpu_roofs, "address": _worker_host()}
 
 
@@ -127,16 +121,7 @@ def _worker_host() -> str | None:
 
 
 def merge_fragment(meta: dict, result: dict) -> None:
-    """Fold one group's run.json fragment into the run's: versions, worker variables, conformance, hosts."""
-    frag = result["meta"]
-    meta.setdefault("versions", {}).update(frag.get("versions", {}))
-    meta.setdefault("worker_env", {}).update(frag.get("worker_env", {}))
-    for backend, entry in frag.get("conformance", {}).items():
-        mine = meta.setdefault("conformance", {}).setdefault(
-            backend, {"verified_cells": 0, "mismatches": 0, "worst_ratio": 0.0, "bound": entry.get("bound")})
-        mine["verified_cells"] += entry["verified_cells"]
-        mine["mismatches"] += entry["mismatches"]
-        mine["worst_ratio"] = max(mine["worst_ratio"], entry["worst_ratio"])
+    """Fold the facts of the host a group's pass ran on into run.json's ``hosts`` (its machine and roofs)."""
     host = meta.setdefault("hosts", {}).setdefault(result["host"], {"machine": result["machine"], "gemm_peak_gflops": {}})
     host["machine"] = result["machine"]
     host["gemm_peak_gflops"].update(result["gemm_peak_gflops"])
@@ -234,7 +219,7 @@ class DaskExecutor:
                         runner.store.keep_unfinished(group[0].group_key, result["saved"])
                         queue.add(submit(group, result["saved"], result["address"]))
                         continue
-                    runner.store.add(result["rows"], result["curves"])
+                    runner.store.add_group(result["outcomes"], result["gemm_peak_gflops"], result["gpu_roofs"])
                 pending -= 1
                 self._advance(progress, task_id, group, pending)
             # groups finished in any order; keep the table in the config's order, as a local run has it
@@ -251,12 +236,9 @@ class DaskExecutor:
 
     @staticmethod
     def _record_failed(runner, group, status: str, reason: str) -> None:
-        from harness.runner import Outcome
+        from harness.run.runner import Outcome
 
-        rows, curves = runner._rows([Outcome(cell, status, reason) for cell in group])
-        for row in rows:
-            row["host"] = None  # it ran nowhere to completion
-        runner.store.add(rows, curves)
+        runner.store.add_group([Outcome(cell, status, reason) for cell in group])  # host None: it ran nowhere
 
     @staticmethod
     def _advance(progress, task_id, group, pending: int) -> None:

@@ -12,20 +12,17 @@ moments of the run that lie apart.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import groupby
 
-from harness import envs, machine, measure, protocol, schema
+from harness.run import envs, machine, measure, protocol
 # the worker client's names, importable from here as they always were
-from harness.client import (WorkerFailure, WorkerProcess, classify_exit, worker_cpus,  # noqa: F401
+from harness.run.client import (WorkerFailure, WorkerProcess, classify_exit, worker_cpus,  # noqa: F401
                             worker_environment, worker_settings)
-from harness.config import Cell, RunConfig
-from harness.errors import HarnessError
-from harness.results import RunStore
-from harness.timing import Stats, paired_speedup
+from harness.run.config import Cell, RunConfig
+from harness.spec.errors import HarnessError
 
 
 @dataclass
@@ -43,6 +40,7 @@ class Outcome:
     train: dict | None = None
     worker_env: dict | None = None
     verify: dict | None = None
+    host: str | None = None  # where it ran (a run spread over a cluster names each cell's host)
     stop_reason: str | None = None  # why the group's interleaved rounds stopped (floor | target | cap)
     blocks: list | None = None  # per round, the (pass, process) block that took it (TimingPolicy.round_block)
 
@@ -80,7 +78,7 @@ class GroupTiming:
 
     # what run.json keeps of a group between its passes, so that --resume goes on where an interrupt stopped it
     _KEPT = ("status", "error", "compile_s", "samples", "peak_rss_mb", "versions", "data_meta", "train",
-             "worker_env", "verify", "stop_reason", "blocks")
+             "worker_env", "verify", "host", "stop_reason", "blocks")
 
     def saved(self) -> dict:
         return {"passes_done": self.passes_done, "timed_s": self.timed_s, "inner": self.inner, "blocks": self.blocks,
@@ -104,9 +102,14 @@ class GroupTiming:
 
 
 class Runner:
-    """Runs the cells of one config into one results folder."""
+    """Runs the cells of one config into one results folder.
 
-    def __init__(self, config: RunConfig, store: RunStore, console=None):
+    ``store`` is handed in (a :class:`harness.results.store.RunStore`, or anything with its
+    ``meta``, ``done_cells``, ``unfinished``, ``keep_unfinished``, ``add_group`` and ``save``): the
+    runner only runs, and hands each finished group's outcomes to ``store.add_group``, where the
+    results layer makes its rows."""
+
+    def __init__(self, config: RunConfig, store, console=None):
         self.config = config
         self.store = store
         self.console = console
@@ -175,17 +178,18 @@ class Runner:
                     self.store.keep_unfinished(state.group[0].group_key, state.saved())
                     continue
                 states.remove(state)
-                self.store.add(*self._rows(state.ordered()))
+                self.store.add_group(state.ordered(), self.gemm_peaks, self.gpu_roofs)
                 if progress is not None:
                     progress.advance(task_id, len(state.group))
 
-    def run_group(self, group: list[Cell], progress=None, task_id=None) -> tuple[list[dict], list[dict]]:
-        """Time one comparison group side by side, all its passes back to back, and return its
-        result rows and curve points."""
+    def run_group(self, group: list[Cell], progress=None, task_id=None) -> list[Outcome]:
+        """Time one comparison group side by side, all its passes back to back, store its rows, and
+        return its outcomes."""
         state = GroupTiming(group)
         while not state.finished:
             self._visit(state, progress, task_id)
-        return self._rows(state.ordered())
+        self.store.add_group(state.ordered(), self.gemm_peaks, self.gpu_roofs)
+        return state.ordered()
 
     def _measure_gemm_peaks(self, cells: list[Cell] | None = None) -> None:
         """The machine's GEMM peak per dtype and thread count, for roofline and %-of-peak figures."""
@@ -217,17 +221,6 @@ class Runner:
             self._say(f"note: GPU roofs not measured: {str(exc).splitlines()[0]}")
         finally:
             self._close(w)
-
-    def _peak_columns(self, cell: Cell) -> dict:
-        """The roof a cell's GFLOP/s is read against: the CPU's NumPy GEMM, or the GPU's cuBLAS rates."""
-        p = cell.problem
-        if p.device == "cpu":
-            return {"gemm_peak_gflops": self.gemm_peaks.get(f"{p.dtype}|threads={cell.threads}")}
-        roofs = self.gpu_roofs or {}
-        fp32 = p.dtype == "float32"
-        return {"gemm_peak_gflops": roofs.get("gemm_fp32_gflops" if fp32 else "gemm_fp64_gflops"),
-                "gpu_tf32_gflops": roofs.get("gemm_tf32_gflops") if fp32 else None,
-                "gpu_bandwidth_gbs": roofs.get("bandwidth_gbs")}
 
     def _screen(self, cell: Cell) -> Outcome | None:
         """Availability and support, decided in this process without importing heavy libraries."""
@@ -324,6 +317,9 @@ class Runner:
                 for w in procs:
                     self._close(w)
             state.passes_done += 1
+            here = machine.host_name()
+            for outcome in state.outcomes.values():
+                outcome.host = outcome.host or here
 
     def _start_processes(self, cell: Cell, describe, verify: bool = True) -> tuple[Outcome, list[WorkerProcess]]:
         """The cell's ``timing.processes`` warmed workers (the first one verified, if ``verify``), each
@@ -435,96 +431,6 @@ class Runner:
             met = state.pending is not None and cid not in state.pending and cid != base  # its own target
             outcomes[cid].stop_reason = "target" if met else rule.reason
 
-    # -- results rows ------------------------------------------------------------------
-    def _rows(self, outcomes: list[Outcome]) -> tuple[list[dict], list[dict]]:
-        import backends
-
-        base_name = outcomes[0].cell.baseline
-        base = next((o for o in outcomes if o.cell.backend == base_name), None)
-        over = _speedup_reference(outcomes, base)  # the baseline, or the fastest verified cell when it failed
-        rows, curves = [], []
-        versions = self.store.meta.setdefault("versions", {})
-        for o in outcomes:
-            row = schema.cell_columns(o.cell)
-            p = o.cell.problem
-            # a failed cell's partial samples are kept, but summarised by nothing: no median of a broken run
-            stats = Stats.of(o.samples if o.status == "ok" and o.samples else [])
-            row.update(status=o.status, error=o.error[-4000:] if o.error else "", compile_s=o.compile_s,
-                       peak_rss_mb=o.peak_rss_mb, **stats.as_dict(), baseline=base_name,
-                       samples_s=[float(s) for s in (o.samples or [])], samples_block=list(o.blocks or []))
-            if o.status == "ok" and stats.n_samples:
-                work = "train_step" if p.workload == "train" else p.workload
-                row["gflops"] = p.flops(work) / stats.median_s / 1e9
-            row.update(self._peak_columns(o.cell))
-            row["baseline_status"] = base.status if base is not None else "absent"
-            if o.status == "ok" and p.workload != "train" and over is not None and o.samples:
-                row["speedup"], row["speedup_lo"], row["speedup_hi"] = paired_speedup(over.samples, o.samples,
-                                                                                      blocks=o.blocks)
-                row["speedup_over"] = over.cell.backend
-            row.update(_precision_columns(o, over, row))
-            if o.verify:
-                row["verified_ratio"] = o.verify["ratio"]
-                _conformance_entry(self.store.meta, o.cell.backend, o.verify)
-            if o.data_meta and "loss_floor" in o.data_meta:
-                row["loss_floor"] = o.data_meta["loss_floor"]
-            if o.versions:
-                name = backends.split_name(o.cell.backend)[0]
-                versions[name] = o.versions
-            if o.worker_env:
-                self.store.meta.setdefault("worker_env", {})[o.cell.backend] = o.worker_env
-            if o.train:
-                t = o.train
-                row.update(time_to_target_s=t["time_to_target_s"], train_s=t["train_s"], eval_s=t["eval_s"])
-                evals = [c["loss"] for c in t["curve"] if c["split"] == "eval"]
-                row["final_loss"] = evals[-1] if evals else None
-                for c in t["curve"]:
-                    curves.append({k: row[k] for k in schema.CURVE_ID_COLUMNS}
-                                  | c | {"time_to_target_s": t["time_to_target_s"], "target_loss": o.cell.train.target_loss,
-                                         "loss_floor": row.get("loss_floor")})
-            rows.append(row)
-        return rows, curves
-
-
-def _precision_columns(o: Outcome, base: Outcome | None, row: dict) -> dict:
-    """schema.PRECISION_COLUMNS of one timed cell: its speedup's precision against the target (the
-    interval the row reports, by the test the stop rule used) and its disturbed rounds, all kept."""
-    if o.status != "ok" or not o.samples or o.cell.problem.workload == "train":
-        return {}
-    target = o.cell.timing.speedup_precision
-    mine = measure.disturbed(o.samples)
-    cols = dict.fromkeys(schema.PRECISION_COLUMNS)
-    processes = o.cell.timing.processes
-    cols.update(speedup_precision=target, stop_reason=o.stop_reason, n_disturbed_rounds=sum(mine),
-                n_processes=processes, n_passes=len({b // processes for b in o.blocks or []}))
-    if o is not base and "speedup" in row:
-        n = min(len(base.samples), len(o.samples))
-        theirs = measure.disturbed(base.samples)[:n]
-        cols["n_disturbed_shared"] = sum(a and b for a, b in zip(mine, theirs))
-        cols["n_disturbed_one_sided"] = sum(a != b for a, b in zip(mine, theirs))
-        point, lo, hi = row["speedup"], row["speedup_lo"], row["speedup_hi"]
-        cols["speedup_half_width"] = measure.half_width(point, lo, hi)
-        if target is not None:
-            cols["precision_met"] = measure.precision_met(point, lo, hi, n, target)
-    return cols
-
-
-def _speedup_reference(outcomes: list[Outcome], base: Outcome | None) -> Outcome | None:
-    """What a group's speedups are measured against: its baseline when that ran (and verified) ok;
-    otherwise the fastest cell that did, named on every row (``speedup_over``) and in the summaries."""
-    if base is not None and base.status == "ok" and base.samples:
-        return base
-    ran = [o for o in outcomes if o.status == "ok" and o.samples and o.cell.problem.workload != "train"]
-    return min(ran, key=lambda o: statistics.median(o.samples), default=None)
-
-
-def _conformance_entry(meta: dict, backend: str, verify: dict) -> None:
-    """run.json's per-backend summary of the cell checks (a ratio <= 1 is within SPEC bounds)."""
-    entry = meta.setdefault("conformance", {}).setdefault(
-        backend, {"verified_cells": 0, "mismatches": 0, "worst_ratio": 0.0, "bound": verify["bound"]})
-    entry["verified_cells"] += 1
-    entry["mismatches"] += 0 if verify["ok"] else 1
-    entry["worst_ratio"] = max(entry["worst_ratio"], verify["ratio"])
-
 
 def new_run_meta(config: RunConfig) -> dict:
     """The run.json of a run that is starting."""
@@ -539,7 +445,7 @@ def new_run_meta(config: RunConfig) -> dict:
     }
 
 
-def finish_meta(store: RunStore, interrupted: bool = False) -> None:
+def finish_meta(store, interrupted: bool = False) -> None:
     """Close the run's metadata: end time, load and steal share over the run."""
     meta = store.meta
     meta["finished"] = None if interrupted else datetime.now(timezone.utc).isoformat()

@@ -14,7 +14,7 @@ def gpu_roofs(n: int = 4096, copy_mib: int = 512, seconds: float = 0.5) -> dict:
     ``{"device", "gemm_fp32_gflops", "gemm_tf32_gflops", "gemm_fp64_gflops", "bandwidth_gbs"}``."""
     import torch
 
-    from harness import measure
+    from harness.run import measure
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device visible to torch")

@@ -13,7 +13,7 @@ Speedups. ``harness run`` times a group's backends in turn and bootstraps the sp
 rounds; pytest-benchmark runs one benchmark after the other, so imported rounds are not paired. With
 the raw timings (``--benchmark-json`` always keeps them; saved files keep them with
 ``--benchmark-save-data``) the speedup's 95% interval resamples each side's rounds on its own
-(:func:`harness.compare.ratio_interval`). A file without them gives the point speedup (ratio of
+(:func:`harness.results.compare.ratio_interval`). A file without them gives the point speedup (ratio of
 medians) and no interval. ``run.json`` says which under ``speedup_interval``.
 """
 
@@ -24,7 +24,7 @@ import math
 from datetime import datetime, timezone
 from pathlib import Path
 
-from harness.errors import HarnessError
+from harness.spec.errors import HarnessError
 
 FORMAT = "pytest-benchmark"
 SUITE = "benchmarks/test_bench_backends.py::test_backend"
@@ -44,7 +44,7 @@ def benchmark_id(columns: dict) -> str:
 
 def benchmark_group(columns: dict) -> str:
     """The suite's pytest-benchmark group of a cell: its workload and readable comparison group."""
-    from harness.labels import group_label
+    from harness.results.labels import group_label
 
     return f"{columns['workload']} {group_label(columns)}"
 
@@ -76,8 +76,8 @@ def import_json(path, out=None, baseline: str | None = None) -> Path:
 
     ``baseline`` names the backend speedups are measured against (default: the one each benchmark of
     the harness's suite recorded, else the first benchmark of each group)."""
-    from harness import machine
-    from harness.results import RunStore
+    from harness.run import machine
+    from harness.results.store import RunStore
 
     path = Path(path)
     data = read_json(path)
@@ -119,8 +119,8 @@ def import_json(path, out=None, baseline: str | None = None) -> Path:
 
 def _row(bench: dict) -> tuple[dict, dict]:
     """The timings row of one benchmark, and what of it the row cannot hold (for the export)."""
-    from harness.results import TIMING_COLUMNS
-    from harness.timing import Stats
+    from harness.results.store import TIMING_COLUMNS
+    from harness.run.stats import Stats
 
     info = bench.get("extra_info") or {}
     stats = bench["stats"]
@@ -151,7 +151,7 @@ def _row(bench: dict) -> tuple[dict, dict]:
 
 def _flops(row: dict) -> float | None:
     """GEMM FLOPs of one call of the row's cell (SPEC.md), None for a benchmark that is no harness cell."""
-    from harness.spec import ModelSpec, Problem
+    from harness.spec.model import ModelSpec, Problem
 
     try:
         bptt = str(row.get("bptt") or "full")
@@ -171,7 +171,7 @@ def _flops(row: dict) -> float | None:
 def _speedups(rows: list[dict], baseline: str | None) -> None:
     """Speedup of every row over its group's baseline (median over median), with an interval when both
     sides have their rounds; the ``full_name`` helper key is dropped."""
-    from harness.compare import ratio_interval
+    from harness.results.compare import ratio_interval
 
     groups: dict[str, list[dict]] = {}
     for r in rows:
@@ -207,7 +207,7 @@ def _stamp(text) -> datetime:
 
 
 def _machine(info: dict) -> dict:
-    """pytest-benchmark's machine_info in the keys of :func:`harness.machine.machine_info`."""
+    """pytest-benchmark's machine_info in the keys of :func:`harness.run.machine.machine_info`."""
     cpu = info.get("cpu") or {}
     return {"hostname": info.get("node"), "platform": "-".join(str(info[k]) for k in ("system", "release", "machine") if info.get(k)),
             "python": info.get("python_version"), "cpu_model": cpu.get("brand_raw"), "cores": cpu.get("count"),
@@ -220,7 +220,7 @@ def export_json(run_dir, out=None) -> tuple[Path, int, list[str]]:
 
     Returns the path, the number of benchmarks written and why the other rows were left out (failed
     cells, training runs and rows without timings have no place in the format)."""
-    from harness.results import load_run
+    from harness.results.store import load_run
 
     try:
         from pytest_benchmark import __version__ as version
@@ -274,7 +274,7 @@ def export_json(run_dir, out=None) -> tuple[Path, int, list[str]]:
     if not benches:
         raise HarnessError(f"{run_dir}: no timed cells to export ({'; '.join(left_out[:3]) or 'the run is empty'})")
     out = Path(out) if out is not None else Path(run_dir) / "pytest-benchmark.json"
-    from harness.results import write_json
+    from harness.results.store import write_json
 
     write_json(out, doc)
     return out, len(benches), left_out

@@ -19,8 +19,8 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from harness.errors import HarnessError
-from harness.spec import DTYPES, MAX_INT, ModelSpec, Problem, TaskSpec, short_repr
+from harness.spec.errors import HarnessError
+from harness.spec.model import DTYPES, MAX_INT, ModelSpec, Problem, TaskSpec, short_repr
 
 DEFAULT_ENV = {
     # glibc returning freed buffers to the OS on every step costs page faults that
@@ -261,7 +261,7 @@ class RunConfig:
         """Refuse, before anything runs, a config whose comparison group would need more memory than
         the machine has (the group's workers run side by side), showing the estimate."""
         if limit_mb is None:
-            from harness.client import memory_limit_mb
+            from harness.run.client import memory_limit_mb
 
             limit_mb = memory_limit_mb()
         if not limit_mb:

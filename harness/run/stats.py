@@ -1,13 +1,27 @@
-"""Statistics of timing samples and of paired speedups. The one timing loop lives in
-:mod:`harness.measure`; this module only summarises."""
+"""The statistics of a timing: summaries of samples, paired speedups and their intervals, the
+precision a speedup met, and the rounds a burst of load disturbed. The one timing loop and the
+stop rule that reads these live in :mod:`harness.run.measure`; this module only summarises."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import numpy as np
 
-from harness.measure import MIN_BLOCK_ROUNDS
+MIN_BLOCK_ROUNDS = 5  # rounds a block (a half of the rounds, a process, a pass) needs to give a speedup of its own
+MIN_PRECISION_ROUNDS = 10  # a 95% interval from fewer paired rounds is too coarse to call precise
+
+
+def half_width(point: float, lo: float, hi: float) -> float:
+    """The larger side of the interval ``[lo, hi]`` relative to ``point`` (NaN without an interval)."""
+    if not (point > 0 and lo == lo and hi == hi):  # NaN compares unequal to itself
+        return float("nan")
+    return max(hi - point, point - lo) / point
+
+
+def precision_met(point: float, lo: float, hi: float, n_rounds: int, target: float) -> bool:
+    """True when a speedup's interval is within ``target`` of it (relative) from enough paired rounds."""
+    w = half_width(point, lo, hi)
+    return n_rounds >= MIN_PRECISION_ROUNDS and w == w and w <= target
 
 
 @dataclass
@@ -23,6 +37,8 @@ class Stats:
 
     @classmethod
     def of(cls, samples) -> "Stats":
+        import numpy as np
+
         a = np.asarray(samples, dtype=np.float64)
         if a.size == 0:
             nan = float("nan")
@@ -58,7 +74,7 @@ def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0, blocks=No
     they disagree no amount of further rounds from the same stretch narrows it below that.
 
     ``blocks`` labels each round with the worker process that took it (see
-    :meth:`harness.measure.TimingPolicy.round_block`: one per fresh process, of every pass
+    :meth:`harness.run.measure.TimingPolicy.round_block`: one per fresh process, of every pass
     over the group). Blocks are independent draws of what a round cannot resample: which
     fresh process one got (its memory layout, the kernels a library picked at start) and
     when in the run it was taken. With ``k`` blocks of MIN_BLOCK_ROUNDS rounds or more, the
@@ -66,6 +82,8 @@ def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0, blocks=No
     with ``k - 1`` degrees of freedom times their standard error): two blocks must agree
     closely to give a tight figure, and more blocks narrow that term; more rounds do not.
     """
+    import numpy as np  # here, not at the top: the stop rule's pure-Python helpers run where numpy may not
+
     b = np.asarray(baseline, dtype=np.float64)
     o = np.asarray(other, dtype=np.float64)
     n = min(b.size, o.size)
@@ -99,24 +117,23 @@ def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0, blocks=No
 def _block_standard_error(b: np.ndarray, o: np.ndarray, blocks: list) -> float:
     """One standard error of the mean of the speedups measured on each block of paired rounds
     (slices or index arrays; for two blocks, half their difference)."""
+    import numpy as np
+
     per = [np.median(b[s]) / np.median(o[s]) for s in blocks]
     return float(np.std(per, ddof=1)) / np.sqrt(len(per))
 
 
-def spread_warnings(timings) -> list[str]:
-    """Cells whose interquartile range exceeds SPREAD_LIMIT of the median: their figures deserve less trust."""
-    import pandas as pd
+def disturbed(samples: list[float]) -> list[bool]:
+    """Which rounds a burst of load slowed: over 5% and over five robust standard deviations
+    (1.4826 median absolute deviations) slower than the median of the cell's rounds.
 
-    from harness.labels import backend_label, group_label
+    Only slow rounds: nothing makes code run faster than it can. The median and its
+    deviation stay on the undisturbed rounds while fewer than half are disturbed."""
+    import statistics
 
-    df = pd.DataFrame(timings)
-    if df.empty:
-        return []
-    df["label"] = backend_label(df)
-    warn = []
-    for _, r in df.iterrows():
-        if r.get("status") == "ok" and r.get("median_s") and pd.notna(r.get("iqr_s")) and r.get("workload") != "train":
-            rel = spread(r["iqr_s"], r["median_s"])
-            if np.isfinite(rel) and rel > SPREAD_LIMIT:
-                warn.append(f"{r['label']} ({r['workload']} {group_label(r)}): IQR is {rel:.0%} of the median")
-    return warn
+    if len(samples) < 4:
+        return [False] * len(samples)
+    med = statistics.median(samples)
+    mad = statistics.median(abs(s - med) for s in samples)
+    fence = med + max(5 * 1.4826 * mad, 0.05 * med)
+    return [s > fence for s in samples]

@@ -14,7 +14,7 @@ import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from harness.errors import HarnessError
+from harness.spec.errors import HarnessError
 
 MODEL_KINDS = ("elman", "lstm")
 ACTIVATIONS = ("tanh", "relu", "sigmoid")

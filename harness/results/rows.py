@@ -1,0 +1,125 @@
+"""A comparison group's outcomes as result rows: the one place a row of ``timings.parquet``
+(and its points of ``curves.parquet``) is made.
+
+The runner only runs: it hands the outcomes of a finished group (:class:`harness.run.runner.Outcome`)
+to :meth:`harness.results.store.RunStore.add_group`, which calls :func:`group_rows` here. A row is
+the cell's identifying columns (:func:`harness.results.schema.cell_columns`), its status, the
+summary of its rounds, its GFLOP/s against the roof of its device, its speedup over the group's
+baseline with the interval and precision of that speedup, and what the worker reported (verification,
+versions, training curve).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from harness.results import schema
+from harness.run import stats
+from harness.run.stats import Stats, paired_speedup
+
+
+def group_rows(outcomes: list, meta: dict, gemm_peaks: dict | None = None,
+               gpu_roofs: dict | None = None) -> tuple[list[dict], list[dict]]:
+    """The rows and curve points of one comparison group's outcomes, in the group's order.
+
+    ``meta`` is the run's run.json mapping: the versions, worker variables and conformance summary the
+    outcomes report are folded into it. ``gemm_peaks``/``gpu_roofs`` are the roofs measured on the host
+    the group ran on."""
+    import backends
+
+    base_name = outcomes[0].cell.baseline
+    base = next((o for o in outcomes if o.cell.backend == base_name), None)
+    over = speedup_reference(outcomes, base)  # the baseline, or the fastest verified cell when it failed
+    rows, curves = [], []
+    versions = meta.setdefault("versions", {})
+    for o in outcomes:
+        row = schema.cell_columns(o.cell, o.host)
+        p = o.cell.problem
+        # a failed cell's partial samples are kept, but summarised by nothing: no median of a broken run
+        summary = Stats.of(o.samples if o.status == "ok" and o.samples else [])
+        row.update(status=o.status, error=o.error[-4000:] if o.error else "", compile_s=o.compile_s,
+                   peak_rss_mb=o.peak_rss_mb, **summary.as_dict(), baseline=base_name,
+                   samples_s=[float(s) for s in (o.samples or [])], samples_block=list(o.blocks or []))
+        if o.status == "ok" and summary.n_samples:
+            work = "train_step" if p.workload == "train" else p.workload
+            row["gflops"] = p.flops(work) / summary.median_s / 1e9
+        row.update(peak_columns(o.cell, gemm_peaks or {}, gpu_roofs))
+        row["baseline_status"] = base.status if base is not None else "absent"
+        if o.status == "ok" and p.workload != "train" and over is not None and o.samples:
+            row["speedup"], row["speedup_lo"], row["speedup_hi"] = paired_speedup(over.samples, o.samples,
+                                                                                  blocks=o.blocks)
+            row["speedup_over"] = over.cell.backend
+        row.update(precision_columns(o, over, row))
+        if o.verify:
+            row["verified_ratio"] = o.verify["ratio"]
+            conformance_entry(meta, o.cell.backend, o.verify)
+        if o.data_meta and "loss_floor" in o.data_meta:
+            row["loss_floor"] = o.data_meta["loss_floor"]
+        if o.versions:
+            versions[backends.split_name(o.cell.backend)[0]] = o.versions
+        if o.worker_env:
+            meta.setdefault("worker_env", {})[o.cell.backend] = o.worker_env
+        if o.train:
+            t = o.train
+            row.update(time_to_target_s=t["time_to_target_s"], train_s=t["train_s"], eval_s=t["eval_s"])
+            evals = [c["loss"] for c in t["curve"] if c["split"] == "eval"]
+            row["final_loss"] = evals[-1] if evals else None
+            for c in t["curve"]:
+                curves.append({k: row[k] for k in schema.CURVE_ID_COLUMNS}
+                              | c | {"time_to_target_s": t["time_to_target_s"], "target_loss": o.cell.train.target_loss,
+                                     "loss_floor": row.get("loss_floor")})
+        rows.append(row)
+    return rows, curves
+
+
+def peak_columns(cell, gemm_peaks: dict, gpu_roofs: dict | None) -> dict:
+    """The roof a cell's GFLOP/s is read against: the CPU's NumPy GEMM, or the GPU's cuBLAS rates."""
+    p = cell.problem
+    if p.device == "cpu":
+        return {"gemm_peak_gflops": gemm_peaks.get(f"{p.dtype}|threads={cell.threads}")}
+    roofs = gpu_roofs or {}
+    fp32 = p.dtype == "float32"
+    return {"gemm_peak_gflops": roofs.get("gemm_fp32_gflops" if fp32 else "gemm_fp64_gflops"),
+            "gpu_tf32_gflops": roofs.get("gemm_tf32_gflops") if fp32 else None,
+            "gpu_bandwidth_gbs": roofs.get("bandwidth_gbs")}
+
+
+def precision_columns(o, base, row: dict) -> dict:
+    """schema.PRECISION_COLUMNS of one timed cell: its speedup's precision against the target (the
+    interval the row reports, by the test the stop rule used) and its disturbed rounds, all kept."""
+    if o.status != "ok" or not o.samples or o.cell.problem.workload == "train":
+        return {}
+    target = o.cell.timing.speedup_precision
+    mine = stats.disturbed(o.samples)
+    cols = dict.fromkeys(schema.PRECISION_COLUMNS)
+    processes = o.cell.timing.processes
+    cols.update(speedup_precision=target, stop_reason=o.stop_reason, n_disturbed_rounds=sum(mine),
+                n_processes=processes, n_passes=len({b // processes for b in o.blocks or []}))
+    if o is not base and "speedup" in row:
+        n = min(len(base.samples), len(o.samples))
+        theirs = stats.disturbed(base.samples)[:n]
+        cols["n_disturbed_shared"] = sum(a and b for a, b in zip(mine, theirs))
+        cols["n_disturbed_one_sided"] = sum(a != b for a, b in zip(mine, theirs))
+        point, lo, hi = row["speedup"], row["speedup_lo"], row["speedup_hi"]
+        cols["speedup_half_width"] = stats.half_width(point, lo, hi)
+        if target is not None:
+            cols["precision_met"] = stats.precision_met(point, lo, hi, n, target)
+    return cols
+
+
+def speedup_reference(outcomes: list, base):
+    """What a group's speedups are measured against: its baseline when that ran (and verified) ok;
+    otherwise the fastest cell that did, named on every row (``speedup_over``) and in the summaries."""
+    if base is not None and base.status == "ok" and base.samples:
+        return base
+    ran = [o for o in outcomes if o.status == "ok" and o.samples and o.cell.problem.workload != "train"]
+    return min(ran, key=lambda o: statistics.median(o.samples), default=None)
+
+
+def conformance_entry(meta: dict, backend: str, verify: dict) -> None:
+    """run.json's per-backend summary of the cell checks (a ratio <= 1 is within SPEC bounds)."""
+    entry = meta.setdefault("conformance", {}).setdefault(
+        backend, {"verified_cells": 0, "mismatches": 0, "worst_ratio": 0.0, "bound": verify["bound"]})
+    entry["verified_cells"] += 1
+    entry["mismatches"] += 0 if verify["ok"] else 1
+    entry["worst_ratio"] = max(entry["worst_ratio"], verify["ratio"])
