@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import measure
+from harness import lifeline, measure
 from harness.errors import HarnessError
 
 MARKER = "harness-env.json"
@@ -172,7 +172,8 @@ class _StageError(Exception):
 
 
 def _run(cmd: list[str], stage: str, env: dict | None = None) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    # the harness's own programs among them (the BLAS probe) die with this process
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=lifeline.child_environ(env))
     if proc.returncode != 0:
         lines = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
         errors = [line for line in lines if line.lower().startswith("error")]  # pip's and uv's own verdict
