@@ -251,3 +251,41 @@ def test_resume_ends_a_stale_worker_of_the_killed_run_by_its_recorded_pid(fake_b
         for p in (stale, other):
             p.kill()
             p.wait()
+
+
+WATCHED_CHILD = """
+import time
+from harness import lifeline
+lifeline._kernel_guard = lambda: False  # as on a platform without prctl
+assert lifeline.die_with_parent() == "watch"
+print("ready", flush=True)
+time.sleep(60)
+"""
+MIDDLE = """
+import subprocess, sys, time
+from harness import lifeline
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], env=lifeline.child_environ(), stdout=sys.stdout)
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_without_prctl_a_running_child_watches_its_parent_and_quits_with_it(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    middle = subprocess.Popen([sys.executable, "-c", MIDDLE, WATCHED_CHILD], env=env, stdout=subprocess.PIPE, cwd=tmp_path)
+    child = None
+    try:
+        child = int(middle.stdout.readline())
+        assert middle.stdout.readline().strip() == b"ready"
+        middle.kill()
+        middle.wait()
+        deadline = time.monotonic() + 2
+        while _state(child) not in (None, "Z") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _state(child) in (None, "Z")
+    finally:
+        middle.kill()
+        middle.wait()
+        middle.stdout.close()
+        if child is not None and _state(child) not in (None, "Z"):
+            os.kill(child, signal.SIGKILL)
