@@ -73,6 +73,7 @@ def run_cmd(
                         raise HarnessError("--resume takes one config (the one the run was started with)")
                     loaded = [load_config(configs[0], _split_csv(backends_opt), profile)]
                     stores.append(RunStore.open(resume, lock=True, fingerprint=config_fingerprint(loaded[0])))
+                    _end_stale_workers(stores[0].path)
                 else:
                     loaded = [load_config(c, _split_csv(backends_opt), profile) for c in configs]
                     for cfg in loaded:
@@ -113,6 +114,17 @@ def run_cmd(
         finally:
             for store in stores:
                 store.close()
+
+
+def _end_stale_workers(folder: Path) -> None:
+    """End the workers a killed runner of this run left running, saying so (with the kernel's
+    guarantee, Linux, there are none: each worker died with its runner)."""
+    from harness.run.lifeline import end_stale
+
+    ended = end_stale(folder)
+    if ended:
+        err_console.print(f"{folder}: {len(ended)} worker(s) of the interrupted runner were still running "
+                          f"(pid {', '.join(map(str, ended))}); ended them", highlight=False)
 
 
 def _close_run(store, interrupted: bool = False, quiet: bool = False) -> bool:

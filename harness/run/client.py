@@ -18,8 +18,7 @@ import weakref
 from contextlib import contextmanager
 from pathlib import Path
 
-from harness.run import envs
-from harness.run import protocol
+from harness.run import envs, lifeline, protocol
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 OOM_MARKERS = ("MemoryError", "std::bad_alloc", "out of memory", "OutOfMemory", "RESOURCE_EXHAUSTED")
@@ -192,7 +191,8 @@ class WorkerProcess:
         self.peak_rss_mb: float | None = None
         self.oom_kills = _oom_kills()
         self.proc = subprocess.Popen([python, "-m", "harness.run.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.stderr, env=env, cwd=str(PROJECT_ROOT), start_new_session=True)
+                                     stderr=self.stderr, env=lifeline.child_environ(env), cwd=str(PROJECT_ROOT),
+                                     start_new_session=True)
         _LIVE.add(self)
         self.buf = b""
         self.paused = False

@@ -129,18 +129,24 @@ def merge_fragment(meta: dict, result: dict) -> None:
         host["gpu_roofs"] = result["gpu_roofs"]
 
 
-def _cpu_slices_plugin(slices: list[list[int]]):
-    """A Dask worker plugin giving each local worker its own slice of this machine's cores."""
+def _local_worker_plugin(slices: list[list[int]], runner_pid: int):
+    """A Dask worker plugin for the local cluster's workers: each gets its own slice of this machine's
+    cores, and dies with the runner (``runner_pid``, their parent) however the runner dies, as the
+    benchmark workers it starts die with it (:mod:`harness.run.lifeline`)."""
     from distributed.diagnostics.plugin import WorkerPlugin
 
-    class CpuSlices(WorkerPlugin):
-        name = "harness-cpu-slices"
+    class LocalWorker(WorkerPlugin):
+        name = "harness-local-worker"
 
         def setup(self, worker):
+            from harness.run import lifeline
+
+            # set on the worker process's main thread (its event loop), which lives as long as it
+            lifeline.die_with_parent(runner_pid)
             index = int(worker.name) if str(worker.name).isdigit() else 0
             worker.harness_cpus = slices[index % len(slices)]
 
-    return CpuSlices()
+    return LocalWorker()
 
 
 def cpu_slices(n_workers: int) -> list[list[int]]:
@@ -176,7 +182,7 @@ class DaskExecutor:
                 n_workers=len(slices), threads_per_worker=1, processes=True, dashboard_address=None,
                 resources={"cores": len(slices[0])}, silence_logs=40)
         client = distributed.Client(self._cluster)
-        client.register_plugin(_cpu_slices_plugin(slices))
+        client.register_plugin(_local_worker_plugin(slices, os.getpid()))
         return client
 
     def run(self, runner, groups, progress=None, task_id=None) -> None:

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.run import measure
+from harness.run import lifeline, measure
 from harness.spec import environments
 # the folders and the recipe type live in the spec layer, where backends read them
 from harness.spec.environments import MARKER, Recipe, current_env, env_dir, env_python, home  # noqa: F401
@@ -95,7 +95,8 @@ class _StageError(Exception):
 
 
 def _run(cmd: list[str], stage: str, env: dict | None = None) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    # the harness's own programs among them (the BLAS probe) die with this process
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=lifeline.child_environ(env))
     if proc.returncode != 0:
         lines = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
         errors = [line for line in lines if line.lower().startswith("error")]  # pip's and uv's own verdict

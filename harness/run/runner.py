@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import groupby
 
-from harness.run import envs, machine, measure, protocol
+from harness.run import envs, lifeline, machine, measure, protocol
 # the worker client's names, importable from here as they always were
 from harness.run.client import (WorkerFailure, WorkerProcess, classify_exit, worker_cpus,  # noqa: F401
                             worker_environment, worker_settings)
@@ -116,6 +116,9 @@ class Runner:
         self.gemm_peaks: dict[str, float] = dict(store.meta.get("gemm_peak_gflops", {}))
         self.gpu_roofs: dict | None = store.meta.get("gpu_roofs")
         self._live: set[WorkerProcess] = set()  # every worker started and not yet closed
+        # ... listed in the results folder too, for a --resume after this process was killed
+        folder = getattr(store, "path", None)
+        self._record = lifeline.WorkerRecord(folder) if folder is not None else None
 
     # -- progress helpers ----------------------------------------------------------
     def _say(self, text: str) -> None:
@@ -126,11 +129,15 @@ class Runner:
     def _spawn(self, environment: str | None, env: dict, label: str, recorded: dict | None = None) -> WorkerProcess:
         worker = WorkerProcess(environment, env, label, recorded)
         self._live.add(worker)
+        if self._record is not None:
+            self._record.add(worker.proc.pid)
         return worker
 
     def _close(self, worker: WorkerProcess) -> None:
         self._live.discard(worker)
         worker.close()
+        if self._record is not None:
+            self._record.remove(worker.proc.pid)
 
     def _kill_all(self) -> None:
         """Kill every worker still running (an interrupt at any phase must leave none behind)."""
@@ -138,6 +145,8 @@ class Runner:
             worker = self._live.pop()
             worker.kill()
             worker.stderr.close()
+            if self._record is not None:
+                self._record.remove(worker.proc.pid)
 
     # -- running ---------------------------------------------------------------------
     def pending_groups(self) -> list[list[Cell]]:

@@ -18,6 +18,12 @@ import sys
 import traceback
 from dataclasses import asdict
 
+from harness.run import lifeline
+
+# First of all: this process dies with the runner that started it, even one killed with SIGKILL
+# while this worker is stopped, compiling or in a long step.
+lifeline.die_with_parent()
+
 # A cell with `threads: N` runs on N cores: the runner names them, and they are set before
 # any library starts a thread pool (XLA's, for one, sizes its pool from the cores it may
 # use and ignores the thread variables).
