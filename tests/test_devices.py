@@ -174,7 +174,6 @@ def test_gpu_roofs_request_travels_the_worker_protocol():
 
 
 def test_no_gpu_means_no_roofs_and_a_note(tmp_path):
-    from harness.results.rows import peak_columns
     from harness.results.store import RunStore
     from harness.run.runner import Runner, new_run_meta
 
@@ -182,7 +181,7 @@ def test_no_gpu_means_no_roofs_and_a_note(tmp_path):
     said = []
     runner = Runner(cfg, RunStore(tmp_path / "run", new_run_meta(cfg)))
     runner._say = said.append
-    runner._measure_gpu_roofs()
+    runner.measure_roofs([c for c in cfg.cells() if c.problem.device == "gpu"])
     try:
         import torch
 

@@ -134,20 +134,22 @@ def test_an_interrupt_between_passes_keeps_the_first_pass_for_resume(fake_backen
     text = STEP + "backends: [ref, 'ref:slow']\n" + FAST_TIMING.replace("timeout_s: 4}", "timeout_s: 4, passes: 2}")
     cfg = load_config(write_config(text))
     store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
-    visit = Runner._visit
+    from harness.run.group import GroupRun
 
-    def second_pass_interrupted(self, state, progress, task_id):
-        if state.passes_done == 1:
+    visit = GroupRun.run_pass
+
+    def second_pass_interrupted(self, describe=None, record=None):
+        if self.passes_done == 1:
             raise KeyboardInterrupt
-        return visit(self, state, progress, task_id)
+        return visit(self, describe, record)
 
-    monkeypatch.setattr(Runner, "_visit", second_pass_interrupted)
+    monkeypatch.setattr(GroupRun, "run_pass", second_pass_interrupted)
     with pytest.raises(KeyboardInterrupt):
         Runner(cfg, store).run()
     kept = RunStore.open(tmp_path / "run").meta["unfinished_groups"]
     (first,) = kept.values()
     assert first["passes_done"] == 1 and not RunStore.open(tmp_path / "run").timings
-    monkeypatch.setattr(Runner, "_visit", visit)
+    monkeypatch.setattr(GroupRun, "run_pass", visit)
     resumed = RunStore.open(tmp_path / "run")
     Runner(cfg, resumed).run()
     finish_meta(resumed)
@@ -303,6 +305,7 @@ def test_only_the_timed_worker_runs_while_it_is_timed(fake_backends, write_confi
     # idle library threads of the other workers (BLAS or OpenMP pools spinning after their
     # last call) must not share the cores of the worker being timed: they are stopped
     from harness.run.client import _process_state as _state
+    from harness.run.client import live_workers
     from harness.run.runner import WorkerProcess
 
     cfg = load_config(write_config(STEP + "backends: [ref, 'ref:slow']\n" + FAST_TIMING))
@@ -314,7 +317,7 @@ def test_only_the_timed_worker_runs_while_it_is_timed(fake_backends, write_confi
 
     def watched(self, req, timeout_s):
         if req.cmd in ("calibrate", "rounds"):
-            others = [w for w in runner._live if w is not self and w.proc.poll() is None]
+            others = [w for w in live_workers() if w is not self and w.proc.poll() is None]
             seen.append((req.cmd, _state(self.proc.pid), [_state(w.proc.pid) for w in others]))
         return original(self, req, timeout_s)
 
@@ -325,7 +328,7 @@ def test_only_the_timed_worker_runs_while_it_is_timed(fake_backends, write_confi
         assert mine != "T" and len(others) == 1 and set(others) == {"T"}, (cmd, mine, others)
     t = harness.load_run(tmp_path / "run").timings
     assert set(t["status"]) == {"ok"} and (t["n_samples"] >= 4).all()
-    assert not runner._live  # every worker closed (a paused one is resumed to hear its quit)
+    assert not live_workers()  # every worker closed (a paused one is resumed to hear its quit)
 
 
 def test_several_processes_per_cell_take_the_rounds_in_turn(fake_backends, write_config, tmp_path, monkeypatch):

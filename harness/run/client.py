@@ -31,11 +31,18 @@ PLUMBING_VARS = ("PYTHONUNBUFFERED",)
 _LIVE: "weakref.WeakSet[WorkerProcess]" = weakref.WeakSet()
 
 
+def live_workers() -> list["WorkerProcess"]:
+    """The workers this process started and has not yet ended (the one registry of them)."""
+    return list(_LIVE)
+
+
 def kill_all_workers() -> int:
     """Kill every worker this process started that is still running; their number."""
     workers = list(_LIVE)
     for worker in workers:
         worker.kill()
+        if not worker.stderr.closed:
+            worker.stderr.close()
     return len(workers)
 
 
@@ -183,7 +190,8 @@ class WorkerProcess:
     ``env`` is its whole process environment; ``recorded`` the part of it the run chose
     (see :func:`worker_settings`), kept as ``.env`` for run.json."""
 
-    def __init__(self, environment: str | None, env: dict, label: str, recorded: dict | None = None):
+    def __init__(self, environment: str | None, env: dict, label: str, recorded: dict | None = None,
+                 record: "lifeline.WorkerRecord | None" = None):
         python = str(envs.ensure_env(environment)) if environment else sys.executable
         self.label = label
         self.stderr = tempfile.TemporaryFile()
@@ -194,6 +202,9 @@ class WorkerProcess:
                                      stderr=self.stderr, env=lifeline.child_environ(env), cwd=str(PROJECT_ROOT),
                                      start_new_session=True)
         _LIVE.add(self)
+        self.record = record  # the run folder's list of live workers, for a --resume after a SIGKILL
+        if record is not None:
+            record.add(self.proc.pid)
         self.buf = b""
         self.paused = False
         # what the run set for this worker (recorded with the cell), not what it inherited
@@ -309,6 +320,8 @@ class WorkerProcess:
             except (ProcessLookupError, PermissionError):
                 self.proc.kill()
             self.proc.wait()
+        if self.record is not None:
+            self.record.remove(self.proc.pid)
 
     def close(self) -> None:
         """Ask the worker to quit; kill it when it does not."""

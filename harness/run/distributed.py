@@ -2,7 +2,7 @@
 
 The unit of distribution is a pass over a comparison group, never a single cell: the cells
 of a group are timed side by side in interleaved rounds, so they must share one host. On a
-Dask worker a pass runs exactly as it does locally (:meth:`Runner._visit`: a fresh worker
+Dask worker a pass runs exactly as it does locally (:meth:`GroupRun.run_pass`: a fresh worker
 subprocess per cell, the same verification and timing); a group with ``timing.passes`` gets
 its next pass as a new task on the same host, queued behind the passes already asked for (so
 its passes lie apart), and its rows stream back into the one run folder as groups finish.
@@ -56,17 +56,6 @@ def unmet_need(need: dict[str, int], offers: list[dict[str, float]]) -> str | No
     return f"unavailable: no Dask worker declares the resources this group needs ({wanted}); workers declare: {seen}"
 
 
-class _MemoryStore:
-    """What a :class:`Runner` writes into on a Dask worker: nothing but the roofs it measures; the
-    group's outcomes go back to the client, whose store makes the rows."""
-
-    def __init__(self):
-        self.meta: dict = {}
-
-    def done_cells(self) -> set[str]:
-        return set()
-
-
 _HOST_PEAKS: dict[str, float] = {}  # GEMM peaks this worker process measured (per dtype and threads)
 _HOST_ROOFS: dict[str, dict] = {}  # this host's GPU roofs, once measured
 
@@ -85,27 +74,25 @@ def _pin_to_worker_cpus() -> None:
 
 def run_group_task(config, group, saved: dict | None = None) -> dict:
     """Run one pass over a comparison group on this (Dask worker's) host, from where ``saved`` (a
-    :meth:`GroupTiming.saved` of its earlier passes, or None) left it. Returns this host's facts
-    and either the group's outcomes (it is finished) or ``saved`` for its next pass."""
-    from harness.run import machine
-    from harness.run.runner import GroupTiming, Runner
+    :meth:`GroupRun.saved` of its earlier passes, or None) left it: the same
+    :meth:`GroupRun.run_pass` a local run makes, with the same stop rule carried in ``saved``.
+    Returns this host's facts and either the group's outcomes (it is finished) or ``saved`` for
+    its next pass."""
+    from harness.run import machine, roofs
+    from harness.run.group import GroupRun
 
     _pin_to_worker_cpus()
-    store = _MemoryStore()
-    runner = Runner(config, store)
-    runner.gemm_peaks.update(_HOST_PEAKS)
-    runner._measure_gemm_peaks(group)
-    _HOST_PEAKS.update(runner.gemm_peaks)
-    runner.gpu_roofs = _HOST_ROOFS.get("roofs")
-    runner._measure_gpu_roofs(group)
-    if runner.gpu_roofs:
-        _HOST_ROOFS["roofs"] = runner.gpu_roofs
-    state = GroupTiming.restore(group, saved)
-    runner._visit(state, None, None)
+    _HOST_PEAKS.update(roofs.gemm_peaks(group, _HOST_PEAKS))
+    if "roofs" not in _HOST_ROOFS:
+        found = roofs.gpu_roofs(group)
+        if found is not None:
+            _HOST_ROOFS["roofs"] = found
+    state = GroupRun.restore(group, saved)
+    state.run_pass()
     done = {"outcomes": state.ordered() if state.finished else None,
             "saved": None if state.finished else state.saved()}
     return {**done, "host": machine.host_name(), "machine": machine.machine_info(),
-            "gemm_peak_gflops": dict(runner.gemm_peaks), "gpu_roofs": runner.gpu_roofs, "address": _worker_host()}
+            "gemm_peak_gflops": dict(_HOST_PEAKS), "gpu_roofs": _HOST_ROOFS.get("roofs"), "address": _worker_host()}
 
 
 def _worker_host() -> str | None:
@@ -242,7 +229,7 @@ class DaskExecutor:
 
     @staticmethod
     def _record_failed(runner, group, status: str, reason: str) -> None:
-        from harness.run.runner import Outcome
+        from harness.run.group import Outcome
 
         runner.store.add_group([Outcome(cell, status, reason) for cell in group])  # host None: it ran nowhere
 

@@ -222,6 +222,26 @@ class StopRule:
         self._pass_start: dict[str, int] = {}  # cell -> its rounds before the pass under way
         self.pending: set[str] | None = None  # after a pass that checked the target: the cells still short of it
 
+    # what of the rule carries from one pass to the next (a group run saves it between passes, so a
+    # pass run on another process or host, or after --resume, stops by the same rule)
+    _CARRIED = ("pass_index", "n_cells", "reason", "widths", "n_checks", "pending")
+
+    def state(self) -> dict:
+        """The rule's state between passes, as plain JSON values."""
+        out = {k: getattr(self, k) for k in self._CARRIED}
+        out["pending"] = sorted(self.pending) if self.pending is not None else None
+        out["next_check"] = dict(self._next_check)
+        return out
+
+    def restore(self, state: dict | None) -> "StopRule":
+        """Take up the state :meth:`state` saved (None: as new); returns the rule."""
+        if state:
+            for k in self._CARRIED:
+                setattr(self, k, state[k])
+            self.pending = set(state["pending"]) if state["pending"] is not None else None
+            self._next_check = dict(state["next_check"])
+        return self
+
     def start_pass(self, index: int, samples: dict[str, list[float]]) -> None:
         """Pass ``index`` (from 0) begins, after the rounds in ``samples`` (by cell id)."""
         self.pass_index = index

@@ -1,0 +1,328 @@
+"""A comparison group as one unit of work: its cells, its passes, its stop rule and its
+interleaved rounds, run the same way by the local runner, by a Dask task and after ``--resume``.
+
+The cells of one group (same problem, different backends) are timed side by side: each gets
+its own warmed worker, and the workers take their rounds in turn (A B C A B C ...), so a drift
+of the machine's speed hits every backend alike. With ``timing.passes`` the group is visited
+several times with fresh workers (:meth:`GroupRun.run_pass`), and between passes the whole group,
+its stop rule included, is kept as plain JSON (:meth:`GroupRun.saved`): a pass run in another
+process, on another host or after an interrupt takes it up (:meth:`GroupRun.restore`) and stops
+by the same rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.run import envs, machine, measure, protocol
+from harness.run.client import WorkerFailure, WorkerProcess, worker_settings
+from harness.run.config import Cell
+from harness.spec.errors import HarnessError
+
+
+@dataclass
+class Outcome:
+    """What happened to one cell."""
+
+    cell: Cell
+    status: str = "ok"
+    error: str = ""
+    compile_s: float | None = None
+    samples: list | None = None
+    peak_rss_mb: float | None = None
+    versions: dict | None = None
+    data_meta: dict | None = None
+    train: dict | None = None
+    worker_env: dict | None = None
+    verify: dict | None = None
+    host: str | None = None  # where it ran (a run spread over a cluster names each cell's host)
+    stop_reason: str | None = None  # why the group's interleaved rounds stopped (floor | target | cap)
+    blocks: list | None = None  # per round, the (pass, process) block that took it (TimingPolicy.round_block)
+
+
+@dataclass
+class GroupRun:
+    """A comparison group across its passes: each cell's outcome, its rounds so far and the stop rule."""
+
+    group: list[Cell]
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    samples: dict[str, list[float]] = field(default_factory=dict)  # the timed cells' rounds, all passes
+    inner: dict[str, int] = field(default_factory=dict)  # calls per round, calibrated in the first pass
+    blocks: list[int] = field(default_factory=list)  # the block of each of the group's rounds, in order
+    timed_s: float = 0.0  # seconds of interleaved rounds so far, all passes (the cap counts them)
+    passes_done: int = 0
+    wants_pass: bool = False  # the stop rule asked for another pass, and a timed cell is left for it
+    rule: measure.StopRule = None  # the group's one stop rule, across its passes
+
+    def __post_init__(self):
+        if self.rule is None:
+            self.rule = measure.stop_rule(self.policy)
+
+    @property
+    def policy(self) -> measure.TimingPolicy:
+        return measure.TimingPolicy.of(self.group[0].timing)
+
+    @property
+    def finished(self) -> bool:
+        """Visited, and the stop rule wants no further pass (or nothing is left to time)."""
+        return self.passes_done > 0 and not self.wants_pass
+
+    @property
+    def pending(self) -> set[str] | None:
+        """The cells the next pass is for, beside the baseline (None: all): those short of the target."""
+        return self.rule.pending
+
+    @property
+    def key(self) -> str:
+        return self.group[0].group_key
+
+    @property
+    def baseline_id(self) -> str | None:
+        return next((c.cell_id for c in self.group if c.backend == self.group[0].baseline), None)
+
+    def ordered(self) -> list[Outcome]:
+        return [self.outcomes[c.cell_id] for c in self.group]
+
+    # what run.json keeps of a group between its passes, so that --resume goes on where an interrupt stopped it
+    _KEPT = ("status", "error", "compile_s", "samples", "peak_rss_mb", "versions", "data_meta", "train",
+             "worker_env", "verify", "host", "stop_reason", "blocks")
+
+    def saved(self) -> dict:
+        """The group between passes, as plain JSON values (run.json keeps it; a Dask task returns it)."""
+        return {"passes_done": self.passes_done, "timed_s": self.timed_s, "inner": self.inner, "blocks": self.blocks,
+                "timed": list(self.samples), "rule": self.rule.state(),
+                "outcomes": {cid: {k: getattr(o, k) for k in self._KEPT} for cid, o in self.outcomes.items()}}
+
+    @classmethod
+    def restore(cls, group: list[Cell], saved: dict | None) -> "GroupRun":
+        """The group as :meth:`saved` kept it after its last finished pass (a fresh one without)."""
+        state = cls(group)
+        cells = {c.cell_id: c for c in group}
+        if not saved or set(saved.get("outcomes", {})) != set(cells):
+            return state
+        state.outcomes = {cid: Outcome(cells[cid], **kept) for cid, kept in saved["outcomes"].items()}
+        state.samples = {cid: state.outcomes[cid].samples or [] for cid in saved["timed"]}
+        state.inner, state.blocks = dict(saved["inner"]), list(saved["blocks"])
+        state.timed_s, state.passes_done = float(saved["timed_s"]), int(saved["passes_done"])
+        if "rule" in saved:
+            state.rule.restore(saved["rule"])
+        else:  # kept by an earlier version: the cells still short of the target is all it knew
+            state.rule.pending = set(saved["pending"]) if saved.get("pending") is not None else None
+        state.wants_pass = True  # kept only between passes
+        return state
+
+    def run_pass(self, describe=None, record=None) -> list[Outcome]:
+        """One pass over the group: fresh warmed workers for the cells being timed, rounds in turn until
+        the stop rule ends the pass; the outcomes so far, in the group's order. The first pass also
+        screens the cells and runs the training ones. ``describe(text)`` hears what is under way
+        (after the label of the group and pass); ``record`` lists the workers in the run folder."""
+        state = self
+        group, policy = state.group, state.policy
+        head = group[0]
+        label = f"{head.problem.workload} {head.problem.model.describe()} B={head.problem.batch} {head.problem.dtype} threads={head.threads}"
+        if policy.pass_limit > 1:
+            most = policy.passes if policy.pass_limit == policy.passes else f"{policy.passes}-{policy.pass_limit}"
+            label += f" · pass {state.passes_done + 1} of {most}"
+
+        tell = describe
+
+        def describe(text):
+            if tell is not None:
+                tell(f"{label} · {text}")
+
+        first = state.passes_done == 0
+        state.wants_pass = False
+        pending = state.pending
+        workers: dict[str, list[WorkerProcess]] = {}
+        try:
+            for cell in group:
+                cid = cell.cell_id
+                if first:
+                    screened = self._screen(cell)
+                    if screened is not None:
+                        state.outcomes[cid] = screened
+                        continue
+                    if cell.problem.workload == "train":
+                        state.outcomes[cid] = self._train_cell(cell, describe, record)
+                        continue
+                elif cid not in state.samples or state.outcomes[cid].status != "ok":
+                    continue
+                elif pending is not None and cid not in pending and cid != state.baseline_id:
+                    continue  # its speedup is already within the target
+                started, procs = self._start_processes(cell, describe, record, verify=first)
+                if first:
+                    state.outcomes[cid] = started
+                elif not procs:  # a later pass's fresh process failed where the first did not: the cell failed
+                    state.outcomes[cid].status, state.outcomes[cid].error = started.status, started.error
+                if procs:
+                    workers[cid] = procs
+                    state.samples.setdefault(cid, [])
+            if workers:
+                self._interleave(workers, describe)
+        finally:
+            for procs in workers.values():
+                for w in procs:
+                    w.close()
+            state.passes_done += 1
+            here = machine.host_name()
+            for outcome in state.outcomes.values():
+                outcome.host = outcome.host or here
+        return self.ordered()
+
+    def _start_processes(self, cell: Cell, describe, record, verify: bool = True) -> tuple[Outcome, list[WorkerProcess]]:
+        """The cell's ``timing.processes`` warmed workers (the first one verified, if ``verify``), each
+        paused as soon as it is ready, so that the next one's start and compile time are taken alone too."""
+        n = cell.timing.processes
+        procs: list[WorkerProcess] = []
+        outcome = None
+        for k in range(n):
+            say = describe if n == 1 else (lambda text, k=k: describe(f"{text} (process {k + 1} of {n})"))
+            worker, started = self._start(cell, say, record, verify=verify and k == 0)
+            if outcome is None:
+                outcome = started
+            elif worker is None:  # a later process failed where the first did not: the cell failed
+                outcome.status, outcome.error = started.status, started.error
+            if worker is None:
+                for w in procs:
+                    w.close()
+                return outcome, []
+            worker.pause()
+            procs.append(worker)
+        return outcome, procs
+
+    def _train_cell(self, cell: Cell, describe, record) -> Outcome:
+        worker, outcome = self._start(cell, describe, record)
+        if worker is None:
+            return outcome
+        try:
+            describe(f"{cell.backend}: training")
+            budget = cell.train.time_budget_s
+            timeout = cell.timing.timeout_s + (3 * budget if budget else 0)
+            result = worker.request(protocol.Train(protocol.TrainSettings.of(cell.train, cell.seed)), timeout)
+            outcome.train = result.body
+            outcome.samples = result["step_samples"]
+            outcome.peak_rss_mb = result.peak_rss_mb
+            if result["status"] != "ok":
+                outcome.status, outcome.error = result["status"], str(result["stop"])
+        except WorkerFailure as exc:
+            outcome.status, outcome.error = exc.status, str(exc)
+        finally:
+            worker.close()
+        return outcome
+
+    def _interleave(self, workers: dict[str, list[WorkerProcess]], describe) -> None:
+        """One pass of rounds of the group's warmed workers in turn, until the stop rule ends it. With
+        several processes per cell, round ``i`` of the pass runs in the cell's process ``i % processes``."""
+        state = self
+        group, policy = state.group, state.policy
+        rule, outcomes, samples, inner = state.rule, state.outcomes, state.samples, state.inner
+        base = state.baseline_id
+        alive = dict(workers)
+
+        def fail(cid, exc):
+            outcomes[cid].status, outcomes[cid].error = exc.status, str(exc)
+            for w in alive.pop(cid):
+                w.close()
+
+        def alone(cid, k: int = 0) -> WorkerProcess:
+            """cid's k-th worker, with every other worker of the group paused while it is timed."""
+            me = alive[cid][k]
+            for procs in alive.values():
+                for w in procs:
+                    if w is not me:
+                        w.pause()
+            me.resume()
+            return me
+
+        start = None
+        try:
+            for cid in list(alive):
+                if cid in inner:  # calibrated in an earlier pass: every pass runs the same rounds
+                    continue
+                try:  # the processes of a cell run the same code on the same data: one calibration
+                    inner[cid] = alone(cid).request(protocol.Calibrate(policy.target_round_s), policy.timeout_s)["inner"]
+                except WorkerFailure as exc:
+                    fail(cid, exc)
+            rule.start_pass(state.passes_done, {c: samples[c] for c in alive})
+            start = measure.clock_ns()
+            n_round = 0
+
+            def done() -> bool:
+                return rule.done({c: samples[c] for c in alive}, {c: inner[c] for c in alive},
+                                 base if base in alive else None, state.timed_s + measure.elapsed_s(start),
+                                 state.blocks)
+
+            while alive and not done():
+                describe(f"round {n_round + 1} ({', '.join(c.backend for c in group if c.cell_id in alive)})")
+                state.blocks.append(policy.round_block(state.passes_done, n_round))
+                k = n_round % policy.processes
+                n_round += 1
+                for cid in list(alive):
+                    try:
+                        reply = alone(cid, k).request(protocol.Rounds(1, inner[cid]), policy.timeout_s)
+                        samples[cid] += reply["samples"]
+                        outcomes[cid].peak_rss_mb = max(outcomes[cid].peak_rss_mb or 0.0, reply.peak_rss_mb or 0.0)
+                    except WorkerFailure as exc:
+                        fail(cid, exc)
+        finally:
+            if start is not None:
+                state.timed_s += measure.elapsed_s(start)
+            for procs in alive.values():
+                for w in procs:
+                    w.resume()
+        state.wants_pass = rule.reason == "pass" and bool(alive)
+        for cid in workers:
+            outcomes[cid].samples = samples[cid]
+            outcomes[cid].blocks = state.blocks[:len(samples[cid])]
+            met = rule.pending is not None and cid not in rule.pending and cid != base  # its own target
+            outcomes[cid].stop_reason = "target" if met else rule.reason
+
+    @staticmethod
+    def _screen(cell: Cell) -> Outcome | None:
+        """Availability and support, decided in this process without importing heavy libraries."""
+        import backends
+        from backends.base import screen
+
+        try:
+            status, why = screen(backends.create(cell.backend), cell.problem)
+        except HarnessError as exc:
+            return Outcome(cell, "unavailable", str(exc))
+        return None if status == "ok" else Outcome(cell, status, why)
+
+    @staticmethod
+    def _start(cell: Cell, describe, record=None, verify: bool = True) -> tuple[WorkerProcess | None, Outcome]:
+        outcome = Outcome(cell)
+        p = cell.problem
+        try:
+            environment, settings = worker_settings(cell.backend, p.device, p.dtype, cell.threads, cell.env)
+            if environment and envs.env_python(environment) is None:
+                describe(f"creating isolated environment {environment!r} (first use)")
+            env = {**envs.worker_environ(environment), **settings}
+            worker = WorkerProcess(environment, env, cell.backend, recorded=settings, record=record)
+        except HarnessError as exc:
+            outcome.status, outcome.error = "unavailable", str(exc)
+            return None, outcome
+        outcome.worker_env = worker.env
+        timing = cell.timing
+        try:
+            describe(f"{cell.backend}: starting")
+            init = worker.request(protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed,
+                                                cell.threads, cell.train.lr), timing.timeout_s)
+            outcome.versions, outcome.data_meta = init.get("versions"), init.get("data_meta")
+            describe(f"{cell.backend}: compiling / warming up")
+            # training must start from the shared initial parameters: compile only, no warm steps
+            n_warm = 0 if p.workload == "train" else timing.warmup
+            warm = worker.request(protocol.WarmUp(n_warm), timing.timeout_s)
+            outcome.compile_s, outcome.peak_rss_mb = warm["compile_s"], warm.peak_rss_mb
+            if p.workload != "train" and timing.verify and verify:
+                describe(f"{cell.backend}: verifying against the reference")
+                outcome.verify = worker.request(protocol.Verify(), timing.timeout_s).body
+                if not outcome.verify["ok"]:
+                    v = outcome.verify
+                    raise WorkerFailure("mismatch", f"does not match the reference on this cell: {v['worst']} "
+                                                    f"off by {v['ratio']:.3g}x the bound {v['bound']}")
+        except WorkerFailure as exc:
+            outcome.status, outcome.error = exc.status, str(exc)
+            worker.close()
+            return None, outcome
+        return worker, outcome
