@@ -131,6 +131,8 @@ def merge_fragment(meta: dict, result: dict) -> None:
     frag = result["meta"]
     meta.setdefault("versions", {}).update(frag.get("versions", {}))
     meta.setdefault("worker_env", {}).update(frag.get("worker_env", {}))
+    if frag.get("env_overridden"):
+        meta.setdefault("env_overridden", {}).update(frag["env_overridden"])
     for backend, entry in frag.get("conformance", {}).items():
         mine = meta.setdefault("conformance", {}).setdefault(
             backend, {"verified_cells": 0, "mismatches": 0, "worst_ratio": 0.0, "bound": entry.get("bound")})

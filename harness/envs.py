@@ -134,7 +134,7 @@ class _Reporter:
 
     def __call__(self, message: str) -> None:
         if self.progress is not None:
-            self.progress.print(f"env {self.name}: {message}", highlight=False)
+            self.progress.print(f"env {self.name}: {message}", highlight=False, markup=False)
 
 
 def _base_python(recipe: Recipe) -> str | None:

@@ -117,7 +117,7 @@ class Runner:
     # -- progress helpers ----------------------------------------------------------
     def _say(self, text: str) -> None:
         if self.console is not None:
-            self.console.print(text, highlight=False)
+            self.console.print(text, highlight=False, markup=False)
 
     # -- workers ---------------------------------------------------------------------
     def _spawn(self, environment: str | None, env: dict, label: str, recorded: dict | None = None) -> WorkerProcess:
@@ -289,7 +289,9 @@ class Runner:
 
         def describe(text):
             if progress is not None:
-                progress.update(task_id, description=f"{label} · {text}")
+                from rich.markup import escape
+
+                progress.update(task_id, description=escape(f"{label} · {text}"))
 
         first = state.passes_done == 0
         state.wants_pass = False
@@ -472,6 +474,12 @@ class Runner:
                 versions[name] = o.versions
             if o.worker_env:
                 self.store.meta.setdefault("worker_env", {})[o.cell.backend] = o.worker_env
+                # a config variable the backend sets itself for its workers (XLA_FLAGS, JAX_PLATFORMS, ...):
+                # run.json says the worker got the backend's value, not the config's
+                replaced = {k: {"config": v, "worker": o.worker_env.get(k)} for k, v in o.cell.env.items()
+                            if o.worker_env.get(k) != v}
+                if replaced:
+                    self.store.meta.setdefault("env_overridden", {})[o.cell.backend] = replaced
             if o.train:
                 t = o.train
                 row.update(time_to_target_s=t["time_to_target_s"], train_s=t["train_s"], eval_s=t["eval_s"])
@@ -536,7 +544,25 @@ def new_run_meta(config: RunConfig) -> dict:
         "config_source": config.source, "baseline": config.baseline, "machine": machine.machine_info(),
         "git_commit": machine.git_commit(), "started": now.isoformat(), "finished": None,
         "env": dict(config.raw.env), "cpu_times_start": machine.cpu_times(), "harness_python": sys.version.split()[0],
+        "task_files": config.task_files, "backend_sources": backend_sources(config.backends),
     }
+
+
+def backend_sources(names) -> dict:
+    """Where each backend's class comes from; a built-in name that ``HARNESS_BACKENDS`` points at another
+    class says which class it replaced, so that a run with a swapped backend can be told from a normal one."""
+    import backends
+
+    registry = backends.registry()
+    out = {}
+    for full in names:
+        name = backends.split_name(full)[0]
+        module, cls = registry.get(name, ("?", "?"))
+        entry = {"origin": backends.origin(name), "class": f"{module}:{cls}"}
+        if entry["origin"] == "HARNESS_BACKENDS" and name in backends.REGISTRY:
+            entry["replaces"] = ":".join(backends.REGISTRY[name])
+        out[name] = entry
+    return out
 
 
 def finish_meta(store: RunStore, interrupted: bool = False) -> None:
