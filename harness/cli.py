@@ -39,7 +39,8 @@ def _split_csv(value: str | None, option: str = "--backends") -> list[str] | Non
 
 
 def _fail(exc: HarnessError, code: int = 2):
-    err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    # messages quote what the user typed (file names, backend names): never read as markup
+    err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -87,7 +88,8 @@ def run_cmd(
                 _fail(exc, 2)
 
             for cfg, store in zip(loaded, stores):
-                console.print(f"[bold]{cfg.name}[/]: {len(cfg.cells())} cells -> {store.path}", highlight=False)
+                console.print(f"[bold]{escape(cfg.name)}[/]: {len(cfg.cells())} cells -> {escape(str(store.path))}",
+                              highlight=False)
                 columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                            TextColumn("eta"), TimeRemainingColumn()]
                 try:
@@ -97,7 +99,7 @@ def run_cmd(
                     kill_all_workers()
                     _close_run(store, interrupted=True)
                     err_console.print(f"interrupted ({stopped.name}): finished cells are saved; continue with "
-                                      f"`harness run {cfg.path} --resume {store.path}`", highlight=False)
+                                      f"`harness run {cfg.path} --resume {store.path}`", highlight=False, markup=False)
                     raise typer.Exit(stopped.exit_code)
                 except HarnessError as exc:
                     _close_run(store, interrupted=True, quiet=True)  # the disk may refuse this too: say it once
@@ -135,7 +137,7 @@ def _close_run(store, interrupted: bool = False, quiet: bool = False) -> bool:
         finish_meta(store, interrupted=interrupted)
     except HarnessError as exc:
         if not quiet:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return False
     return True
 
@@ -169,10 +171,10 @@ def _draw(path: Path):
     except HarnessError:
         raise
     except Exception as exc:  # plots are a view of saved results: never lose a run over one
-        err_console.print(f"warning: plotting failed: {type(exc).__name__}: {exc}")
+        err_console.print(f"warning: plotting failed: {type(exc).__name__}: {exc}", markup=False)
         return
     for p in made:
-        console.print(f"  plot: {p}", highlight=False)
+        console.print(f"  plot: {p}", highlight=False, markup=False)
 
 
 def _print_summary(store):
@@ -185,7 +187,7 @@ def _print_summary(store):
     if df.empty:
         return
     df["label"] = backend_label(df)
-    table = Table(title=f"{store.meta.get('name')}: median per call, speedup over {store.meta.get('baseline')}")
+    table = Table(title=escape(f"{store.meta.get('name')}: median per call, speedup over {store.meta.get('baseline')}"))
     for col in ("backend", "status", "median", "speedup [95% CI]", "compile s", "note"):
         table.add_column(col, justify="right" if col in ("median", "compile s") else "left")
     last_group = None
@@ -208,7 +210,7 @@ def _print_summary(store):
             ttt = r.get("time_to_target_s")
             note = f"final loss {r['final_loss']:.3f}" + (f", target at {ttt:.2f} s" if pd.notna(ttt) else "")
         comp = f"{r['compile_s']:.2f}" if pd.notna(r.get("compile_s")) else "-"
-        table.add_row("  " + escape(r["label"]), r["status"], med, sp, comp, escape(note))
+        table.add_row("  " + escape(r["label"]), escape(str(r["status"])), med, sp, comp, escape(note))
     console.print(table)
     _print_device_ratios(df)
     note = precision_note(df)
@@ -242,7 +244,7 @@ def plot_cmd(run_dir: Annotated[Path, typer.Argument(help="A results folder.")])
     try:
         _draw(run_dir)
     except HarnessError as exc:
-        _fail(exc, 1)
+        _fail(exc, 2)
 
 
 @app.command("report")
@@ -253,9 +255,9 @@ def report_cmd(run_dir: Annotated[Path, typer.Argument(help="A results folder.")
     try:
         made = write_report(run_dir)
     except HarnessError as exc:
-        _fail(exc, 1)
+        _fail(exc, 2)
     for p in made:
-        console.print(f"  wrote {p}", highlight=False)
+        console.print(f"  wrote {p}", highlight=False, markup=False)
 
 
 @app.command("compare")
@@ -292,7 +294,7 @@ def list_cmd(json_out: Annotated[bool, typer.Option("--json", help="Machine-read
     for col in ("backend", "available", "devices", "environment", "reason"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r.full_name, "yes" if r.available else "no", ",".join(r.devices), r.environment or "main",
+        table.add_row(escape(r.full_name), "yes" if r.available else "no", ",".join(r.devices), r.environment or "main",
                       escape(r.reason))  # reasons hold install hints like 'rnn-harness[halide]', not markup
     console.print(table)
 
@@ -327,10 +329,11 @@ def check_cmd(
     checked = {r.backend for r in results if r.status in ("pass", "fail", "error")}
     missing = sorted({r.backend for r in results} - checked) if names else []
     if not checked:
-        err_console.print(f"[bold red]error:[/] no backend could be checked on device {device} "
+        err_console.print(f"[bold red]error:[/] no backend could be checked on device {escape(device)} "
                           f"(every one is unavailable or unsupported there)", highlight=False)
     elif missing:
-        err_console.print(f"[bold red]error:[/] not checked on device {device}: {', '.join(missing)}", highlight=False)
+        what = f"not checked on device {device}: {', '.join(missing)}"
+        err_console.print(f"[bold red]error:[/] {escape(what)}", highlight=False)
     raise typer.Exit(1 if bad or not checked or missing else 0)
 
 
@@ -346,7 +349,7 @@ def _print_check(results, verbose: bool):
     for name, rs in by_backend.items():
         c = Counter(r.status for r in rs)
         worst = max((r.worst_ratio for r in rs if r.status in ("pass", "fail")), default=0.0)
-        table.add_row(name, str(c["pass"]), str(c["fail"]), str(c["error"]), str(c["unsupported"]),
+        table.add_row(escape(name), str(c["pass"]), str(c["fail"]), str(c["error"]), str(c["unsupported"]),
                       str(c["unavailable"]), f"{worst:.3g}")
     console.print(table)
     for name, rs in by_backend.items():
@@ -371,7 +374,7 @@ def env_create(name: Annotated[str, typer.Argument(help="Environment name, e.g. 
         python = envs.create_env(name, force=force, progress=err_console)
     except HarnessError as exc:
         _fail(exc, 1)
-    console.print(f"environment {name} ready: {python}", highlight=False)
+    console.print(f"environment {name} ready: {python}", highlight=False, markup=False)
 
 
 @env_app.command("list")
@@ -383,7 +386,8 @@ def env_list():
     for col in ("name", "exists", "path", "packages"):
         table.add_column(col)
     for row in envs.list_envs():
-        table.add_row(row["name"], "yes" if row["exists"] else "no", row["path"], row.get("packages", ""))
+        table.add_row(escape(row["name"]), "yes" if row["exists"] else "no", escape(str(row["path"])),
+                      escape(str(row.get("packages", ""))))
     console.print(table)
 
 
@@ -396,7 +400,7 @@ def env_remove(name: Annotated[str, typer.Argument(help="Environment name.")]):
         envs.remove_env(name)
     except HarnessError as exc:
         _fail(exc, 1)
-    console.print(f"removed environment {name}")
+    console.print(f"removed environment {name}", markup=False)
 
 
 @app.command("import")
@@ -415,8 +419,8 @@ def import_cmd(
     from harness.results.store import RunStore
 
     store = RunStore.open(path)
-    console.print(f"imported {len(store.timings)} benchmarks -> {path}", highlight=False)
-    console.print(f"  speedup intervals: {store.meta['speedup_interval']}", highlight=False)
+    console.print(f"imported {len(store.timings)} benchmarks -> {path}", highlight=False, markup=False)
+    console.print(f"  speedup intervals: {store.meta['speedup_interval']}", highlight=False, markup=False)
     _print_summary(store)
 
 
@@ -435,7 +439,7 @@ def export_cmd(
         path, n, left_out = export_json(run_dir, out)
     except HarnessError as exc:
         _fail(exc, 2)
-    console.print(f"wrote {n} benchmarks -> {path}", highlight=False)
+    console.print(f"wrote {n} benchmarks -> {path}", highlight=False, markup=False)
     for why in left_out:
         console.print(escape(f"  left out {why}"), highlight=False)
 
@@ -445,7 +449,7 @@ def main():
     try:
         app()
     except HarnessError as exc:  # anything that slipped past a command's own handling
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
 
 

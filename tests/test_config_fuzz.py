@@ -2,11 +2,14 @@
 
 Each example starts from a valid config and injects one to three faults, each of which alone makes the
 config invalid: wrong types, missing and unknown keys, absurd sizes and infinities, unknown backends and
-variants, bad sweeps, deep nesting, alias bombs and self-references, duplicate keys, undecodable bytes.
+variants, bad sweeps, deep nesting, alias bombs and self-references, duplicate keys, undecodable bytes,
+Rich markup in every string field and in the file's name, relative and special task paths, special and
+oversized config files, values past the process limits.
 """
 
 import math
 import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -60,7 +63,28 @@ BAD_SWEEPS = [{"model.width": [1]}, {"model.hidden": []}, {" model.hidden": [4]}
 BOMB = "\n".join(["a: &a [x, x, x, x, x, x, x, x, x, x]"] +
                  [f"{c}: &{c} [{', '.join(['*' + p] * 10)}]" for p, c in zip("abcdefgh", "bcdefghi")]) + "\n"
 
-counts = {"configs": 0, "faults": 0}
+# text the console would read as markup ([/] closes nothing: an error; [red] vanishes from the message)
+MARKUP = ["[/]", "[red]", "[bold]x[/bold]", "[", "]", "[link=x]", "a[/]b", "\\[x]"]
+# string fields, each with a way to make a markup value invalid there
+MARKUP_FIELDS = {("name",): "{m}/x", ("backends",): ["{m}"], ("baseline",): "{m}", ("dtype",): "{m}",
+                 ("device",): "{m}", ("workloads",): ["{m}"], ("model", "kind"): "{m}", ("task", "kind"): "{m}",
+                 ("model", "activation"): "{m}", ("env",): {"{m}=": "1"}, ("sweep",): {"model.{m}": [1]},
+                 ("task", "path"): "{m}/nowhere.txt", ("description",): ["{m}"], ("profiles",): "{m}"}
+RELATIVE = ["corpus.txt", "../corpus.txt", "sub/corpus.txt", ".", "..", "~/no/such/corpus.txt", "./"]
+SPECIAL = ["/dev/zero", "/dev/null", "/dev/urandom", "/", "/proc/self/mem", "fifo"]
+CONFIG_NAMES = ["fuzz.yaml", "c[red]d.yaml", "a[/]b.yaml", "e[bold]f[/bold].yaml", "g]h[.yaml"]
+
+counts = {"configs": 0, "faults": 0, "refused": 0, "tracebacks": 0}
+
+
+def _markup(value, m: str):
+    if isinstance(value, str):
+        return value.replace("{m}", m)
+    if isinstance(value, list):
+        return [_markup(v, m) for v in value]
+    if isinstance(value, dict):
+        return {_markup(k, m): _markup(v, m) for k, v in value.items()}
+    return value
 
 
 def _set(cfg: dict, path: tuple, value) -> None:
@@ -72,8 +96,33 @@ def _set(cfg: dict, path: tuple, value) -> None:
 
 @st.composite
 def dict_fault(draw, cfg):
-    kind = draw(st.sampled_from(["type", "missing", "unknown", "absurd", "backends", "sweep", "times"]))
-    if kind == "type":
+    kind = draw(st.sampled_from(["type", "missing", "unknown", "absurd", "backends", "sweep", "times", "markup",
+                                 "relative", "special", "huge"]))
+    if kind == "markup":
+        path = draw(st.sampled_from(sorted(MARKUP_FIELDS)))
+        _set(cfg, path, _markup(MARKUP_FIELDS[path], draw(st.sampled_from(MARKUP))))
+        if path == ("task", "path"):
+            cfg["task"].update(kind="lm_text", vocab=20)
+            cfg["model"]["head"] = "softmax_xent"
+    elif kind in ("relative", "special"):  # a text file that is not there beside the config, or not a file
+        cfg["task"].update(kind="lm_text", vocab=20, path=draw(st.sampled_from(RELATIVE if kind == "relative" else SPECIAL)))
+        cfg["model"]["head"] = "softmax_xent"
+    elif kind == "huge":
+        what = draw(st.sampled_from(["env", "precision", "env-total", "loader", "threads-env", "zip-twice"]))
+        if what == "env":
+            cfg["env"] = {"BIG": "x" * draw(st.integers(128 * 1024, 300 * 1024))}
+        elif what == "env-total":
+            cfg["env"] = {f"V{i}": "x" * 100_000 for i in range(draw(st.integers(6, 9)))}
+        elif what == "precision":
+            cfg.setdefault("timing", {})["speedup_precision"] = draw(st.sampled_from([1e-300, 5e-324, 1e-5, 1e-100]))
+        elif what == "loader":
+            cfg["env"] = {draw(st.sampled_from(["LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "DYLD_INSERT_LIBRARIES",
+                                                "GCONV_PATH"])): "/tmp/x.so"}
+        elif what == "threads-env":
+            cfg["env"] = {draw(st.sampled_from(["OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES"])): "2"}
+        else:  # a key zipped with itself
+            cfg["sweep"] = {"model.hidden,model.hidden": [[4, 8]]}
+    elif kind == "type":
         path = draw(st.sampled_from(sorted(TYPED)))
         _set(cfg, path, draw(st.sampled_from(TYPED[path])))
     elif kind == "missing":
@@ -106,8 +155,13 @@ def _valid_keys(section: tuple) -> set:
 @st.composite
 def text_fault(draw, text: str):
     kind = draw(st.sampled_from(["bomb", "self-alias", "nesting", "duplicate", "bytes", "control", "not-a-mapping",
-                                 "bad-yaml"]))
-    if kind == "bomb":
+                                 "bad-yaml", "yaml11", "oversized"]))
+    if kind == "yaml11":  # octal and base-60 spellings YAML 1.1 reads as other numbers
+        text += draw(st.sampled_from(["batch: 010\n", "threads: 0777\n", "batch: 1:30\n", "seed: -010\n",
+                                      "timing: {max_time_s: 1:30.5}\n", "threads: 00\n"]))
+    elif kind == "oversized":  # a file past the reader's cap (valid YAML all through)
+        text += "description: '" + "x" * draw(st.integers(1 << 20, (1 << 20) + 5000)) + "'\n"
+    elif kind == "bomb":
         key = draw(st.sampled_from(["batch", "name", "env: {X: ", "description", "profiles: {p: {batch: "]))
         tail = {"env: {X: ": "}", "profiles: {p: {batch: ": "}}"}.get(key, "")
         text = BOMB + text + (key if key.endswith(" ") else f"{key}: ") + "*i" + tail + "\n"
@@ -154,22 +208,42 @@ def test_malformed_configs_exit_2_with_one_error_line(fake_backends, tmp_path, m
     if n_text:
         kind, raw = data.draw(text_fault(raw.decode("utf-8", "replace")))
         kinds.append(kind)
-    path = tmp_path / "fuzz.yaml"
-    path.write_bytes(raw)
+    fifo = tmp_path / "fifo"  # a task.path that would block its reader
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    (tmp_path / "corpus.txt").write_text("Some text. More text.\n" * 50)  # beside the cwd, not the config
+    monkeypatch.chdir(tmp_path)  # where a relative path must not be looked up (the config's folder is fuzz/)
+    path = tmp_path / "fuzz" / data.draw(st.sampled_from(CONFIG_NAMES))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    special = data.draw(st.sampled_from([None] * 8 + ["/dev/zero", "/dev/urandom", "fifo", "folder"]))
+    if special is None:
+        path.write_bytes(raw)
+    else:  # the config itself is no regular file: refused before anything is read from it
+        kinds.append(f"config {special}")
+        path = Path(special) if special.startswith("/") else tmp_path / f"cfg-{special}"
+        if special == "fifo" and not path.exists():
+            os.mkfifo(path)
+        elif special == "folder":
+            path.mkdir(exist_ok=True)
     result = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "out"), "--no-plots"])
     counts["configs"] += 1
     counts["faults"] += len(kinds)
     output = " ".join(result.output.split())
+    if "Traceback" in result.output or (result.exception is not None and not isinstance(result.exception, SystemExit)):
+        counts["tracebacks"] += 1
     assert result.exit_code == 2, (kinds, raw[:300], output[:500], result.exception)
     assert output.startswith(f"error: {path}: "), (kinds, output[:500])
     assert "Traceback" not in result.output
     assert len(output) < 600, (kinds, output[:700])  # a short prefix of an offending value, never all of it
+    counts["refused"] += 1
 
 
 def test_zz_report_fuzz_figures():
     """Runs after the property test (file order) and prints what it tried."""
     if counts["configs"]:
-        print(f"\nmalformed configs tried: {counts['configs']}, faults injected: {counts['faults']}")
+        print(f"\nmalformed configs tried: {counts['configs']}, faults injected: {counts['faults']}, "
+              f"refused with one line: {counts['refused']}, tracebacks: {counts['tracebacks']}")
+        assert counts["tracebacks"] == 0
         assert counts["faults"] >= counts["configs"]
     else:
         pytest.skip("the property test did not run in this session")

@@ -27,7 +27,7 @@ class _Lines:
     def __init__(self):
         self.lines = []
 
-    def print(self, line, highlight=False):
+    def print(self, line, highlight=False, markup=True):
         self.lines.append(line)
 
 

@@ -226,7 +226,8 @@ def test_resume_of_a_damaged_run_is_a_clear_error(fake_backends, tmp_path, damag
     target.write_bytes(target.read_bytes()[: len(target.read_bytes()) // 2])
     result = CliRunner().invoke(app, ["run", str(tmp_path / "cfg.yaml"), "--resume", str(tmp_path / "run")])
     assert result.exit_code == 2, result.output
-    assert f"{target}: damaged, cannot resume this run" in _error_line(result)
+    assert _error_line(result).startswith(f"error: {tmp_path / 'run'}: damaged ({damaged}: ")
+    assert "cannot resume this run" in _error_line(result)
     assert "Traceback" not in result.output
 
 

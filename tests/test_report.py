@@ -208,7 +208,7 @@ def test_report_command(small_run):
     assert "report.html" in result.output and (small_run / "report.md").exists()
     assert (small_run / "report.html").read_text().count("data:image/png;base64,") == 2
     missing = CliRunner().invoke(app, ["report", str(small_run / "nowhere")])
-    assert missing.exit_code == 1 and "not a results folder" in missing.output
+    assert missing.exit_code == 2 and "not a results folder" in missing.output
 
 
 def _browser():

@@ -107,11 +107,25 @@ def ratio_interval(a, b, n_boot: int = 2000, seed: int = 0, level: float = 0.95)
     if a.size < 3 or b.size < 3:
         return point, float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    med_a = np.median(a[rng.integers(0, a.size, size=(n_boot, a.size))], axis=1)
-    med_b = np.median(b[rng.integers(0, b.size, size=(n_boot, b.size))], axis=1)
+    med_a = _resampled_medians(a, n_boot, rng)
+    med_b = _resampled_medians(b, n_boot, rng)
     tail = (1 - level) / 2 * 100
     lo, hi = np.percentile(med_b / med_a, [tail, 100 - tail])
     return point, float(lo), float(hi)
+
+
+BOOT_CHUNK = 1 << 21  # resampled values held at once (16 MB of indices), however many rounds a side has
+
+
+def _resampled_medians(x: np.ndarray, n_boot: int, rng) -> np.ndarray:
+    """The medians of ``n_boot`` resamples of ``x``, drawn a block of resamples at a time so that memory
+    stays bounded (the same draws, in the same order, as one ``(n_boot, x.size)`` array)."""
+    rows = max(1, BOOT_CHUNK // x.size)
+    out = np.empty(n_boot)
+    for start in range(0, n_boot, rows):
+        k = min(rows, n_boot - start)
+        out[start:start + k] = np.median(x[rng.integers(0, x.size, size=(k, x.size))], axis=1)
+    return out
 
 
 def mann_whitney_p(a, b) -> float:
@@ -228,6 +242,10 @@ def compare_runs(run_a, run_b, threshold: float = 1.05, alpha: float = ALPHA) ->
             change.verdict = "not timed"
         result.cells.append(change)
     _baseline_drift(result, ta, pairs)
+    if not any((c.ratio is not None and np.isfinite(c.ratio)) or c.verdict in ("broken", "fixed") for c in result.cells):
+        # cells in common but none timed in both runs: comparing them shows nothing, not "no regression"
+        raise HarnessError(f"{run_b}: no cell timed in both runs ({len(result.cells)} cell(s) in common with "
+                           f"{run_a}, none ok in both); nothing to compare")
     return result
 
 
@@ -349,6 +367,6 @@ def print_comparison(result: Comparison, console) -> None:
                       f"alpha {result.alpha} and slower than {result.threshold:g}x; or newly failing):", highlight=False)
         for c in regs:
             figure = _fmt_speedups(c).replace("\n", "; ") if c.speedups_agree is not None else _fmt_ratio(c)
-            console.print(f"  {escape(c.cell)}: {figure} {c.status_a} -> {c.status_b}", highlight=False)
+            console.print(escape(f"  {c.cell}: {figure} {c.status_a} -> {c.status_b}"), highlight=False)
     else:
         console.print(f"no regression beyond {result.threshold:g}x (alpha {result.alpha})", highlight=False)

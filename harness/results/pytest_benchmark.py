@@ -23,6 +23,9 @@ import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harness.spec.errors import HarnessError
 
@@ -50,8 +53,74 @@ def benchmark_group(columns: dict) -> str:
 
 
 # -- import ------------------------------------------------------------------------------------------
+class _Strict(BaseModel):
+    # as strict as a config: "2" is no number, no NaN or infinity; keys of other pytest-benchmark versions are kept
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+
+Seconds = Field(ge=0)
+
+
+class BenchStats(_Strict):
+    median: float = Field(gt=0)
+    min: float = Field(ge=0)
+    mean: float = Field(gt=0)
+    stddev: float = Field(ge=0)
+    rounds: int = Field(ge=1)
+    iqr: Optional[float] = Field(None, ge=0)
+    data: Optional[list[float]] = None  # the raw timings (--benchmark-save-data)
+
+    @field_validator("data")
+    @classmethod
+    def _positive(cls, v):
+        if v is not None and any(not x > 0 for x in v):
+            raise ValueError(f"expected positive timings, got {next(x for x in v if not x > 0)!r}")
+        return v
+
+
+class Benchmark(_Strict):
+    name: Optional[str] = None
+    fullname: Optional[str] = None
+    group: Optional[str] = None
+    params: Optional[dict[str, Any]] = None
+    param: Optional[Union[str, int, float]] = None
+    options: Optional[dict[str, Any]] = None
+    extra_info: dict[str, Any] = Field(default_factory=dict)
+    stats: BenchStats
+
+    @field_validator("extra_info")
+    @classmethod
+    def _suite_cell(cls, v):
+        # a cell of the harness's suite (cell_id and backend) names its comparison group too
+        if "cell_id" in v and "backend" in v:
+            for key in ("cell_id", "backend", "group"):
+                if not isinstance(v.get(key), str) or not v[key]:
+                    raise ValueError(f"a harness cell needs text {key}, got {str(v.get(key))[:60]!r}")
+        return v
+
+
+class BenchmarkFile(_Strict):
+    benchmarks: list[Benchmark] = Field(min_length=1)
+    machine_info: Optional[dict[str, Any]] = None
+    commit_info: Optional[dict[str, Any]] = None
+    datetime: Optional[str] = None
+    version: Optional[str] = None
+
+
+def _validation_error(path: Path, exc: ValidationError) -> HarnessError:
+    err = exc.errors()[0]
+    where = ""
+    for part in err["loc"]:
+        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "missing":
+        return HarnessError(f"{path}: {where}: required key is missing")
+    got = repr(err.get("input"))
+    return HarnessError(f"{path}: {where}: {msg}, got {got[:60]}{'...' if len(got) > 60 else ''}")
+
+
 def read_json(path) -> dict:
-    """A pytest-benchmark JSON file, checked for the parts the import needs."""
+    """A pytest-benchmark JSON file, validated as strictly as a config (the parts the import reads)."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -64,10 +133,10 @@ def read_json(path) -> dict:
         raise HarnessError(f"{path}: not a pytest-benchmark file (expected a 'benchmarks' list at the top level)")
     if not benches:
         raise HarnessError(f"{path}: holds no benchmarks (did every benchmark fail or skip?)")
-    for i, b in enumerate(benches):
-        stats = b.get("stats") if isinstance(b, dict) else None
-        if not isinstance(stats, dict) or not all(k in stats for k in ("median", "min", "mean", "stddev", "rounds")):
-            raise HarnessError(f"{path}: benchmarks[{i}]: expected 'stats' with median, min, mean, stddev and rounds")
+    try:
+        BenchmarkFile.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(path, exc) from None
     return data
 
 

@@ -191,6 +191,16 @@ def _run_section(meta: dict, timings: pd.DataFrame, run_dir: Path) -> list:
         ["baseline", f"`{meta.get('baseline', '?')}`"],
         ["git commit", f"`{meta.get('git_commit') or 'unknown'}`"],
     ]
+    swapped = {name: entry for name, entry in (meta.get("backend_sources") or {}).items()
+               if isinstance(entry, dict) and entry.get("origin") == "HARNESS_BACKENDS"}
+    if swapped:  # classes chosen by the variable, not the registry: a built-in name may stand for another class
+        rows.append(["HARNESS_BACKENDS", "; ".join(
+            f"`{name}` = `{e.get('class')}`" + (f" (replaces the built-in `{e['replaces']}`)" if e.get("replaces") else "")
+            for name, e in swapped.items())])
+    if meta.get("env_overridden"):
+        rows.append(["env set by backends", "; ".join(
+            f"`{b}`: " + ", ".join(f"{k} (config {v.get('config')!r}, worker got {v.get('worker')!r})" for k, v in vs.items())
+            for b, vs in meta["env_overridden"].items())])
     if meta.get("speedup_interval"):  # an imported run: its rounds were not taken in turn
         rows.append(["speedup intervals", str(meta["speedup_interval"])])
     timing = timing_summary(timings)

@@ -59,6 +59,12 @@ def group_rows(outcomes: list, meta: dict, gemm_peaks: dict | None = None,
             versions[backends.split_name(o.cell.backend)[0]] = o.versions
         if o.worker_env:
             meta.setdefault("worker_env", {})[o.cell.backend] = o.worker_env
+            # a config variable the backend sets itself for its workers (XLA_FLAGS, JAX_PLATFORMS, ...):
+            # run.json says the worker got the backend's value, not the config's
+            replaced = {k: {"config": v, "worker": o.worker_env.get(k)} for k, v in o.cell.env.items()
+                        if o.worker_env.get(k) != v}
+            if replaced:
+                meta.setdefault("env_overridden", {})[o.cell.backend] = replaced
         if o.train:
             t = o.train
             row.update(time_to_target_s=t["time_to_target_s"], train_s=t["train_s"], eval_s=t["eval_s"])

@@ -73,7 +73,9 @@ def config_fingerprint(config) -> str:
     """A digest of everything a config asks for (each document, as validated): ``--resume`` compares it
     with the one the run was started with."""
     dumps = [raw.model_dump(mode="json") for raw, _ in config.parts]
-    return hashlib.sha256(json.dumps(dumps, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    files = getattr(config, "task_files", None)
+    payload = {"documents": dumps, "task_files": files} if files else dumps  # a changed text file is another run
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 class FolderLock:
@@ -93,16 +95,23 @@ class FolderLock:
         except OSError:
             self._fh.close()
             raise HarnessError(f"{self.path}: another run is writing to this folder; wait for it or choose another --out") from None
-        self._fh.seek(0)
-        self._fh.truncate()
-        self._fh.write(f"{os.getpid()}\n")
-        self._fh.flush()
+        try:
+            self._fh.seek(0)
+            self._fh.truncate()
+            self._fh.write(f"{os.getpid()}\n")
+            self._fh.flush()
+        except OSError as exc:  # a full disk refuses even these few bytes: the same one-line error as any write
+            self.release()
+            raise _disk_error(self.path, exc) from None
 
     def release(self) -> None:
         """Let other runs write here again."""
         if not self._fh.closed:
             fcntl.flock(self._fh, fcntl.LOCK_UN)
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError:  # its buffered pid line could not be written (a full disk): the lock is let go anyway
+                pass
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -120,7 +129,14 @@ def write_table(path: Path, rows: list[dict], columns: list[str] | None = None) 
             if c not in df.columns:
                 df[c] = None
         df = df[columns + [c for c in df.columns if c not in columns]]
-    _atomic_write(Path(path), lambda tmp: df.to_parquet(tmp, index=False))
+    def w(tmp):
+        try:
+            df.to_parquet(tmp, index=False)
+        except (TypeError, ValueError) as exc:  # pyarrow's type errors: rows of a table that is not a run's
+            raise HarnessError(f"{path}: cannot write results ({type(exc).__name__}: {str(exc)[:100]}); "
+                               f"the results saved before are kept") from None
+
+    _atomic_write(Path(path), w)
 
 
 @dataclass
@@ -187,7 +203,11 @@ class RunStore:
         try:
             meta, timings, curves = _read_folder(path)
             started = meta.get("config_fingerprint")
-            if fingerprint is not None and started is not None and started != fingerprint:
+            if fingerprint is not None and started is None:
+                raise HarnessError(f"{path}: --resume: run.json records no config fingerprint (a run of an older "
+                                   f"harness, or edited), so it cannot show the run was started with this config; "
+                                   f"start a new run with another --out")
+            if fingerprint is not None and started != fingerprint:
                 raise HarnessError(f"{path}: --resume: this run was started with another config (or other --backends / "
                                    f"--profile); resume it with the config and options it was started with "
                                    f"({meta.get('config_path', 'see run.json')})")
@@ -244,25 +264,64 @@ class RunStore:
         write_json(self.path / "run.json", self.meta)
 
 
-def _read_folder(path: Path) -> tuple[dict, list[dict], list[dict]]:
-    """run.json and the tables of a run to be resumed; HarnessError when one is damaged."""
+# what a timings table must hold to be one: identifying text columns, and measurements that are numbers
+_TEXT_COLUMNS = ("cell_id", "group", "backend", "status")
+_NUMBER_COLUMNS = ("compile_s", "median_s", "iqr_s", "min_s", "mean_s", "stdev_s", "n_samples", "speedup",
+                   "speedup_lo", "speedup_hi", "batch", "seq_len", "hidden_size", "threads")
+
+
+def _damaged(path: Path, why: str, resuming: bool) -> HarnessError:
+    tail = "; cannot resume this run, start a new run with another --out" if resuming else ""
+    return HarnessError(f"{path}: damaged ({why}){tail}")
+
+
+def _check_timings(df: pd.DataFrame) -> str | None:
+    """Why ``df`` is not a timings table a run wrote (None when it is one)."""
+    missing = [c for c in _TEXT_COLUMNS if c not in df.columns]
+    if missing:
+        return f"timings.parquet: not a timings table, no {missing[0]} column"
+    for c in _TEXT_COLUMNS:
+        if not df[c].map(lambda v: isinstance(v, str) or v is None).all():
+            return f"timings.parquet: column {c} holds no text"
+    for c in _NUMBER_COLUMNS:
+        if c in df.columns and not pd.api.types.is_numeric_dtype(df[c]) and not df[c].isna().all():
+            return f"timings.parquet: column {c} holds no numbers"
+    return None
+
+
+def read_folder(path: Path, resuming: bool = False) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """run.json and the tables of a results folder; one HarnessError ``FOLDER: damaged (...)`` when one
+    of them is truncated, not what a run writes, or unreadable."""
+    path = Path(path)
+    if not (path / "run.json").exists():
+        raise HarnessError(f"{path}: not a results folder (no run.json)")
     try:
         meta = json.loads((path / "run.json").read_text(encoding="utf-8"))
         if not isinstance(meta, dict):
             raise ValueError("not a JSON object")
-    except (OSError, ValueError) as exc:
-        raise HarnessError(f"{path / 'run.json'}: damaged, cannot resume this run ({str(exc)[:100]}); "
-                           f"start a new run with another --out") from None
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise _damaged(path, f"run.json: {str(exc)[:100]}", resuming) from None
     tables = []
     for name in ("timings.parquet", "curves.parquet"):
         try:
-            tables.append(pd.read_parquet(path / name).to_dict("records") if (path / name).exists() else [])
+            tables.append(pd.read_parquet(path / name) if (path / name).exists() else None)
         except Exception as exc:  # pyarrow raises its own error types for a truncated or foreign file
-            raise HarnessError(f"{path / name}: damaged, cannot resume this run ({type(exc).__name__}: "
-                               f"{str(exc)[:100]}); start a new run with another --out") from None
+            raise _damaged(path, f"{name}: {type(exc).__name__}: {str(exc)[:100]}", resuming) from None
     timings, curves = tables
-    if timings and "cell_id" not in timings[0]:
-        raise HarnessError(f"{path / 'timings.parquet'}: not a timings table (no cell_id column); cannot resume this run")
+    timings = pd.DataFrame(columns=TIMING_COLUMNS) if timings is None else timings
+    curves = pd.DataFrame() if curves is None else curves
+    why = _check_timings(timings)
+    if why is None and len(curves) and "cell_id" not in curves.columns:
+        why = "curves.parquet: not a curves table, no cell_id column"
+    if why:
+        raise _damaged(path, why, resuming)
+    return meta, timings, curves
+
+
+def _read_folder(path: Path) -> tuple[dict, list[dict], list[dict]]:
+    """run.json and the tables of a run to be resumed, as rows; HarnessError when one is damaged."""
+    meta, timings, curves = read_folder(path, resuming=True)
+    timings, curves = timings.to_dict("records"), curves.to_dict("records")
     for row in timings:  # parquet hands list columns back as arrays
         if row.get("samples_s") is not None:
             row["samples_s"] = [float(v) for v in row["samples_s"]]
@@ -288,11 +347,7 @@ class Run:
 def load_run(path) -> Run:
     """Load one results folder."""
     path = Path(path)
-    if not (path / "run.json").exists():
-        raise HarnessError(f"{path}: not a results folder (no run.json)")
-    meta = json.loads((path / "run.json").read_text())
-    timings = pd.read_parquet(path / "timings.parquet") if (path / "timings.parquet").exists() else pd.DataFrame(columns=TIMING_COLUMNS)
-    curves = pd.read_parquet(path / "curves.parquet") if (path / "curves.parquet").exists() else pd.DataFrame()
+    meta, timings, curves = read_folder(path)
     return Run(path, meta, timings, curves)
 
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import itertools
 import math
+import os
 import re
 import stat
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from harness.run import envs
 from harness.spec.errors import HarnessError
 from harness.spec.model import DTYPES, MAX_INT, ModelSpec, Problem, TaskSpec, short_repr
 
@@ -48,7 +51,7 @@ class TimingConfig(_Strict):
     round_s: Optional[float] = Field(None, gt=0, le=SECONDS_CAP, description="target length of one round; default min_time_s / min_rounds")
     verify: bool = Field(True, description="check each cell's own step against the reference before timing it")
     speedup_precision: Optional[float] = Field(
-        None, gt=0, lt=1, description="keep taking rounds until every speedup's 95% interval is within this share "
+        None, ge=1e-4, lt=1, description="keep taking rounds until every speedup's 95% interval is within this share "
                                      "of its value (0.02: +-2%), or max_time_s per cell; unset: the floor alone")
     processes: int = Field(1, ge=1, le=16, description="fresh worker processes per timed cell, taking its rounds in turn; "
                                                       "a speedup's interval then covers how far they disagree")
@@ -77,6 +80,14 @@ StrOrList = Union[str, list[str]]
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 # variables the harness itself sets up for a worker; a config's env must not replace them
 RESERVED_ENV = ("HARNESS_", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUNBUFFERED")
+# variables the harness sets from a cell's own settings (threads:, device:), which would override the config's
+# value: refused, so that what a run records is what its workers got
+OVERRIDDEN_ENV = {**{v: "threads:" for v in envs.THREAD_VARS}, "HL_NUM_THREADS": "threads:",
+                  **{v: "device:" for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")}}
+# variables that make the dynamic loader load code of the config's choosing into every worker
+LOADER_ENV = ("LD_", "DYLD_", "GCONV_PATH")
+ENV_VALUE_CAP = 128 * 1024 - 1  # bytes of one NAME=value (the kernel's MAX_ARG_STRLEN, with its NUL)
+ENV_TOTAL_CAP = 512 * 1024  # bytes of every variable together (the kernel also counts the inherited ones)
 THREADS_CAP = 4096
 
 
@@ -138,14 +149,28 @@ class RawConfig(_Strict):
     def _env(cls, v):
         if not isinstance(v, dict):
             raise ValueError(f"expected a mapping of variable name -> text, got {short_repr(v)}")
+        total = 0
         for k, val in v.items():
             if not isinstance(k, str) or not k or "=" in k or "\0" in k:
                 raise ValueError(f"expected variable names without '=' or NUL, got {short_repr(k)}")
             if k.startswith(RESERVED_ENV):
                 raise ValueError(f"{k} is set by the harness itself (it chooses backends and worker plumbing), "
                                  f"expected other variable names")
+            if k in OVERRIDDEN_ENV:
+                raise ValueError(f"{k} is set for every worker from the cell's {OVERRIDDEN_ENV[k]} setting, "
+                                 f"which would override this value; use {OVERRIDDEN_ENV[k]} instead")
+            if k.startswith(LOADER_ENV):
+                raise ValueError(f"{short_repr(k)} makes the dynamic loader load code into every worker; "
+                                 f"a config may not set loader variables")
             if not isinstance(val, str) or "\0" in val:
                 raise ValueError(f"expected text values (quote numbers), got {k}: {short_repr(val)}")
+            size = len(k.encode("utf-8", "surrogatepass")) + 1 + len(val.encode("utf-8", "surrogatepass"))
+            if size > ENV_VALUE_CAP:
+                raise ValueError(f"expected a value of at most {ENV_VALUE_CAP // 1024} KB (a process's limit for "
+                                 f"one variable), got {k}: {size // 1024} KB")
+            total += size + 1
+        if total > ENV_TOTAL_CAP:
+            raise ValueError(f"expected at most {ENV_TOTAL_CAP // 1024} KB of variables in all, got {total // 1024} KB")
         return {**DEFAULT_ENV, **v}
 
 
@@ -163,6 +188,7 @@ class Cell:
     baseline: str  # the backend its speedup is measured against
     env: dict  # extra environment variables of its worker
     seed: int  # data and initial parameters (its own document's seed)
+    task_sha256: str | None = None  # the content of the task's text file (task.path), so a changed file is another cell
 
     @property
     def group_key(self) -> str:
@@ -182,6 +208,8 @@ class Cell:
         for k, v in self.task.to_mapping().items():
             if v != getattr(_DEFAULT_TASK, k) and k not in ("kind", "seq_len", "input_size", "output_size"):
                 parts.append(f"task.{k}={v}")
+        if self.task_sha256:
+            parts.append(f"task.sha256={self.task_sha256[:16]}")
         for section, settings, default in (("train", self.train, _DEFAULT_TRAIN), ("timing", self.timing, _DEFAULT_TIMING)):
             for k, v in settings.model_dump().items():
                 if v != getattr(default, k) and f"{section}.{k}" not in self.point:
@@ -234,6 +262,12 @@ class RunConfig:
     def backends(self) -> list[str]:
         return list(dict.fromkeys(b for raw, _ in self.parts for b in raw.backends))
 
+    @property
+    def task_files(self) -> dict[str, str]:
+        """The text files the tasks read (task.path, resolved against the config's folder) -> their sha256."""
+        return {point["task"].path: point["task_sha256"] for _, points in self.parts for point in points
+                if point.get("task_sha256")}
+
     def cells(self) -> list[Cell]:
         """Every cell, grouped: cells of one comparison group are adjacent, baseline first."""
         cells = []
@@ -249,7 +283,7 @@ class RunConfig:
                 prob = Problem(point["model"], d_in, d_out, task.tokens, dtype, batch, task.seq_len, device, workload)
                 for b in order:
                     cells.append(Cell(b, prob, task, threads, point["values"], point["train"], point["timing"],
-                                      baseline, dict(r.env), r.seed))
+                                      baseline, dict(r.env), r.seed, point.get("task_sha256")))
         # the same measurement asked for twice (a repeated sweep value, a document repeating another) runs
         # once; a group's cells stay together in the order their group first appears
         groups: dict[str, dict[str, Cell]] = {}
@@ -373,6 +407,7 @@ def _format_pydantic(exc: ValidationError, path: str) -> HarnessError:
 
 # -- strict YAML ----------------------------------------------------------------------------------
 MAX_DEPTH = 40  # nesting levels; real configs use 4
+MAX_CONFIG_BYTES = 1 << 20  # real configs are a few KB
 MAX_EXPANDED_NODES = 100_000  # nodes once every alias is expanded; real configs have a few hundred
 
 
@@ -442,13 +477,32 @@ class StrictLoader(yaml.SafeLoader):
             seen[ident] = key.start_mark
 
     def construct_yaml_int(self, node):
+        self._no_yaml11_number(node)
         value = super().construct_yaml_int(node)
         if abs(value) > MAX_INT:
             raise _YamlRefused(node.start_mark, f"expected an integer below 2**63, got {short_repr(node.value)}")
         return value
 
 
+    @staticmethod
+    def _no_yaml11_number(node, octal: bool = True) -> None:
+        """YAML 1.1 reads ``010`` as octal 8 and ``1:30`` as sexagesimal 90, where a reader means ten and
+        a time or a ratio: refused, with the spellings that say what is meant."""
+        text = node.value.replace("_", "").lstrip("+-")
+        if ":" in text:
+            raise _YamlRefused(node.start_mark, f"{short_repr(node.value)} is a base-60 number in YAML 1.1 "
+                                                f"(1:30 reads as 90); write the number itself, or quote it for text")
+        if octal and len(text) > 1 and text[0] == "0" and text[1].isdigit():
+            raise _YamlRefused(node.start_mark, f"{short_repr(node.value)} is an octal number in YAML 1.1 "
+                                                f"(010 reads as 8); write it without leading zeros, or quote it for text")
+
+    def construct_yaml_float(self, node):
+        self._no_yaml11_number(node, octal=False)
+        return super().construct_yaml_float(node)
+
+
 StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+StrictLoader.add_constructor("tag:yaml.org,2002:float", StrictLoader.construct_yaml_float)
 
 
 def _where(mark) -> str:
@@ -459,9 +513,21 @@ def parse_yaml(path: str) -> list:
     """The documents of a YAML file, through :class:`StrictLoader`; HarnessError naming the file and
     the place on anything it cannot read."""
     try:
-        data = Path(path).read_bytes()
+        st = Path(path).stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise HarnessError(f"{path}: expected a regular file holding a config, got "
+                               f"{'a folder' if stat.S_ISDIR(st.st_mode) else 'a device, pipe or socket'}")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise HarnessError(f"{path}: expected a config of at most {MAX_CONFIG_BYTES >> 20} MB, "
+                               f"got {st.st_size / 2**20:.1f} MB")
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:  # it grew since
+            raise HarnessError(f"{path}: expected a config of at most {MAX_CONFIG_BYTES >> 20} MB")
     except OSError as exc:
         raise HarnessError(f"{path}: cannot read config: {exc.strerror}") from None
+    except ValueError as exc:  # a NUL in the path
+        raise HarnessError(f"{short_repr(path)}: cannot read config: {exc}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -541,17 +607,41 @@ def load_config(path: str | Path, backends_override: list[str] | None = None, pr
         if not isinstance(profiles[profile], dict):
             raise HarnessError(f"{where}.{profile}: expected a mapping of config keys")
         sources[i] = _merge(src, profiles[profile])
+    for i, doc in enumerate(docs[1:], 2):
+        if "name" in doc and doc["name"] != docs[0].get("name"):
+            raise HarnessError(f"{path}: document {i}: name: the first document names the run "
+                               f"({short_repr(docs[0].get('name'))}); expected no other name, got {short_repr(doc['name'])}")
+    base = Path(path).absolute().parent
+    digests: dict[str, str] = {}
     parts = []
     for i, source in enumerate(sources):
         label = f"{path}: document {i + 1}" if len(sources) > 1 and i > 0 else path
-        parts.append(_load_part(source, label, backends_override))
+        own = docs[i] if profile is None else _merge(docs[i], (docs[i].get("profiles") or {}).get(profile) or {})
+        parts.append(_load_part(source, label, backends_override, base, digests, own))
     n_cells = sum(len(points) * len(raw.device) * len(raw.dtype) * len(raw.workloads) * len(raw.batch)
                   * len(raw.threads) * len(raw.backends) for raw, points in parts)
     if n_cells > MAX_CELLS:
         raise HarnessError(f"{path}: sweep, batch, threads, backends: expected at most {MAX_CELLS} cells, got {n_cells}")
     config = RunConfig(parts, path, docs)
+    _check_baselines_agree(config)
     config.check_memory()
     return config
+
+
+def _check_baselines_agree(config: RunConfig) -> None:
+    """Cells of two documents that are the same measurement run once, in one comparison group with one
+    baseline: a later document that names another baseline for such a group is refused, not dropped."""
+    owner: dict[str, tuple[int, str]] = {}  # group key -> (document, its baseline)
+    for i, (raw, points) in enumerate(config.parts):
+        part = RunConfig([(raw, points)], config.path, config.source)
+        for cell in part.cells():
+            first = owner.setdefault(cell.group_key, (i, cell.baseline))
+            if first[1] != cell.baseline:
+                p = cell.problem
+                raise HarnessError(
+                    f"{config.path}: document {i + 1}: baseline: its {p.workload} {p.model.describe()} B={p.batch} "
+                    f"cells are the same measurements as document {first[0] + 1}'s, which are timed against "
+                    f"{first[1]}; expected that baseline, got {cell.baseline}")
 
 
 def _check_text_file(file: str, where: str) -> None:
@@ -577,8 +667,34 @@ def _check_baseline(raw: RawConfig, name: str, where: str) -> str:
     return name
 
 
-def _load_part(source: dict, path: str, backends_override: list[str] | None):
+def _file_digest(file: str, where: str) -> str:
+    """The sha256 of a task's text file (read as the workers read it, up to their size cap)."""
+    from harness.spec.data import MAX_TEXT_BYTES
+
+    st = Path(file).stat()
+    if st.st_size > MAX_TEXT_BYTES:
+        raise HarnessError(f"{where}: expected a text file of at most {MAX_TEXT_BYTES >> 20} MB, "
+                           f"got {st.st_size >> 20} MB")
+    digest = hashlib.sha256()
+    try:
+        with open(file, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as exc:
+        raise HarnessError(f"{where}: cannot read {short_repr(file)}: {exc.strerror}") from None
+    return digest.hexdigest()
+
+
+# train settings a timed step reads (its update's rate); the others belong to workload train
+STEP_TRAIN_KEYS = {"lr"}
+
+
+def _load_part(source: dict, path: str, backends_override: list[str] | None, base: Path | None = None,
+               digests: dict | None = None, own: dict | None = None):
     import backends as registry
+
+    base = base if base is not None else Path.cwd()
+    digests = digests if digests is not None else {}
 
     if backends_override:
         source = {**source, "backends": backends_override}
@@ -612,9 +728,25 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None):
     if raw.timing.max_time_s < raw.timing.min_time_s:
         raise HarnessError(f"{path}: timing.max_time_s: expected at least timing.min_time_s ({raw.timing.min_time_s}), got {raw.timing.max_time_s}")
 
+    if "train" not in raw.workloads:
+        # a train setting of a document that trains nothing would only tell apart cells that measure the same
+        own_train = (own or source).get("train")
+        extra = sorted(set(own_train) - STEP_TRAIN_KEYS) if isinstance(own_train, dict) else []
+        swept = [k.strip() for key in raw.sweep for k in key.split(",")
+                 if k.strip().startswith("train.") and k.strip()[6:] not in STEP_TRAIN_KEYS]
+        if extra or swept:
+            what = f"train.{extra[0]}" if extra else f"sweep.{swept[0]}"
+            raise HarnessError(f"{path}: {what}: applies to workload train only (a timed step reads train.lr "
+                               f"alone), and this document runs {', '.join(raw.workloads)}; expected it in a "
+                               f"document with workloads: [train]")
+    seen_keys: dict[str, str] = {}
     for key, values in raw.sweep.items():
         paths = key.split(",")
         for one in paths:
+            if one.strip() in seen_keys:
+                raise HarnessError(f"{path}: sweep.{key}: {one.strip()} is swept twice (also in "
+                                   f"sweep.{seen_keys[one.strip()]}); expected each key once")
+            seen_keys[one.strip()] = key
             section, _, leaf = one.strip().partition(".")
             if one.strip() != one and len(paths) == 1:
                 raise HarnessError(f"{path}: sweep.{short_repr(key)}: expected a key without surrounding spaces")
@@ -654,11 +786,24 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None):
             raise HarnessError(f"{path}: {where}model.head: task {task.kind} needs softmax_xent, got {model.head!r}")
         if task.kind in ("sobel", "frame_diff") and model.head != "mse":
             raise HarnessError(f"{path}: {where}model.head: task {task.kind} needs mse, got {model.head!r}")
+        digest = None
         if task.kind == "lm_text" and task.path != "sample":
-            _check_text_file(task.path, f"{path}: {where}task.path")
+            # a relative path names a file beside the config, wherever the run is started from (and the
+            # workers, which start in the project's folder, get the resolved one)
+            where_path = f"{path}: {where}task.path"
+            try:
+                resolved = os.path.normpath(base / Path(task.path).expanduser())
+            except (ValueError, RuntimeError):
+                raise HarnessError(f"{where_path}: no such file {short_repr(task.path)}") from None
+            _check_text_file(resolved, where_path)
+            task = dataclasses.replace(task, path=resolved)
+            if resolved not in digests:
+                digests[resolved] = _file_digest(resolved, where_path)
+            digest = digests[resolved]
         if "train" in raw.workloads:
             small = [b for b in raw.batch if b > task.n_eval or b > task.n_sequences]
             if small:
                 raise HarnessError(f"{path}: {where}batch: {small[0]} exceeds task.n_eval ({task.n_eval}) or task.n_sequences ({task.n_sequences}) needed by workload train")
-        points.append({"model": model, "task": task, "train": train, "timing": timing, "values": values})
+        points.append({"model": model, "task": task, "train": train, "timing": timing, "values": values,
+                       "task_sha256": digest})
     return raw, points

@@ -70,7 +70,7 @@ def _recipe(name: str) -> Recipe:
 class _Stderr:
     """Stands in for a rich Console where none is given: progress lines on stderr."""
 
-    def print(self, line: str, highlight: bool = False) -> None:
+    def print(self, line: str, highlight: bool = False, markup: bool = True) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
@@ -82,7 +82,7 @@ class _Reporter:
 
     def __call__(self, message: str) -> None:
         if self.progress is not None:
-            self.progress.print(f"env {self.name}: {message}", highlight=False)
+            self.progress.print(f"env {self.name}: {message}", highlight=False, markup=False)
 
 
 def can_create(name: str) -> tuple[bool, str]:

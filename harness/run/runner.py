@@ -13,6 +13,8 @@ import sys
 from datetime import datetime, timezone
 from itertools import groupby
 
+from rich.markup import escape
+
 from harness.run import lifeline, machine, roofs
 # the worker client's names, importable from here as they always were
 from harness.run.client import (WorkerFailure, WorkerProcess, classify_exit, kill_all_workers,  # noqa: F401
@@ -42,7 +44,7 @@ class Runner:
     # -- progress helpers ----------------------------------------------------------
     def _say(self, text: str) -> None:
         if self.console is not None:
-            self.console.print(text, highlight=False)
+            self.console.print(text, highlight=False, markup=False)
 
     # -- running ---------------------------------------------------------------------
     def pending_groups(self) -> list[list[Cell]]:
@@ -75,7 +77,7 @@ class Runner:
         states = [GroupRun.restore(g, self.store.unfinished(g[0].group_key)) for g in todo]
         if any(s.passes_done for s in states):
             self._say(f"resuming: {sum(1 for s in states if s.passes_done)} comparison group(s) go on at their next pass")
-        describe = None if progress is None else (lambda text: progress.update(task_id, description=text))
+        describe = None if progress is None else (lambda text: progress.update(task_id, description=escape(text)))
         while states:  # one pass over every group not yet finished, in the config's order
             for state in list(states):
                 state.run_pass(describe, self.record)
@@ -91,7 +93,7 @@ class Runner:
         """Time one comparison group side by side, all its passes back to back, store its rows, and
         return its outcomes."""
         state = GroupRun(group)
-        describe = None if progress is None else (lambda text: progress.update(task_id, description=text))
+        describe = None if progress is None else (lambda text: progress.update(task_id, description=escape(text)))
         while not state.finished:
             state.run_pass(describe, self.record)
         self.store.add_group(state.ordered(), self.gemm_peaks, self.gpu_roofs)
@@ -118,7 +120,25 @@ def new_run_meta(config: RunConfig) -> dict:
         "config_source": config.source, "baseline": config.baseline, "machine": machine.machine_info(),
         "git_commit": machine.git_commit(), "started": now.isoformat(), "finished": None,
         "env": dict(config.raw.env), "cpu_times_start": machine.cpu_times(), "harness_python": sys.version.split()[0],
+        "task_files": config.task_files, "backend_sources": backend_sources(config.backends),
     }
+
+
+def backend_sources(names) -> dict:
+    """Where each backend's class comes from; a built-in name that ``HARNESS_BACKENDS`` points at another
+    class says which class it replaced, so that a run with a swapped backend can be told from a normal one."""
+    import backends
+
+    registry = backends.registry()
+    out = {}
+    for full in names:
+        name = backends.split_name(full)[0]
+        module, cls = registry.get(name, ("?", "?"))
+        entry = {"origin": backends.origin(name), "class": f"{module}:{cls}"}
+        if entry["origin"] == "HARNESS_BACKENDS" and name in backends.REGISTRY:
+            entry["replaces"] = ":".join(backends.REGISTRY[name])
+        out[name] = entry
+    return out
 
 
 def finish_meta(store, interrupted: bool = False) -> None:
