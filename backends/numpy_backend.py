@@ -468,6 +468,8 @@ class _WildML:
         m, who = problem.model, "numpy:wildml is the tutorial's"
         if problem.batch != 1:
             return unsupported(f"{who} one-example loop (batch 1 only)")
+        if m.bidirectional:
+            return unsupported(f"{who} one-direction network (no reverse direction)")
         if m.kind != "elman" or m.activation != "tanh":
             return unsupported(f"{who} tanh Elman network (got {m.kind}"
                                + (f" {m.activation})" if m.kind == "elman" else ")"))
@@ -592,6 +594,10 @@ class NumpyBackend(Backend):
             return unsupported(f"{self.full_name} computes in float32 or float64, not {problem.dtype}")
         if self.variant == "wildml":
             return _WildML.supports(problem)
+        if problem.model.kind == "gru":
+            return unsupported(f"{self.full_name} implements the elman and lstm cells only, not gru")
+        if problem.model.bidirectional:
+            return unsupported(f"{self.full_name} implements one direction per layer only, not bidirectional layers")
         return True, ""
 
     @classmethod

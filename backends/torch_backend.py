@@ -62,6 +62,10 @@ class TorchBackend(Backend):
     def supports(self, problem: Problem) -> tuple[bool, str]:
         """Everything for autograd and compile; what nn.RNN / nn.LSTM can express for fused."""
         m = problem.model
+        if m.kind == "gru":
+            return unsupported(f"{self.full_name} implements the elman and lstm cells only, not gru")
+        if m.bidirectional:
+            return unsupported(f"{self.full_name} implements one direction per layer only, not bidirectional layers")
         if self.variant != "fused":
             return True, ""
         if m.kind == "elman" and m.activation == "sigmoid":
