@@ -504,63 +504,77 @@ class _CompiledNet(_Net):
 
 
 class _FusedNet(_Net):
-    """torch.nn.RNN / torch.nn.LSTM (time-major) holding the recurrent weights; the head as matmuls.
+    """torch.nn.RNN / nn.LSTM / nn.GRU (time-major, ``bidirectional`` as the model asks) holding the
+    recurrent weights; the head as matmuls.
 
-    The module stores ``W_ih^T`` / ``W_hh^T``; ``b`` lives in ``bias_ih`` and ``bias_hh`` is a
-    frozen zero. For token input the module's layer-0 input weight is a frozen identity and
-    its input the gathered rows ``W_xh[x]`` (``W_ih[x]``): nn.RNN always multiplies its input
-    by ``weight_ih``, so this costs one extra (T*B, G) x (G, G) product over all steps, outside
-    the recurrence, and is exact in floating point (TF32 off); it keeps the row gather honest.
+    The module stores ``W_ih^T`` / ``W_hh^T``; ``b`` lives in ``bias_ih``, and ``bias_hh`` is a
+    frozen zero except nn.GRU's last third, which is ``b_hn`` (PyTorch's ``b_hr``, ``b_hz`` would
+    only add to ``b_ir``, ``b_iz``): its gradient and update touch that slice alone. For token
+    input the module's layer-0 input weight is a frozen identity (per direction, the block that
+    picks its own table's rows) and its input the gathered rows ``W_ih[x]`` (with
+    ``W_ih_rev[x]`` beside them): the module always multiplies its input by ``weight_ih``, so
+    this costs one extra (T*B, G) x (G, G) product per direction over all steps, outside the
+    recurrence, and is exact in floating point (TF32 off); it keeps the row gather honest.
     """
 
     def _load(self, params):
         torch, spec = self.torch, self.spec
-        H, L = spec.hidden, spec.layers
-        G = H if spec.kind == "elman" else 4 * H
-        d_in = G if self.problem.tokens else params[self.w_in].shape[0]
+        H, L, ndir = spec.hidden, spec.layers, spec.directions
+        G = spec.gates * H
+        d_in = ndir * G if self.problem.tokens else params[self.w_in].shape[0]
         if spec.kind == "elman":
-            mod = torch.nn.RNN(d_in, H, num_layers=L, nonlinearity=spec.activation, bias=spec.bias)
+            mod = torch.nn.RNN(d_in, H, num_layers=L, nonlinearity=spec.activation, bias=spec.bias,
+                               bidirectional=spec.bidirectional)
         else:
-            mod = torch.nn.LSTM(d_in, H, num_layers=L, bias=spec.bias)
+            module = torch.nn.LSTM if spec.kind == "lstm" else torch.nn.GRU
+            mod = module(d_in, H, num_layers=L, bias=spec.bias, bidirectional=spec.bidirectional)
         mod = mod.to(device=self.device, dtype=self.dtype)
         for prm in mod.parameters():
             prm.requires_grad_(False)
+        own = {}  # SPEC.md name -> module parameter
         with torch.no_grad():
             for layer in range(L):
-                s = "" if layer == 0 else f"_{layer}"
-                w_ih = getattr(mod, f"weight_ih_l{layer}")
-                if layer == 0 and self.problem.tokens:
-                    w_ih.copy_(torch.eye(G, dtype=self.dtype, device=self.device))
-                else:
-                    w_ih.copy_(torch.as_tensor(np.asarray(params[self.w_in + s]).T))
-                getattr(mod, f"weight_hh_l{layer}").copy_(torch.as_tensor(np.asarray(params["W_hh" + s]).T))
-                if spec.bias:
-                    getattr(mod, f"bias_ih_l{layer}").copy_(torch.as_tensor(np.asarray(params[self.b_in + s])))
-                    getattr(mod, f"bias_hh_l{layer}").zero_()
+                for d in range(ndir):
+                    s, m = layer_suffix(layer, d), f"l{layer}" + ("_reverse" if d else "")
+                    w_ih = getattr(mod, f"weight_ih_{m}")
+                    if layer == 0 and self.problem.tokens:
+                        w_ih.zero_()
+                        w_ih[:, d * G: (d + 1) * G] = torch.eye(G, dtype=self.dtype, device=self.device)
+                    else:
+                        w_ih.copy_(torch.as_tensor(np.asarray(params[self.w_in + s]).T))
+                        own[self.w_in + s] = w_ih
+                    own["W_hh" + s] = getattr(mod, f"weight_hh_{m}")
+                    own["W_hh" + s].copy_(torch.as_tensor(np.asarray(params["W_hh" + s]).T))
+                    if spec.bias:
+                        own[self.b_in + s] = getattr(mod, f"bias_ih_{m}")
+                        own[self.b_in + s].copy_(torch.as_tensor(np.asarray(params[self.b_in + s])))
+                        bias_hh = getattr(mod, f"bias_hh_{m}")
+                        bias_hh.zero_()
+                        if spec.kind == "gru":
+                            bias_hh[2 * H:] = torch.as_tensor(np.asarray(params["b_hn" + s]))
+                            own["b_hn" + s] = bias_hh
+                            self.sliced["b_hn" + s] = slice(2 * H, 3 * H)
         if self.device.type == "cuda":
             mod.flatten_parameters()  # one cuDNN weight buffer; in-place updates keep it valid
-        for layer in range(L):
-            s = "" if layer == 0 else f"_{layer}"
-            if not (layer == 0 and self.problem.tokens):
-                self.p[self.w_in + s] = getattr(mod, f"weight_ih_l{layer}")
-                self.transposed.add(self.w_in + s)
-            self.p["W_hh" + s] = getattr(mod, f"weight_hh_l{layer}")
-            self.transposed.add("W_hh" + s)
-            if spec.bias:
-                self.p[self.b_in + s] = getattr(mod, f"bias_ih_l{layer}")
+        for k, prm in own.items():
+            self.p[k] = prm
+            if prm.dim() == 2:
+                self.transposed.add(k)
         for k in self.names:
-            if k not in self.p:  # the head, and the token table
+            if k not in self.p:  # the head, and the token tables
                 self.p[k] = torch.tensor(np.asarray(params[k]), dtype=self.dtype, device=self.device)
-            self.p[k].requires_grad_(k != self.table)
+            self.p[k].requires_grad_(k not in self.tables)
         self.mod = mod
 
     def _inputs(self, xt, rows, start, stop):
-        if self.table is None:
+        if not self.tables:
             return xt[start:stop]
         g0 = self._grad_start(xt.shape[0])
         if rows is not None and start >= g0:
-            return rows[start - g0: stop - g0]
-        return self.p[self.table][xt[start:stop]]
+            parts = [r[start - g0: stop - g0] for r in rows]
+        else:
+            parts = [self.p[k][xt[start:stop]] for k in self.tables]
+        return parts[0] if len(parts) == 1 else self.torch.cat(parts, -1)
 
     def _objective(self, P, xt, yt, rows, win_idx):
         T, B = xt.shape[:2]

@@ -33,6 +33,7 @@ CELLS = {
     "gru-before": {"kind": "gru", "reset_after": False},
     # bidirectional layers (full BPTT only)
     "elman-tanh-bi": {"kind": "elman", "activation": "tanh", "bidirectional": True},
+    "lstm-bi": {"kind": "lstm", "bidirectional": True},
     "lstm-peephole-bi": {"kind": "lstm", "peephole": True, "bidirectional": True},
     "gru-bi": {"kind": "gru", "bidirectional": True},
     "gru-before-bi": {"kind": "gru", "reset_after": False, "bidirectional": True},
