@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.base import Backend
+from backends.base import Backend, unsupported
 from harness.spec import layer_suffix
 
 # codes the kernels branch on (module-level ints are compile-time constants for Numba)

@@ -127,6 +127,16 @@ def all_cases(quick: bool = False) -> list[Case]:
     return cases
 
 
+def gru_or_bidirectional(case: Case) -> bool:
+    """A GRU or bidirectional case (the backends that implement neither refuse these with their reason)."""
+    return case.model.kind == "gru" or case.model.bidirectional
+
+
+def one_direction_elman_lstm(cases: list[Case]) -> list[Case]:
+    """The cases without a GRU or a bidirectional layer."""
+    return [c for c in cases if not gru_or_bidirectional(c)]
+
+
 def _valid(cell: str, bptt: str) -> bool:
     """A bidirectional layer needs full BPTT (SPEC.md)."""
     return bptt == "full" or not CELLS[cell].get("bidirectional")
