@@ -110,6 +110,10 @@ class CudaBackend(Backend):
         ok, why = self.supports_device(problem.device)
         if not ok:
             return ok, why
+        if problem.model.kind == "gru":
+            return unsupported(f"{self.full_name}: its Triton kernels implement the elman and lstm steps only, not gru")
+        if problem.model.bidirectional:
+            return unsupported(f"{self.full_name}: its kernels run one direction per layer, not bidirectional layers")
         if self.variant == "persistent" and problem.model.hidden > PERSISTENT_MAX_HIDDEN:
             return unsupported(f"cuda:persistent keeps each program's W_hh columns in registers across steps; "
                                f"hidden {problem.model.hidden} > {PERSISTENT_MAX_HIDDEN} would spill them")

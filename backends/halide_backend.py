@@ -90,17 +90,7 @@ _CACHE_SIZE = 8
 
 def _param_shapes(problem: Problem) -> dict[str, tuple[int, ...]]:
     """NumPy shapes of the parameters (SPEC.md layout)."""
-    spec, H = problem.model, problem.model.hidden
-    shapes = {}
-    for layer in range(spec.layers):
-        s, din = _sfx(layer), (problem.input_size if layer == 0 else H)
-        shapes["W_xh" + s], shapes["W_hh" + s] = (din, H), (H, H)
-        if spec.bias:
-            shapes["b_h" + s] = (H,)
-    shapes["W_hy"] = (H, problem.output_size)
-    if spec.bias:
-        shapes["b_y"] = (problem.output_size,)
-    return shapes
+    return problem.model.param_shapes(problem.input_size, problem.output_size)
 
 
 def _width(extent: int, vec: int) -> int:
@@ -724,6 +714,8 @@ class HalideBackend(Backend):
             return ok, why
         if spec.kind != "elman":
             return unsupported(f"{self.full_name} implements the elman cell only, not {spec.kind}")
+        if spec.bidirectional:
+            return unsupported(f"{self.full_name} implements one direction only: its pipelines run the recurrence forwards in time")
         if spec.bptt.mode != "full":
             return unsupported(f"{self.full_name} implements bptt full only, not {spec.bptt}")
         if problem.dtype not in ("float32", "float64"):

@@ -412,6 +412,10 @@ class JaxBackend(Backend):
         """Every model, head, bptt mode, input kind, dtype and device of SPEC.md (``autotune``: GPU only)."""
         if self.variant == "autotune" and problem.device != "gpu":
             return unsupported("jax:autotune differs from jax only in XLA's GPU autotuning; on the CPU it is jax")
+        if problem.model.kind == "gru":
+            return unsupported(f"{self.full_name} implements the elman and lstm cells only, not gru")
+        if problem.model.bidirectional:
+            return unsupported(f"{self.full_name} implements one direction per layer only, not bidirectional layers")
         return True, ""
 
     @classmethod

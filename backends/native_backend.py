@@ -113,6 +113,10 @@ class NativeBackend(Backend):
         """Every model, head and bptt mode on the CPU; async only for workload train."""
         if problem.device != "cpu":
             return unsupported("the native backend runs on the CPU only")
+        if problem.model.kind == "gru":
+            return unsupported(f"{self.full_name}: its C++ kernels implement the elman and lstm steps only, not gru")
+        if problem.model.bidirectional:
+            return unsupported(f"{self.full_name}: its C++ kernels run one direction per layer, not bidirectional layers")
         if self.variant == "async" and problem.workload != "train":
             return unsupported(
                 "asynchronous parameter-server updates are not the spec's synchronous SGD; timed in workload train only"

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.base import Backend
+from backends.base import Backend, unsupported
 from harness.spec.model import layer_suffix
 
 # codes the kernels branch on (module-level ints are compile-time constants for Numba)
@@ -633,7 +633,12 @@ class NumbaBackend(Backend):
 
     def supports(self, problem) -> tuple[bool, str]:
         """Every SPEC.md model, head, bptt mode and dtype, on the CPU."""
-        return self.supports_device(problem.device)
+        ok, why = self.supports_device(problem.device)
+        if ok and problem.model.kind == "gru":
+            return unsupported(f"{self.full_name}: its kernels implement the elman and lstm cells only, not gru")
+        if ok and problem.model.bidirectional:
+            return unsupported(f"{self.full_name}: its kernels run one direction per layer, not bidirectional layers")
+        return ok, why
 
     def prepare(self, problem, params, device="cpu", threads=1) -> None:
         """Copy the parameters into layer-stacked arrays; BLAS threads come from the worker's environment."""

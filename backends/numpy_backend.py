@@ -7,6 +7,11 @@ gradients are single GEMMs over all steps. ``truncated: K`` runs one backward
 sweep that carries the K+1 outputs whose windows are open as a stack of rows
 (a ring indexed by ``t mod (K+1)``), so it is still one GEMM per step.
 
+The GRU keeps r and z in the slots of their pre-activations and, per step, costs one
+recurrent GEMM forward (two before the reset: ``(r * h) W_hn`` needs r first) and one
+backward (two before the reset). A bidirectional layer runs the same code on the
+time-reversed input for its reverse direction (full BPTT only, so one window).
+
 ``numpy:wildml`` is the WildML ``RNNNumpy`` tutorial code (one sentence at a
 time, ``np.outer`` per step, the O(T*K) ``bptt_truncate`` walk): the
 historical baseline every other backend is compared against.
@@ -32,26 +37,30 @@ def _sigmoid_(a: np.ndarray) -> None:
 class _Layer:
     """One recurrent layer's parameters (shared with the owner, updated in place) and buffers."""
 
-    def __init__(self, net: "_Fast", layer: int):
-        spec, p, s = net.spec, net.params, _sfx(layer)
-        self.index = layer
-        self.lstm = spec.kind == "lstm"
-        self.in_name = ("W_ih" if self.lstm else "W_xh") + s
+    def __init__(self, net: "_Fast", layer: int, direction: int = 0):
+        spec, p, s = net.spec, net.params, _sfx(layer, direction)
+        self.index, self.direction = layer, direction
+        self.lstm, self.gru = spec.kind == "lstm", spec.kind == "gru"
+        self.reset_after = self.gru and spec.reset_after
+        self.in_name = spec.input_weight + s
         self.hh_name = "W_hh" + s
-        self.b_name = (("b" if self.lstm else "b_h") + s) if spec.bias else None
+        self.b_name = (spec.bias_name + s) if spec.bias else None
+        self.bhn_name = "b_hn" + s if self.reset_after and spec.bias else None
         self.peep_names = tuple(k + s for k in ("p_i", "p_f", "p_o")) if spec.peephole else None
         self.W_in, self.W_hh = p[self.in_name], p[self.hh_name]
         self.b = p[self.b_name] if self.b_name else None
+        self.b_hn = p[self.bhn_name] if self.bhn_name else None
         if self.peep_names:
             self.p_i, self.p_f, self.p_o = (p[k] for k in self.peep_names)
             self.p_if = np.empty((2, spec.hidden), net.dtype)  # refreshed each call: p_i, p_f stacked
         self.sparse_input = layer == 0 and net.problem.tokens
+        self.single = not spec.bidirectional
 
     def allocate(self, T: int, B: int, S: int, H: int, top: bool, dtype) -> None:
         """Buffers for sequences of length T, batch B and S open truncation windows."""
-        G = 4 * H if self.lstm else H
+        G = (4 if self.lstm else 3 if self.gru else 1) * H
         e = lambda *shape: np.empty(shape, dtype)  # noqa: E731
-        self.a = e(T, B, G)  # pre-activations, then (LSTM) the gate activations i, f, ., o
+        self.a = e(T, B, G)  # pre-activations, then (LSTM) the gate activations i, f, ., o, (GRU) r, z, .
         self.h = np.zeros((T + 1, B, H), dtype)  # h[0] = h_{-1} = 0 is never written
         self.das = e(T, S, B, G)  # per-window dL/da (S = 1 unless truncated)
         self.das_rows = self.das.reshape(T, S * B, G)
@@ -61,7 +70,7 @@ class _Layer:
         # dL/dh from above: the output layer's (T, B, H), or the layer above's per-window (T, S, B, H).
         # With few rows, OpenBLAS computes W_hy dz^T (H x T*B) markedly faster than dz W_hy^T,
         # so the top layer then keeps it transposed and reads it through a strided view.
-        self.up_t = e(H, T * B) if top and T * B < H else None
+        self.up_t = e(H, T * B) if top and T * B < H and self.single else None
         if self.up_t is not None:
             self.up = self.up_t.T.reshape(T, B, H)
         else:
@@ -80,6 +89,20 @@ class _Layer:
             self.f_c = e(T, B, H) if self.peep_names else self.gates5[:, :, 1]  # dc_{t-1} = dc * f_c
             self.dc = e(S, B, H)
             self.dc_wide = self.dc[:, :, None, :]
+        elif self.gru:
+            self.gates4 = self.a.reshape(T, B, 3, H)
+            self.das4 = self.das.reshape(T, S, B, 3, H)
+            self.rec = e(B, G)
+            self.n = e(T, B, H)
+            self.un = e(T, B, H) if self.reset_after else None  # h_{t-1} W_hn + b_hn
+            self.rh = np.zeros((T, B, H), dtype) if not self.reset_after else None  # r * h_{t-1}
+            self.k_n, self.k_z, self.k_r = e(T, B, H), e(T, B, H), e(T, B, H)  # dL/da_n = dh k_n, ...
+            self.du = e(S, B, G)  # the recurrent side's dL/du: (da_r, da_z, da_n r) after the reset
+            self.du4 = self.du.reshape(S, B, 3, H)
+            self.du_rows = self.du.reshape(S * B, G)
+            self.tmp_sbh, self.tmp_tbh = e(S, B, H), e(T, B, H)
+            self.tmp_rows = self.tmp_sbh.reshape(S * B, H)
+            self.du_all = e(T, B, G)
         else:
             self.act_grad = e(T, B, H)
 
@@ -97,7 +120,11 @@ class _Buffers:
         self.T, self.B = T, B
         N, O = T * B, net.problem.output_size
         for layer in net.layers:
-            layer.allocate(T, B, self.S, spec.hidden, layer is net.layers[-1], net.dtype)
+            layer.allocate(T, B, self.S, spec.hidden, layer.index == spec.layers - 1, net.dtype)
+        # a bidirectional layer's output [h_t, h_t_rev] (row 0 zero, as h[0]) and its dL/d output
+        self.outs = [np.zeros((T + 1, B, 2 * spec.hidden), net.dtype) for _ in range(spec.layers)] \
+            if spec.bidirectional else None
+        self.ups = np.empty((T, B, 2 * spec.hidden), net.dtype) if spec.bidirectional else None
         self.z = np.empty((N, O), net.dtype)
         self.rows = np.arange(N)
         self.m = np.empty(N, net.dtype)
@@ -116,14 +143,19 @@ class _Fast:
         self.dtype = np.dtype(problem.dtype)
         self.one = self.dtype.type(1)
         self.params = {k: np.array(params[k], dtype=self.dtype, order="C") for k in self.spec.param_names()}
-        self.layers = [_Layer(self, layer) for layer in range(self.spec.layers)]
+        self.bi = self.spec.bidirectional
+        if self.bi:  # layer l's directions are layers[2l], layers[2l + 1]
+            self.layers = [_Layer(self, layer, d) for layer in range(self.spec.layers) for d in (0, 1)]
+        else:
+            self.layers = [_Layer(self, layer) for layer in range(self.spec.layers)]
         self.W_hy = self.params["W_hy"]
         self.b_y = self.params.get("b_y")
-        # gradient buffers; the token embedding's gradient stays as rows (see sgd_step)
-        sparse = self.layers[0].in_name if problem.tokens else None
-        self.grads = {k: np.empty_like(v) for k, v in self.params.items() if k != sparse}
+        # gradient buffers; each token embedding's gradient stays as rows (see sgd_step)
+        self.sparse = [lay for lay in self.layers if lay.sparse_input]
+        self.grads = {k: np.empty_like(v) for k, v in self.params.items()
+                      if k not in {lay.in_name for lay in self.sparse}}
         self.buf: _Buffers | None = None
-        self.sparse_rows: tuple[np.ndarray, np.ndarray] | None = None
+        self.sparse_rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     # -- inputs and buffers ----------------------------------------------------------
     def _inputs(self, x, y=None):
@@ -137,15 +169,25 @@ class _Fast:
 
     # -- forward ---------------------------------------------------------------------
     def _run_layers(self, x) -> np.ndarray:
-        """Forward through every layer; returns the top layer's h (T+1, B, H), h[0] = 0."""
+        """Forward through every layer; returns the top layer's h (T+1, B, H) (bidirectional: its
+        [h, h_rev], (T+1, B, 2H)), row 0 zero."""
         inp = x
         for layer in self.layers:
+            seq = inp[::-1] if layer.direction == 1 else inp
             if layer.lstm:
-                self._lstm_forward(layer, inp)
+                self._lstm_forward(layer, seq)
+            elif layer.gru:
+                self._gru_forward(layer, seq)
             else:
-                self._elman_forward(layer, inp)
-            inp = layer.h[1:]
-        return self.layers[-1].h
+                self._elman_forward(layer, seq)
+            if layer.direction == 1:
+                out, H = self.buf.outs[layer.index], self.spec.hidden
+                np.copyto(out[1:, :, :H], self.layers[2 * layer.index].h[1:])
+                np.copyto(out[1:, :, H:], layer.h[:0:-1])
+                inp = out[1:]
+            elif not self.bi:
+                inp = layer.h[1:]
+        return self.buf.outs[-1] if self.bi else self.layers[-1].h
 
     def _project(self, layer: _Layer, inp) -> np.ndarray:
         """``inp W_in (+ b)`` for every step at once: one row gather or one GEMM."""
@@ -177,6 +219,35 @@ class _Fast:
                 np.maximum(ht, 0, out=ht)
             else:
                 _sigmoid_(ht)
+
+    def _gru_forward(self, layer: _Layer, inp) -> None:
+        a, h, n, H = self._project(layer, inp), layer.h, layer.n, layer.h.shape[-1]
+        W_hh, rec, g4 = layer.W_hh, layer.rec, layer.gates4
+        W_hrz, W_hn = W_hh[:, : 2 * H], W_hh[:, 2 * H :]
+        for t in range(a.shape[0]):
+            at, nt = a[t], n[t]
+            r, z = g4[t, :, 0], g4[t, :, 1]
+            if layer.reset_after:
+                np.matmul(h[t], W_hh, out=rec)
+                np.add(at[:, : 2 * H], rec[:, : 2 * H], out=at[:, : 2 * H])
+                _sigmoid_(at[:, : 2 * H])
+                un = layer.un[t]
+                np.copyto(un, rec[:, 2 * H :])
+                if layer.b_hn is not None:
+                    np.add(un, layer.b_hn, out=un)
+                np.multiply(r, un, out=nt)
+            else:
+                np.matmul(h[t], W_hrz, out=rec[:, : 2 * H])
+                np.add(at[:, : 2 * H], rec[:, : 2 * H], out=at[:, : 2 * H])
+                _sigmoid_(at[:, : 2 * H])
+                np.multiply(r, h[t], out=layer.rh[t])
+                np.matmul(layer.rh[t], W_hn, out=nt)
+            np.add(nt, at[:, 2 * H :], out=nt)
+            np.tanh(nt, out=nt)
+            ht = h[t + 1]  # (1 - z) n + z h_{t-1} = n + z (h_{t-1} - n)
+            np.subtract(h[t], nt, out=ht)
+            np.multiply(ht, z, out=ht)
+            np.add(ht, nt, out=ht)
 
     def _lstm_forward(self, layer: _Layer, inp) -> None:
         a, h, c, g, tc = self._project(layer, inp), layer.h, layer.c, layer.g, layer.tc
@@ -276,21 +347,47 @@ class _Fast:
         loss = self._head(y, scale)
         t0, H = buf.t0, self.spec.hidden
         dz = buf.z[t0 * buf.B:]
-        np.matmul(h_top[t0 + 1:].reshape(-1, H).T, dz, out=self.grads["W_hy"])
+        np.matmul(h_top[t0 + 1:].reshape(-1, h_top.shape[-1]).T, dz, out=self.grads["W_hy"])
         if self.b_y is not None:
             np.sum(dz, axis=0, out=self.grads["b_y"])
         top = self.layers[-1]
+        if self.bi:
+            return self._grads_bidirectional(x, dz, loss)
         if top.up_t is not None:
             np.matmul(self.W_hy, dz.T, out=top.up_t[:, t0 * buf.B:])
         else:
             np.matmul(dz, self.W_hy.T, out=top.up[t0:].reshape(-1, H))
         for layer in reversed(self.layers):
             below = self.layers[layer.index - 1] if layer.index else None
-            if layer.lstm:
-                self._lstm_backward(layer, layer is top)
-            else:
-                self._elman_backward(layer, layer is top)
+            self._backward(layer, layer is top)
             self._weight_grads(layer, x if below is None else below.h[1:], below)
+        return loss
+
+    def _backward(self, layer: _Layer, top: bool) -> None:
+        if layer.lstm:
+            self._lstm_backward(layer, top)
+        elif layer.gru:
+            self._gru_backward(layer, top)
+        else:
+            self._elman_backward(layer, top)
+
+    def _grads_bidirectional(self, x, dz, loss) -> float:
+        """BPTT through bidirectional layers (full BPTT: one window, t0 = 0): each direction takes its half
+        of dL/d output (time-reversed for the reverse one) and both add their dL/d input into the layer below's."""
+        buf, H = self.buf, self.spec.hidden
+        ups = buf.ups
+        np.matmul(dz, self.W_hy.T, out=ups.reshape(-1, 2 * H))
+        for index in reversed(range(self.spec.layers)):
+            fwd, rev = self.layers[2 * index], self.layers[2 * index + 1]
+            np.copyto(fwd.up.reshape(ups.shape[0], -1, H), ups[:, :, :H])
+            np.copyto(rev.up.reshape(ups.shape[0], -1, H), ups[::-1, :, H:])
+            inp = x if index == 0 else buf.outs[index - 1][1:]
+            for layer in (fwd, rev):
+                self._backward(layer, index == self.spec.layers - 1)
+                self._weight_grads(layer, inp[::-1] if layer is rev else inp, None)
+            if index:  # the layer below's dL/d output: both directions' dL/d input, in forward time
+                np.matmul(fwd.da.reshape(-1, fwd.da.shape[-1]), fwd.W_in.T, out=ups.reshape(-1, 2 * H))
+                ups[::-1] += (rev.da.reshape(-1, rev.da.shape[-1]) @ rev.W_in.T).reshape(ups.shape)
         return loss
 
     def _seed(self, layer: _Layer, s: int, top: bool) -> None:
@@ -307,6 +404,50 @@ class _Fast:
             np.add(dh, up[s], out=dh)
         if layer.lstm:
             layer.dc[r].fill(0)
+
+    def _gru_backward(self, layer: _Layer, top: bool) -> None:
+        buf = self.buf
+        t0, T, H, one = buf.t0, buf.T, self.spec.hidden, self.one
+        g4 = layer.gates4[t0:]
+        r, z, n, h_prev = g4[:, :, 0], g4[:, :, 1], layer.n[t0:], layer.h[t0:T]
+        k_n, k_z, k_r = layer.k_n[t0:], layer.k_z[t0:], layer.k_r[t0:]
+        np.multiply(n, n, out=k_n)
+        np.subtract(one, k_n, out=k_n)
+        np.subtract(one, z, out=k_z)
+        np.multiply(k_n, k_z, out=k_n)  # k_n = (1 - z)(1 - n^2)
+        np.multiply(k_z, z, out=k_z)
+        tmp_t = layer.tmp_tbh[t0:]
+        np.subtract(h_prev, n, out=tmp_t)
+        np.multiply(k_z, tmp_t, out=k_z)  # k_z = (h_{t-1} - n) z (1 - z)
+        np.subtract(one, r, out=k_r)
+        np.multiply(k_r, r, out=k_r)  # k_r = r (1 - r) un (after), r (1 - r) h_{t-1} (before)
+        np.multiply(k_r, layer.un[t0:] if layer.reset_after else h_prev, out=k_r)
+        dh, dh_rows, das4, das_rows = layer.dh, layer.dh_rows, layer.das4, layer.das_rows
+        du, du4, du_rows, tmp, tmp_rows = layer.du, layer.du4, layer.du_rows, layer.tmp_sbh, layer.tmp_rows
+        W_hh = layer.W_hh
+        W_hrz_T, W_hn_T = W_hh[:, : 2 * H].T, W_hh[:, 2 * H :].T
+        dh.fill(0)
+        for s in range(T - 1, t0 - 1, -1):
+            self._seed(layer, s, top)
+            d4 = das4[s]
+            dan = d4[:, :, 2]
+            np.multiply(dh, layer.k_n[s], out=dan)
+            np.multiply(dh, layer.k_z[s], out=d4[:, :, 1])
+            if layer.reset_after:
+                np.multiply(dan, layer.k_r[s], out=d4[:, :, 0])
+                if s > t0:  # dh_{t-1} = dh z + (da_r, da_z, da_n r) W_hh^T
+                    np.copyto(du4[:, :, :2], d4[:, :, :2])
+                    np.multiply(dan, layer.gates4[s, :, 0], out=du4[:, :, 2])
+                    np.matmul(du_rows, W_hh.T, out=tmp_rows)
+            else:
+                np.matmul(dan.reshape(-1, H), W_hn_T, out=tmp_rows)  # dL/d(r h_{t-1})
+                np.multiply(tmp, layer.k_r[s], out=d4[:, :, 0])
+                if s > t0:  # dh_{t-1} = dh z + dL/d(r h) r + (da_r, da_z) W_hrz^T
+                    np.multiply(tmp, layer.gates4[s, :, 0], out=tmp)
+                    tmp_rows += das_rows[s][:, : 2 * H] @ W_hrz_T
+            if s > t0:
+                np.multiply(dh, layer.gates4[s, :, 1], out=dh)
+                np.add(dh, tmp, out=dh)
 
     def _elman_backward(self, layer: _Layer, top: bool) -> None:
         buf = self.buf
@@ -384,9 +525,23 @@ class _Fast:
         da = layer.da[t0:]
         da_rows = da.reshape(-1, da.shape[-1])
         t1 = max(t0, 1)  # h[0] = 0 adds nothing to W_hh's gradient
-        np.matmul(layer.h[t1:T].reshape(-1, H).T, layer.da[t1:].reshape(-1, da.shape[-1]), out=g[layer.hh_name])
+        h_rows = layer.h[t1:T].reshape(-1, H)
+        if layer.reset_after:  # the recurrent side's gradient: (da_r, da_z, da_n r)
+            du = layer.du_all[t0:]
+            np.copyto(du, da)
+            du4 = du.reshape(T - t0, buf.B, 3, H)
+            np.multiply(du4[:, :, 2], layer.gates4[t0:, :, 0], out=du4[:, :, 2])
+            np.matmul(h_rows.T, layer.du_all[t1:].reshape(-1, 3 * H), out=g[layer.hh_name])
+            if layer.bhn_name:
+                np.sum(du4[:, :, 2].reshape(-1, H), axis=0, out=g[layer.bhn_name])
+        elif layer.gru:  # (r h_{t-1}) W_hn: W_hn's gradient reads r h_{t-1}
+            dW = g[layer.hh_name]
+            dW[:, : 2 * H] = h_rows.T @ layer.da[t1:, :, : 2 * H].reshape(-1, 2 * H)
+            dW[:, 2 * H :] = layer.rh[t1:T].reshape(-1, H).T @ layer.da[t1:, :, 2 * H :].reshape(-1, H)
+        else:
+            np.matmul(h_rows.T, layer.da[t1:].reshape(-1, da.shape[-1]), out=g[layer.hh_name])
         if layer.sparse_input:
-            self.sparse_rows = (inp[t0:].reshape(-1), da_rows)
+            self.sparse_rows[layer.in_name] = (inp[t0:].reshape(-1), da_rows)
         else:
             np.matmul(inp[t0:].reshape(-1, inp.shape[-1]).T, da_rows, out=g[layer.in_name])
         if layer.b_name:
@@ -406,9 +561,7 @@ class _Fast:
         """Reported loss and dense copies of the gradients, keyed like the parameters."""
         loss = self._grads(x, y, 1.0)
         grads = {k: v.copy() for k, v in self.grads.items()}
-        if self.problem.tokens:
-            name = self.layers[0].in_name
-            ids, rows = self.sparse_rows
+        for name, (ids, rows) in self.sparse_rows.items():
             dense = np.zeros_like(self.params[name])
             np.add.at(dense, ids, rows)
             grads[name] = dense
@@ -426,9 +579,8 @@ class _Fast:
                 np.clip(step, -bound, bound, out=step)
             p = self.params[name]
             np.add(p, step, out=p)
-        if self.problem.tokens:
-            W = self.layers[0].W_in
-            ids, rows = self.sparse_rows
+        for name, (ids, rows) in self.sparse_rows.items():
+            W = self.params[name]
             if bound is None:
                 np.add.at(W, ids, rows)
             else:  # clip the summed gradient of each distinct row
@@ -468,6 +620,8 @@ class _WildML:
         m, who = problem.model, "numpy:wildml is the tutorial's"
         if problem.batch != 1:
             return unsupported(f"{who} one-example loop (batch 1 only)")
+        if m.bidirectional:
+            return unsupported(f"{who} one-direction network (no reverse direction)")
         if m.kind != "elman" or m.activation != "tanh":
             return unsupported(f"{who} tanh Elman network (got {m.kind}"
                                + (f" {m.activation})" if m.kind == "elman" else ")"))

@@ -57,6 +57,10 @@ class ScanGraphBackend(Backend):
     def supports(self, problem: Problem) -> tuple[bool, str]:
         if problem.device != "cpu":
             return unsupported(f"{self.full_name} runs on the CPU only")
+        if problem.model.kind == "gru":
+            return unsupported(f"{self.full_name}: its scan graph implements the elman and lstm cells only, not gru")
+        if problem.model.bidirectional:
+            return unsupported(f"{self.full_name}: its scan graph runs one direction per layer, not bidirectional layers")
         return True, ""
 
     def prepare(self, problem: Problem, params: dict[str, np.ndarray], device: str = "cpu", threads: int = 1) -> None:

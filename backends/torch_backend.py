@@ -1,15 +1,17 @@
-"""PyTorch: an explicit autograd cell, the fused nn.RNN / nn.LSTM modules, and torch.compile.
+"""PyTorch: an explicit autograd cell, the fused nn.RNN / nn.LSTM / nn.GRU modules, and torch.compile.
 
 Variants::
 
     autograd  the SPEC.md cell written step by step in torch ops; autograd does BPTT
-    fused     torch.nn.RNN / torch.nn.LSTM over the whole sequence (oneDNN on CPU, cuDNN on GPU)
+    fused     torch.nn.RNN / nn.LSTM / nn.GRU over the whole sequence (oneDNN on CPU, cuDNN on GPU)
     compile   the autograd variant with each time step's cell compiled by torch.compile (inductor)
 
 Shapes follow SPEC.md (time-major, row vectors). Token input is a row gather of
-the layer-0 input weight; its gradient comes back as one row per token and is
-applied with ``index_add_``, as a sparse embedding update would be, never through
-one-hot matrices or a dense (vocab, H) gradient in the training step.
+the layer-0 input weight (each direction's, in a bidirectional network); its gradient
+comes back as one row per token and is applied with ``index_add_``, as a sparse
+embedding update would be, never through one-hot matrices or a dense (vocab, H)
+gradient in the training step. The GRU's gates are grouped as the LSTM's: one input
+GEMM over all steps and one recurrent GEMM per step (two before the reset).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import importlib.util
 import numpy as np
 
 from backends.base import Backend, unsupported
-from harness.spec.model import Problem
+from harness.spec.model import Problem, layer_suffix
 
 _NOT_INSTALLED = "unavailable: torch not installed (pip install 'rnn-harness[torch]')"
 _NO_CUDA = "unavailable: no CUDA device (torch.cuda.is_available() is False)"
@@ -64,6 +66,9 @@ class TorchBackend(Backend):
         m = problem.model
         if self.variant != "fused":
             return True, ""
+        if m.kind == "gru" and not m.reset_after:
+            return unsupported("torch:fused: nn.GRU implements the reset-after form only (cuDNN's, "
+                               "r * (h W_hn + b_hn)), not reset_after: false")
         if m.kind == "elman" and m.activation == "sigmoid":
             return unsupported("torch:fused: nn.RNN offers only the tanh and relu nonlinearities")
         if m.peephole:
@@ -160,30 +165,32 @@ class _Net:
         spec = self.spec
         self.H = spec.hidden
         self.names = spec.param_names()
-        self.w_in = "W_xh" if spec.kind == "elman" else "W_ih"
-        self.b_in = "b_h" if spec.kind == "elman" else "b"
-        # Token input: the layer-0 input weight is a row table updated with index_add_.
-        self.table = self.w_in if problem.tokens else None
+        self.w_in, self.b_in = spec.input_weight, spec.bias_name
+        # Token input: each direction's layer-0 input weight is a row table updated with index_add_.
+        self.tables = [self.w_in + layer_suffix(0, d) for d in range(spec.directions)] if problem.tokens else []
+        self.table = self.tables[0] if self.tables else None
         self.transposed: set[str] = set()  # names stored transposed (module layout)
+        self.sliced: dict[str, slice] = {}  # names that are a slice of a module parameter (nn.GRU's b_hn)
         self.p = {}
         self._load(params)
-        self.train_names = [k for k in self.names if k != self.table]
+        self.train_names = [k for k in self.names if k not in self.tables]
         self.act = {"tanh": torch.tanh, "relu": torch.relu, "sigmoid": torch.sigmoid}[spec.activation]
-        self._elman_cell, self._lstm_cell = _cells(torch, self.act)
+        self._elman_cell, self._lstm_cell, self._gru_cell = _cells(torch, self.act, spec.reset_after)
         self._windows: dict[int, object] = {}
 
     # -- set-up ---------------------------------------------------------------------
     def _load(self, params):
         for k in self.names:
             t = self.torch.tensor(np.asarray(params[k]), dtype=self.dtype, device=self.device)
-            self.p[k] = t.requires_grad_(k != self.table)
+            self.p[k] = t.requires_grad_(k not in self.tables)
+
+    def _own(self, k: str, t):
+        """A tensor in the module's layout as SPEC.md names it: transposed back, or its slice."""
+        t = t.T if k in self.transposed else t
+        return t[self.sliced[k]] if k in self.sliced else t
 
     def get_params(self) -> dict[str, np.ndarray]:
-        out = {}
-        for k in self.names:
-            t = self.p[k].detach()
-            out[k] = (t.T if k in self.transposed else t).cpu().numpy().copy()
-        return out
+        return {k: self._own(k, self.p[k].detach()).cpu().numpy().copy() for k in self.names}
 
     def _x(self, x):
         return self.torch.as_tensor(self.problem.cast_inputs(x, np.int64), device=self.device)
@@ -197,12 +204,12 @@ class _Net:
         return max(0, T - bptt.k) if bptt.mode == "tail" else 0
 
     def _leaf_rows(self, xt):
-        """Token input: the gathered rows the gradient flows into, as a leaf; None for dense input."""
-        if self.table is None:
+        """Token input: per table, the gathered rows the gradient flows into, as leaves; None for dense input."""
+        if not self.tables:
             return None
         with self.torch.no_grad():
-            rows = self.p[self.table][xt[self._grad_start(xt.shape[0]):]]
-        return rows.requires_grad_(True)
+            rows = [self.p[k][xt[self._grad_start(xt.shape[0]):]] for k in self.tables]
+        return [r.requires_grad_(True) for r in rows]
 
     def _aux(self, T: int):
         """Gather indices of the truncated-BPTT windows, or None when no windows are needed."""
@@ -218,34 +225,42 @@ class _Net:
         return self._windows[T]
 
     # -- the network ----------------------------------------------------------------
-    def _project(self, P, layer: int, inp):
+    def _project(self, P, layer: int, inp, direction: int = 0):
         """``inp W + b`` for all steps at once: (S, N, Din) -> (S, N, G)."""
-        s = "" if layer == 0 else f"_{layer}"
+        s = layer_suffix(layer, direction)
         W, b = P[self.w_in + s], P.get(self.b_in + s)
         S, N = inp.shape[:2]
         flat = inp.reshape(S * N, -1)
         out = self.torch.mm(flat, W) if b is None else self.torch.addmm(b, flat, W)
         return out.view(S, N, -1)
 
-    def _project0(self, P, xt, rows, start: int, stop: int):
-        """Layer-0 input projection of steps start..stop-1; ``rows`` (the leaf) covers the grad steps."""
+    def _project0(self, P, xt, rows, start: int, stop: int, direction: int = 0):
+        """Layer-0 input projection of steps start..stop-1; ``rows`` (the leaves) cover the grad steps."""
         torch = self.torch
-        if self.table is None:
-            return self._project(P, 0, xt[start:stop])
+        if not self.tables:
+            return self._project(P, 0, xt[start:stop], direction)
         g0 = self._grad_start(xt.shape[0])
         use_rows = rows is not None and start >= g0
-        proj = rows[start - g0: stop - g0] if use_rows else P[self.table][xt[start:stop]]
-        b = P.get(self.b_in)
+        proj = rows[direction][start - g0: stop - g0] if use_rows else P[self.tables[direction]][xt[start:stop]]
+        b = P.get(self.b_in + layer_suffix(0, direction))
         return proj if b is None else torch.add(proj, b)
 
-    def _scan(self, P, layer: int, steps, h, c, want_c: bool = False):
-        """Run one layer over ``steps`` (S, N, G) from ``(h, c)`` (None: zeros).
+    def _scan(self, P, layer: int, steps, h, c, want_c: bool = False, direction: int = 0):
+        """Run one layer (one direction) over ``steps`` (S, N, G) from ``(h, c)`` (None: zeros).
 
         Returns ``(hs (S, N, H), h, c, cs)``; ``cs`` stacks the cell states when asked.
         """
-        s = "" if layer == 0 else f"_{layer}"
+        s = layer_suffix(layer, direction)
         W_hh = P["W_hh" + s]
         hs, cs = [], []
+        if self.spec.kind == "gru":
+            b_hn, cell = P.get("b_hn" + s), self._gru_cell
+            if h is None:
+                h = steps.new_zeros(steps.shape[1], self.H)
+            for a_in in steps.unbind(0):
+                h = cell(a_in, h, W_hh) if b_hn is None else cell(a_in, h, W_hh, b_hn)
+                hs.append(h)
+            return self.torch.stack(hs), h, None, None
         if self.spec.kind == "elman":
             act, cell = self.act, self._elman_cell
             for a_in in steps.unbind(0):
@@ -272,13 +287,18 @@ class _Net:
                 inp = self._project(P, layer, all_h[-1])
             h0, c0 = state[layer] if state is not None else (None, None)
             hs, h, c, cs = self._scan(P, layer, inp, h0, c0, want_c)
+            if self.spec.bidirectional:  # the reverse direction over the flipped steps, from zeros
+                back = self._project0(P, xt, rows, start, stop, 1) if layer == 0 else \
+                    self._project(P, layer, all_h[-1], 1)
+                hs_rev = self._scan(P, layer, back.flip(0), None, None, False, 1)[0]
+                hs = self.torch.cat([hs, hs_rev.flip(0)], -1)
             new_state.append((h, c))
             all_h.append(hs)
             all_c.append(cs)
         return all_h[-1], new_state, all_h, all_c
 
     def _logits(self, P, hs):
-        flat = hs.reshape(-1, self.H)
+        flat = hs.reshape(-1, hs.shape[-1])
         b = P.get("b_y")
         return self.torch.mm(flat, P["W_hy"]) if b is None else self.torch.addmm(b, flat, P["W_hy"])
 
@@ -361,33 +381,39 @@ class _Net:
         rows = self._leaf_rows(xt)
         obj, total = self._objective(self.p, xt, yt, rows, self._aux(xt.shape[0]))
         dense = [self.p[k] for k in self.train_names]
-        inputs = dense + ([rows] if rows is not None else [])
+        inputs = dense + (rows or [])
         gs = list(self.torch.autograd.grad(obj, inputs, allow_unused=True))
         for i, (g, t) in enumerate(zip(gs, inputs)):
             if g is None:  # e.g. p_f when no step has a previous cell state
                 gs[i] = self.torch.zeros_like(t)
-        row_grad = gs.pop() if rows is not None else None
+        for i, k in enumerate(self.train_names):
+            if k in self.sliced:  # only the slice is the parameter: the rest of the module's tensor stays
+                keep = self.torch.zeros_like(gs[i])
+                keep[self.sliced[k]] = gs[i][self.sliced[k]]
+                gs[i] = keep
+        row_grads = gs[len(dense):] if rows is not None else None
+        del gs[len(dense):]
         ids = xt[self._grad_start(xt.shape[0]):].reshape(-1) if rows is not None else None
-        return total, gs, row_grad, ids
+        return total, gs, row_grads, ids
 
     def loss_and_grads(self, x, y, as_numpy: bool = True):
         T, B = np.shape(x)[:2]
-        total, gs, row_grad, ids = self._grads(x, y)
+        total, gs, row_grads, ids = self._grads(x, y)
         if not as_numpy:
             return total, gs
         out = {}
         for k, g in zip(self.train_names, gs):
-            out[k] = (g.T if k in self.transposed else g).cpu().numpy()
-        if self.table is not None:
-            W = self.p[self.table]
+            out[k] = self._own(k, g).cpu().numpy()
+        for table, row_grad in zip(self.tables, row_grads or []):
+            W = self.p[table]
             dense = self.torch.zeros_like(W).index_add_(0, ids, row_grad.reshape(-1, W.shape[1]))
-            out[self.table] = dense.cpu().numpy()
+            out[table] = dense.cpu().numpy()
         return float(total) / (B * T), {k: out[k] for k in self.names}
 
     def sgd_step(self, x, y, lr: float) -> float:
         torch = self.torch
         T, B = np.shape(x)[:2]
-        total, gs, row_grad, ids = self._grads(x, y)
+        total, gs, row_grads, all_ids = self._grads(x, y)
         clip = self.spec.clip
         with torch.no_grad():
             params = [self.p[k] for k in self.train_names]
@@ -395,8 +421,8 @@ class _Net:
                 torch._foreach_clamp_min_(gs, -clip)
                 torch._foreach_clamp_max_(gs, clip)
             torch._foreach_add_(params, gs, alpha=-lr)
-            if self.table is not None:
-                W = self.p[self.table]
+            for table, row_grad in zip(self.tables, row_grads or []):
+                W, ids = self.p[table], all_ids
                 rg = row_grad.reshape(-1, W.shape[1])
                 if clip is not None:  # clip the per-row sums, not each token's share
                     ids, inverse = torch.unique(ids, return_inverse=True)
@@ -407,9 +433,22 @@ class _Net:
         return float(total) / (B * T)
 
 
-def _cells(torch, act):
+def _cells(torch, act, reset_after=True):
     """One time step of each cell, from a previous state: ``(elman(a_in, h, W_hh) -> h,
-    lstm(a_in, h, c, W_hh[, p_i, p_f, p_o]) -> (h, c))``; ``a_in`` is the step's input projection."""
+    lstm(a_in, h, c, W_hh[, p_i, p_f, p_o]) -> (h, c), gru(a_in, h, W_hh[, b_hn]) -> h)``;
+    ``a_in`` is the step's input projection (with the bias ``b``)."""
+
+    def gru(a_in, h, W_hh, b_hn=None):
+        H = h.shape[1]
+        if reset_after:  # one GEMM for all three gates: r * (h W_hn + b_hn)
+            u = torch.mm(h, W_hh)
+            r, z = torch.sigmoid(a_in[:, : 2 * H] + u[:, : 2 * H]).chunk(2, 1)
+            un = u[:, 2 * H:] if b_hn is None else u[:, 2 * H:] + b_hn
+            n = torch.tanh(torch.addcmul(a_in[:, 2 * H:], r, un))
+        else:  # (r * h) W_hn needs r first: a second GEMM
+            r, z = torch.sigmoid(torch.addmm(a_in[:, : 2 * H], h, W_hh[:, : 2 * H])).chunk(2, 1)
+            n = torch.tanh(torch.addmm(a_in[:, 2 * H:], r * h, W_hh[:, 2 * H:]))
+        return torch.addcmul(n, z, h - n)
 
     def elman(a_in, h, W_hh):
         return act(torch.addmm(a_in, h, W_hh))
@@ -430,7 +469,7 @@ def _cells(torch, act):
             c = torch.addcmul(f * c, i, torch.tanh(a[:, 2 * H: 3 * H]))
         return o * torch.tanh(c), c
 
-    return elman, lstm
+    return elman, lstm, gru
 
 
 def _lstm_first(torch, a_in, *peeps):
@@ -461,66 +500,81 @@ class _CompiledNet(_Net):
         torch._dynamo.config.fail_on_recompile_limit_hit = True
         self._elman_cell = torch.compile(self._elman_cell, fullgraph=True, dynamic=False)
         self._lstm_cell = torch.compile(self._lstm_cell, fullgraph=True, dynamic=False)
+        self._gru_cell = torch.compile(self._gru_cell, fullgraph=True, dynamic=False)
 
 
 class _FusedNet(_Net):
-    """torch.nn.RNN / torch.nn.LSTM (time-major) holding the recurrent weights; the head as matmuls.
+    """torch.nn.RNN / nn.LSTM / nn.GRU (time-major, ``bidirectional`` as the model asks) holding the
+    recurrent weights; the head as matmuls.
 
-    The module stores ``W_ih^T`` / ``W_hh^T``; ``b`` lives in ``bias_ih`` and ``bias_hh`` is a
-    frozen zero. For token input the module's layer-0 input weight is a frozen identity and
-    its input the gathered rows ``W_xh[x]`` (``W_ih[x]``): nn.RNN always multiplies its input
-    by ``weight_ih``, so this costs one extra (T*B, G) x (G, G) product over all steps, outside
-    the recurrence, and is exact in floating point (TF32 off); it keeps the row gather honest.
+    The module stores ``W_ih^T`` / ``W_hh^T``; ``b`` lives in ``bias_ih``, and ``bias_hh`` is a
+    frozen zero except nn.GRU's last third, which is ``b_hn`` (PyTorch's ``b_hr``, ``b_hz`` would
+    only add to ``b_ir``, ``b_iz``): its gradient and update touch that slice alone. For token
+    input the module's layer-0 input weight is a frozen identity (per direction, the block that
+    picks its own table's rows) and its input the gathered rows ``W_ih[x]`` (with
+    ``W_ih_rev[x]`` beside them): the module always multiplies its input by ``weight_ih``, so
+    this costs one extra (T*B, G) x (G, G) product per direction over all steps, outside the
+    recurrence, and is exact in floating point (TF32 off); it keeps the row gather honest.
     """
 
     def _load(self, params):
         torch, spec = self.torch, self.spec
-        H, L = spec.hidden, spec.layers
-        G = H if spec.kind == "elman" else 4 * H
-        d_in = G if self.problem.tokens else params[self.w_in].shape[0]
+        H, L, ndir = spec.hidden, spec.layers, spec.directions
+        G = spec.gates * H
+        d_in = ndir * G if self.problem.tokens else params[self.w_in].shape[0]
         if spec.kind == "elman":
-            mod = torch.nn.RNN(d_in, H, num_layers=L, nonlinearity=spec.activation, bias=spec.bias)
+            mod = torch.nn.RNN(d_in, H, num_layers=L, nonlinearity=spec.activation, bias=spec.bias,
+                               bidirectional=spec.bidirectional)
         else:
-            mod = torch.nn.LSTM(d_in, H, num_layers=L, bias=spec.bias)
+            module = torch.nn.LSTM if spec.kind == "lstm" else torch.nn.GRU
+            mod = module(d_in, H, num_layers=L, bias=spec.bias, bidirectional=spec.bidirectional)
         mod = mod.to(device=self.device, dtype=self.dtype)
         for prm in mod.parameters():
             prm.requires_grad_(False)
+        own = {}  # SPEC.md name -> module parameter
         with torch.no_grad():
             for layer in range(L):
-                s = "" if layer == 0 else f"_{layer}"
-                w_ih = getattr(mod, f"weight_ih_l{layer}")
-                if layer == 0 and self.problem.tokens:
-                    w_ih.copy_(torch.eye(G, dtype=self.dtype, device=self.device))
-                else:
-                    w_ih.copy_(torch.as_tensor(np.asarray(params[self.w_in + s]).T))
-                getattr(mod, f"weight_hh_l{layer}").copy_(torch.as_tensor(np.asarray(params["W_hh" + s]).T))
-                if spec.bias:
-                    getattr(mod, f"bias_ih_l{layer}").copy_(torch.as_tensor(np.asarray(params[self.b_in + s])))
-                    getattr(mod, f"bias_hh_l{layer}").zero_()
+                for d in range(ndir):
+                    s, m = layer_suffix(layer, d), f"l{layer}" + ("_reverse" if d else "")
+                    w_ih = getattr(mod, f"weight_ih_{m}")
+                    if layer == 0 and self.problem.tokens:
+                        w_ih.zero_()
+                        w_ih[:, d * G: (d + 1) * G] = torch.eye(G, dtype=self.dtype, device=self.device)
+                    else:
+                        w_ih.copy_(torch.as_tensor(np.asarray(params[self.w_in + s]).T))
+                        own[self.w_in + s] = w_ih
+                    own["W_hh" + s] = getattr(mod, f"weight_hh_{m}")
+                    own["W_hh" + s].copy_(torch.as_tensor(np.asarray(params["W_hh" + s]).T))
+                    if spec.bias:
+                        own[self.b_in + s] = getattr(mod, f"bias_ih_{m}")
+                        own[self.b_in + s].copy_(torch.as_tensor(np.asarray(params[self.b_in + s])))
+                        bias_hh = getattr(mod, f"bias_hh_{m}")
+                        bias_hh.zero_()
+                        if spec.kind == "gru":
+                            bias_hh[2 * H:] = torch.as_tensor(np.asarray(params["b_hn" + s]))
+                            own["b_hn" + s] = bias_hh
+                            self.sliced["b_hn" + s] = slice(2 * H, 3 * H)
         if self.device.type == "cuda":
             mod.flatten_parameters()  # one cuDNN weight buffer; in-place updates keep it valid
-        for layer in range(L):
-            s = "" if layer == 0 else f"_{layer}"
-            if not (layer == 0 and self.problem.tokens):
-                self.p[self.w_in + s] = getattr(mod, f"weight_ih_l{layer}")
-                self.transposed.add(self.w_in + s)
-            self.p["W_hh" + s] = getattr(mod, f"weight_hh_l{layer}")
-            self.transposed.add("W_hh" + s)
-            if spec.bias:
-                self.p[self.b_in + s] = getattr(mod, f"bias_ih_l{layer}")
+        for k, prm in own.items():
+            self.p[k] = prm
+            if prm.dim() == 2:
+                self.transposed.add(k)
         for k in self.names:
-            if k not in self.p:  # the head, and the token table
+            if k not in self.p:  # the head, and the token tables
                 self.p[k] = torch.tensor(np.asarray(params[k]), dtype=self.dtype, device=self.device)
-            self.p[k].requires_grad_(k != self.table)
+            self.p[k].requires_grad_(k not in self.tables)
         self.mod = mod
 
     def _inputs(self, xt, rows, start, stop):
-        if self.table is None:
+        if not self.tables:
             return xt[start:stop]
         g0 = self._grad_start(xt.shape[0])
         if rows is not None and start >= g0:
-            return rows[start - g0: stop - g0]
-        return self.p[self.table][xt[start:stop]]
+            parts = [r[start - g0: stop - g0] for r in rows]
+        else:
+            parts = [self.p[k][xt[start:stop]] for k in self.tables]
+        return parts[0] if len(parts) == 1 else self.torch.cat(parts, -1)
 
     def _objective(self, P, xt, yt, rows, win_idx):
         T, B = xt.shape[:2]

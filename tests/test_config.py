@@ -28,7 +28,16 @@ def with_keys(patch: str) -> str:
         ("model: {kind: elman, hidden: 0}", "model.hidden: expected a positive integer, got 0"),
         ("model: {kind: elman, hidden: -3}", "model.hidden: expected a positive integer, got -3"),
         ("model: {kind: elman, hidden: 8, colour: red}", "model.colour: unknown key; valid keys are"),
-        ("model: {kind: gru, hidden: 8}", "model.kind: expected one of elman, lstm, got 'gru'"),
+        ("model: {kind: rnn, hidden: 8}", "model.kind: expected one of elman, lstm, gru, got 'rnn'"),
+        ("model: {kind: gru, hidden: 8, reset_after: 1}", "model.reset_after: expected true or false, got 1"),
+        ("model: {kind: lstm, hidden: 8, reset_after: false}", "model.reset_after: reset_after exists only for kind gru"),
+        ("model: {kind: gru, activation: relu}", "model.activation: the gru cell has fixed activations"),
+        ("model: {kind: gru, bidirectional: true, bptt: {truncated: 4}}",
+         "model.bptt: bidirectional layers need bptt full (truncated and tail gradients run along one direction of time), got truncated:4"),
+        ("model: {kind: elman, bidirectional: true, bptt: {tail: 3}}", "model.bptt: bidirectional layers need bptt full"),
+        ("model: {kind: lstm, bidirectional: yes please}", "model.bidirectional: expected true or false"),
+        ("model: {kind: gru, hidden: 8, bidirectional: true}\nsweep: {model.bptt: [full, {truncated: 2}]}",
+         "sweep model.bptt={'truncated': 2}: model.bptt: bidirectional layers need bptt full"),
         ("model: {kind: elman, bptt: {truncated: 0}}", "model.bptt.truncated: expected a positive integer, got 0"),
         ("batch: -1", "batch: expected a positive integer or a list of them, got -1"),
         ("batch: [1, 0]", "batch: expected a positive integer or a list of them"),
@@ -56,6 +65,15 @@ def test_bad_values_name_file_and_key(fake_backends, write_config, patch, expect
     assert msg.startswith(f"{path}: "), msg
     assert expected in msg, msg
     assert "\n" not in msg
+
+
+def test_gru_and_bidirectional_models_are_accepted(fake_backends, write_config):
+    text = with_keys("model: {kind: gru, hidden: 8, reset_after: false, bidirectional: true, layers: 2}")
+    (cell,) = load_config(write_config(text)).cells()
+    m = cell.problem.model
+    assert (m.kind, m.reset_after, m.bidirectional, m.bptt.mode) == ("gru", False, True, "full")
+    assert "reset_before" in m.describe() and "bidirectional" in m.describe()
+    assert load_config(write_config(with_keys("model: {kind: gru}"))).cells()[0].problem.model.reset_after
 
 
 def test_cli_reports_bad_config_with_exit_2_and_no_traceback(fake_backends, write_config):

@@ -48,6 +48,9 @@ NARROW = [
     ({"kind": "lstm", "peephole": True, "head": "mse", "output_act": "tanh", "bptt": {"tail": 3}, "layers": 2}, False),
     ({"kind": "lstm", "bias": False, "bptt": {"truncated": 1}, "layers": 2}, True),
     ({"kind": "elman", "activation": "sigmoid", "head": "mse", "bptt": "full"}, False),
+    ({"kind": "gru", "bptt": {"truncated": 2}, "layers": 2, "clip": 0.05}, True),
+    ({"kind": "gru", "reset_after": False, "head": "mse", "bptt": {"tail": 3}}, False),
+    ({"kind": "gru", "bidirectional": True, "layers": 2}, True),
 ]
 
 
@@ -75,6 +78,8 @@ def test_fast_with_few_rows_and_a_wide_hidden_layer(model, tokens, dtype):
         ({"model": ModelSpec.from_mapping({"head": "mse"})}, "mse"),
         ({"model": ModelSpec.from_mapping({"layers": 2})}, "layers 2"),
         ({"model": ModelSpec.from_mapping({"activation": "relu"})}, "relu"),
+        ({"model": ModelSpec.from_mapping({"kind": "gru"})}, "gru"),
+        ({"model": ModelSpec.from_mapping({"bidirectional": True})}, "one-direction"),
     ],
 )
 def test_wildml_refuses_what_the_tutorial_does_not_do(change, why):
@@ -112,6 +117,8 @@ def test_fast_keeps_the_problem_dtype():
 ALLOC_MODELS = [
     ({"kind": "elman", "bias": False, "bptt": {"truncated": 4}}, True),
     ({"kind": "lstm", "peephole": True, "head": "mse", "bptt": "full", "layers": 2}, False),
+    ({"kind": "gru", "bptt": {"truncated": 4}, "layers": 2}, True),
+    ({"kind": "gru", "reset_after": False, "head": "mse", "bptt": "full"}, False),
 ]
 B_ALLOC, H_ALLOC = 8, 128  # T*B*H > numpy's ufunc buffer (8192 items) already at T = 10
 
@@ -134,7 +141,8 @@ def _alloc_setup(model, tokens, T):
     return spec, case, params, make_data(case)
 
 
-@pytest.mark.parametrize("model,tokens", ALLOC_MODELS, ids=["elman-truncated-tokens", "lstm-peephole-mse-L2"])
+@pytest.mark.parametrize("model,tokens", ALLOC_MODELS, ids=["elman-truncated-tokens", "lstm-peephole-mse-L2",
+                                                            "gru-truncated-tokens-L2", "gru-before-mse"])
 def test_fast_step_allocates_nothing_that_grows_with_sequence_length(model, tokens):
     peaks, ref_peaks = {}, {}
     for T in (10, 50):

@@ -35,7 +35,7 @@ def _surrogate(spec, params, base, x, y):
     _, base_cache = ref.forward(spec, base, x)
 
     def state_at(t):  # each layer's (h, c) before step t, from the base run
-        return [(lay["h"][t], lay["c"][t]) for lay in base_cache["layers"]]
+        return [(lay[0]["h"][t], lay[0]["c"][t]) for lay in base_cache["layers"]]
 
     if mode == "full":
         z, _ = ref.forward(spec, params, x)
@@ -82,9 +82,23 @@ LSTM_CASES = [
     for peep, bias, (hd, oa), bp, layers in itertools.product([False, True], [True, False], HEADS, BPTTS, [1, 2])
 ]
 
+GRU_CASES = [
+    dict(kind="gru", hidden=H, reset_after=after, bias=bias, head=hd, output_act=oa, bptt=bp, layers=layers)
+    for after, (bias, layers), (hd, oa), bp in itertools.product([True, False], [(True, 1), (True, 2), (False, 1)],
+                                                                 HEADS, BPTTS)
+]
+# bidirectional layers need full BPTT: every cell and head, two layers with one head, no biases with another
+BIDIRECTIONAL_CASES = [
+    dict(cell, hidden=H, bias=i != 2, head=hd, output_act=oa, layers=2 if i == 1 else 1, bidirectional=True)
+    for cell in (dict(kind="elman", activation="tanh"), dict(kind="elman", activation="relu"), dict(kind="lstm"),
+                 dict(kind="lstm", peephole=True), dict(kind="gru"), dict(kind="gru", reset_after=False))
+    for i, (hd, oa) in enumerate(HEADS)
+]
+
 
 @pytest.mark.parametrize("tokens", [True, False], ids=["tokens", "dense"])
-@pytest.mark.parametrize("model", ELMAN_CASES + LSTM_CASES, ids=lambda m: ModelSpec.from_mapping(m).describe())
+@pytest.mark.parametrize("model", ELMAN_CASES + LSTM_CASES + GRU_CASES + BIDIRECTIONAL_CASES,
+                         ids=lambda m: ModelSpec.from_mapping(m).describe())
 def test_finite_differences(model, tokens):
     _fd_check(ModelSpec.from_mapping(model), tokens)
 
@@ -106,7 +120,7 @@ def _grads(bptt, x, y, kind="elman"):
     return ref.loss_and_grads(spec, params, x, y)[1]
 
 
-@pytest.mark.parametrize("kind", ["elman", "lstm"])
+@pytest.mark.parametrize("kind", ["elman", "lstm", "gru"])
 def test_truncated_and_tail_differ_but_equal_full_when_k_covers_sequence(kind):
     x, y = _data(True, "softmax_xent", seed=5, T=10)
     full = _grads("full", x, y, kind)
@@ -119,6 +133,36 @@ def test_truncated_and_tail_differ_but_equal_full_when_k_covers_sequence(kind):
         got = _grads(mode, x, y, kind)
         for k in full:
             np.testing.assert_allclose(got[k], full[k], rtol=1e-12, atol=1e-14, err_msg=f"{mode} {k}")
+
+
+def test_gru_forms_and_directions_are_what_spec_says():
+    """One step by hand (h_0 = 0): the forms differ only through b_hn's reset; the reverse direction reads
+    the sequence backwards; swapping the gate blocks changes the answer (the order r, z, n is checked)."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(1, B, D))
+    after = ModelSpec.from_mapping({"kind": "gru", "hidden": H, "head": "mse"})
+    p = _randomise(ref.init_params(after, D, O, seed=4))
+    a_r, a_z, a_n = np.split(x[0] @ p["W_ih"] + p["b"], 3, axis=-1)
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    r, z = sig(a_r), sig(a_z)
+    h1 = (1 - z) * np.tanh(a_n + r * p["b_hn"])
+    np.testing.assert_allclose(ref.forward(after, p, x)[1]["top"][0], h1, rtol=1e-12)
+    before = ModelSpec.from_mapping({"kind": "gru", "hidden": H, "head": "mse", "reset_after": False})
+    pb = {k: v for k, v in p.items() if k != "b_hn"}
+    np.testing.assert_allclose(ref.forward(before, pb, x)[1]["top"][0], (1 - z) * np.tanh(a_n), rtol=1e-12)
+    swapped = dict(p, W_ih=np.concatenate(np.split(p["W_ih"], 3, axis=1)[::-1], axis=1))
+    assert np.abs(ref.forward(after, swapped, x)[0] - ref.forward(after, p, x)[0]).max() > 1e-3
+    bi = ModelSpec.from_mapping({"kind": "gru", "hidden": H, "head": "mse", "bidirectional": True})
+    pbi = _randomise(ref.init_params(bi, D, O, seed=5))
+    xs = rng.normal(size=(5, B, D))
+    top = ref.forward(bi, pbi, xs)[1]["top"]
+    assert top.shape == (5, B, 2 * H)
+    fwd = {k: pbi[k] for k in after.param_names() if k not in ("W_hy", "b_y")}
+    rev = {k: pbi[k + "_rev"] for k in fwd}
+    W = np.zeros((H, O))
+    np.testing.assert_allclose(top[..., :H], ref.forward(after, {**fwd, "W_hy": W, "b_y": 0 * pbi["b_y"]}, xs)[1]["top"])
+    np.testing.assert_allclose(top[..., H:], ref.forward(after, {**rev, "W_hy": W, "b_y": 0 * pbi["b_y"]},
+                                                         xs[::-1])[1]["top"][::-1])
 
 
 def test_sgd_update_clips_each_element():

@@ -9,6 +9,35 @@ def test_layer_suffix_spells_the_parameter_names():
     assert "W_ih" in names and "W_hh_1" in names and "p_o_1" in names
 
 
+def test_one_layout_gives_names_shapes_counts_and_flops():
+    from math import prod
+
+    from harness.spec.model import Problem
+
+    D, H, O = 5, 4, 6
+    gru = ModelSpec(kind="gru", hidden=H, layers=2, bidirectional=True)
+    shapes = gru.param_shapes(D, O)
+    assert list(shapes) == ["W_ih", "W_hh", "b", "b_hn", "W_ih_rev", "W_hh_rev", "b_rev", "b_hn_rev",
+                            "W_ih_1", "W_hh_1", "b_1", "b_hn_1", "W_ih_1_rev", "W_hh_1_rev", "b_1_rev",
+                            "b_hn_1_rev", "W_hy", "b_y"]
+    assert shapes["W_ih"] == (D, 3 * H) and shapes["W_ih_1_rev"] == (2 * H, 3 * H) and shapes["W_hy"] == (2 * H, O)
+    assert gru.param_names() == list(shapes) and gru.param_count(D, O) == sum(map(prod, shapes.values()))
+    before = ModelSpec(kind="gru", hidden=H, reset_after=False, bias=False)
+    assert before.param_names() == ["W_ih", "W_hh", "W_hy"]
+    assert ModelSpec(kind="gru", hidden=H, reset_after=False).param_names() == ["W_ih", "W_hh", "b", "W_hy", "b_y"]
+    # SPEC's FLOP counts per step and row: gru 6(DH + H^2) + 2HO; a reverse direction doubles the
+    # recurrent part, and the layer above and W_hy read 2H features
+    one = Problem(ModelSpec(kind="gru", hidden=H), D, O, False, batch=3, seq_len=7)
+    assert one.flops_forward() == (6 * (D * H + H * H) + 2 * H * O) * 3 * 7
+    assert Problem(ModelSpec(kind="gru", hidden=H), D, O, True).flops_forward() == (6 * H * H + 2 * H * O) * 20
+    bi = Problem(gru, D, O, False, seq_len=1)
+    assert bi.flops_forward() == 2 * 6 * (D * H + H * H) + 2 * 6 * (2 * H * H + H * H) + 2 * 2 * H * O
+    lstm = Problem(ModelSpec(kind="lstm", hidden=H, layers=3), D, O, False, seq_len=1)
+    assert lstm.flops_forward() == 8 * (D * H + H * H) + 2 * 8 * (H * H + H * H) + 2 * H * O
+    huge = ModelSpec(kind="elman", hidden=H, layers=10**15)  # a closed form: no loop over layers
+    assert huge.param_count(D, O) > 10**15
+
+
 def test_a_window_as_long_as_the_sequence_is_full_bptt():
     T = 10
     assert Bptt("truncated", 9).effective(T) == Bptt("full", None)

@@ -15,10 +15,12 @@ from harness.spec.model import ModelSpec, Problem  # noqa: E402
 CASES = all_cases()
 QUICK = all_cases(quick=True)
 # torch.compile costs seconds per graph: a few cases that cover dense and token input,
-# elman and lstm, tail and truncated windows, two layers, and the WildML shape
+# elman, lstm and both GRU forms, tail and truncated windows, two layers, a bidirectional layer, and the WildML shape
 COMPILE_CASES = [c for c in CASES if (c.label, c.dtype) in {
     ("elman-tanh mse-tanh tail:3 dense B=3 nobias L=2", "float32"),
     ("lstm mse-tanh truncated:3 tokens B=3 nobias", "float32"),
+    ("gru mse tail:3 dense B=3 nobias L=2", "float32"),
+    ("gru-before-bi softmax full tokens B=3", "float64"),
     ("realistic wildml 8000x100 T=20 full", "float32"),
 }]
 
@@ -52,6 +54,9 @@ def test_fused_covers_what_the_modules_express():
     assert ("lstm", "tail", True, 2) in kinds and ("elman", "full", False, 1) in kinds
     assert {("lstm", "truncated", True, 1), ("elman", "truncated", False, 1)} <= kinds
     assert any(k[1] == "truncated" and k[3] == 2 for k in kinds)
+    assert {("gru", "truncated", True, 1), ("gru", "tail", False, 1)} <= kinds
+    bidirectional = {(c.model.kind, c.tokens) for c in supported if c.model.bidirectional}
+    assert {"elman", "lstm", "gru"} == {k for k, _ in bidirectional} and {True, False} == {t for _, t in bidirectional}
 
 
 @pytest.mark.parametrize(
@@ -59,6 +64,7 @@ def test_fused_covers_what_the_modules_express():
     [
         ({"kind": "lstm", "peephole": True}, "peephole"),
         ({"kind": "elman", "activation": "sigmoid"}, "tanh and relu"),
+        ({"kind": "gru", "reset_after": False}, "reset-after form only"),
     ],
 )
 def test_fused_says_unsupported_with_reason(model, words):
@@ -92,9 +98,10 @@ def test_truncated_and_tail_gradients_differ_and_follow_the_reference(name):
     assert max(np.abs(a[k] - b[k]).max() for k in a) > 1e-3
 
 
-def test_fused_keeps_spec_names_and_layouts():
-    case = next(c for c in CASES if c.model.kind == "lstm" and c.model.layers == 2 and c.model.bias and not c.tokens
-                and not c.model.peephole and c.model.bptt.mode == "full")
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_fused_keeps_spec_names_and_layouts(kind):
+    case = next(c for c in CASES if c.model.kind == kind and c.model.layers == 2 and c.model.bias and not c.tokens
+                and not c.model.peephole and c.model.bptt.mode == "full" and c.model.bidirectional == (kind == "gru"))
     params = initial_params(case)
     be = backends.create("torch:fused")
     be.prepare(case.problem(), params)
@@ -105,10 +112,15 @@ def test_fused_keeps_spec_names_and_layouts():
     x, y = make_data(case)
     _, grads = be.loss_and_grads(x, y)
     assert {k: g.shape for k, g in grads.items()} == {k: v.shape for k, v in params.items()}
+    if kind == "gru":  # b_hn is the last third of nn.GRU's bias_hh; its first two thirds stay zero
+        be.sgd_step(x, y, 0.1)
+        bias_hh = be._net.mod.bias_hh_l1_reverse.detach().numpy()
+        assert not bias_hh[: 2 * case.model.hidden].any()
+        np.testing.assert_array_equal(bias_hh[2 * case.model.hidden:], be.get_params()["b_hn_1_rev"])
 
 
 def test_compile_cases_exist():
-    assert len(COMPILE_CASES) == 3
+    assert len(COMPILE_CASES) == 5
 
 
 @pytest.mark.slow

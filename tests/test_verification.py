@@ -16,6 +16,7 @@ from harness.run.worker import CellState, verify_step
 from wrong_backends import WrongBackend
 
 WRONG = ("scaled", "nobias", "window")
+GRU_WRONG = ("gateorder", "nobhn", "resetform")
 BIGBATCH = """
 name: bigbatch
 seed: 10
@@ -134,10 +135,27 @@ def _cases():
     picked = {}
     for c in all_cases():
         key = (c.label.split()[0], c.label.split()[2], c.dtype)
-        if c.model.bias and c.batch == 3 and key[1] in ("full", "truncated:3") and key not in picked:
+        if c.model.bias and c.batch == 3 and key not in picked:
             picked[key] = c
     return [picked[k] for k in (("elman-tanh", "full", "float32"), ("elman-relu", "truncated:3", "float32"),
-                                ("lstm", "full", "float64"), ("lstm-peephole", "truncated:3", "float32"))]
+                                ("lstm", "full", "float64"), ("lstm-peephole", "truncated:3", "float32"),
+                                ("gru", "full", "float32"), ("gru", "tail:3", "float64"),
+                                ("gru-before", "truncated:3", "float32"), ("gru-before", "full", "float64"),
+                                ("elman-tanh-bi", "full", "float32"), ("gru-bi", "full", "float64"),
+                                ("gru-before-bi", "full", "float32"))]
+
+
+def _wrong_variants(case):
+    """Every error that the case's model can show: the GRU's own ones for a GRU (b_hn only where the model
+    has it), a scaled reverse-direction tensor for a bidirectional one; no shorter window where the model
+    asks for full BPTT of a bidirectional layer (there is no one-direction window to shorten)."""
+    m = case.model
+    out = [(v, None) for v in WRONG if not (v == "window" and m.bidirectional)]
+    if m.bidirectional:
+        out.append(("scaled", "W_hh_rev"))
+    if m.kind == "gru":
+        out += [(v, None) for v in GRU_WRONG if v != "nobhn" or "b_hn" in m.param_names()]
+    return out
 
 
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: f"{c.label} {c.dtype}")
@@ -145,10 +163,27 @@ def test_conformance_catches_wrong_backends_at_ordinary_shapes(case):
     import backends
 
     assert run_case(backends.create("numpy"), case).status == "pass"
-    for variant in WRONG:
-        res = run_case(WrongBackend(variant), case)
-        assert res.status == "fail", (variant, res)
-        assert res.worst_ratio > 3
+    for variant, tensor in _wrong_variants(case):
+        backend = WrongBackend(variant)
+        if tensor:
+            backend.scaled_tensor = tensor
+        res = run_case(backend, case)
+        assert res.status == "fail", (variant, tensor, res)
+        assert res.worst_ratio > 3, (variant, tensor, res)
+
+
+def test_gru_errors_are_caught_at_the_realistic_shape():
+    import backends
+
+    for case in (c for c in all_cases(quick=True) if c.label.startswith("realistic gru")):
+        assert run_case(backends.create("numpy"), case).status == "pass"
+        for variant, tensor in _wrong_variants(case):
+            backend = WrongBackend(variant)
+            if tensor:
+                backend.scaled_tensor = tensor
+            backend.window_k = 4  # a window one step short of T = 25 is invisible: the GRU forgets over 23 steps
+            res = run_case(backend, case)
+            assert res.status == "fail" and res.worst_ratio > 3, (case.label, variant, tensor, res)
 
 
 def test_conformance_catches_wrong_backends_at_the_kink(monkeypatch):

@@ -6,12 +6,21 @@ Each is the numpy backend with one deliberate error in what it computes:
 - ``wrong:nobias``: the recurrent bias gets no gradient (it never moves); on a model without
   biases, the output weights ``W_hy`` instead;
 - ``wrong:window``: truncated BPTT with a window one step shorter than the model asks for
-  (``full`` becomes ``truncated: T - 2``), or ``truncated: window_k`` when that is set.
+  (``full`` becomes ``truncated: T - 2``), or ``truncated: window_k`` when that is set;
+
+and, for the GRU:
+
+- ``wrong:gateorder``: reads the gate blocks in the order z, r, n instead of r, z, n;
+- ``wrong:nobhn``: leaves out the recurrent bias ``b_hn`` (as if it were zero; it never moves);
+- ``wrong:resetform``: applies the reset in the other form (before the recurrent product where the
+  model asks for after, and the other way round; ``b_hn`` then is zero or ignored).
 
 Registered through HARNESS_BACKENDS like tests/fake_backends.py, so workers load them too.
 """
 
 from dataclasses import replace
+
+from harness.spec.model import Problem
 
 import numpy as np
 
@@ -25,7 +34,7 @@ class WrongBackend(NumpyBackend):
     """The numpy backend with one error, named by the variant."""
 
     name = "wrong"
-    variants = ("scaled", "nobias", "window")
+    variants = ("scaled", "nobias", "window", "gateorder", "nobhn", "resetform")
     scaled_tensor = "W_hh"
     window_k = None  # the wrong window's K; None: one step shorter than the model's
 
@@ -34,18 +43,56 @@ class WrongBackend(NumpyBackend):
             return "W_hy"
         return "b_h" if self.problem.model.kind == "elman" else "b"
 
+    def supports(self, problem: Problem):
+        if self.variant in ("gateorder", "nobhn", "resetform") and problem.model.kind != "gru":
+            return False, "unsupported: a GRU error"
+        if self.variant == "nobhn" and "b_hn" not in problem.model.param_names():
+            return False, "unsupported: the model has no b_hn"
+        return super(WrongBackend, self).supports(problem)
+
+    def _swap(self, params: dict) -> dict:
+        """The gate blocks r and z swapped in every gate-wide tensor (its own inverse)."""
+        H = self.problem.model.hidden
+        out = dict(params)
+        for k, v in params.items():
+            if v.shape[-1] == 3 * H and not k.startswith("W_hy") and k != "b_y":
+                out[k] = np.concatenate([v[..., H : 2 * H], v[..., :H], v[..., 2 * H :]], axis=-1)
+        return out
+
     def prepare(self, problem, params, device="cpu", threads=1):
-        inner = problem
+        inner, self.problem, self._kept = problem, problem, {}
         if self.variant == "window":
             bptt = problem.model.bptt
             k = bptt.k - 1 if bptt.mode == "truncated" else problem.seq_len - 2
             k = k if self.window_k is None else self.window_k
             inner = replace(problem, model=replace(problem.model, bptt=Bptt("truncated", k)))
+        elif self.variant == "gateorder":
+            params = self._swap(params)
+        elif self.variant == "nobhn":  # b_hn held at zero inside, reported as given
+            self._kept = {k: np.array(v) for k, v in params.items() if k.startswith("b_hn")}
+            params = {k: (np.zeros_like(v) if k in self._kept else v) for k, v in params.items()}
+        elif self.variant == "resetform":
+            inner = replace(problem, model=replace(problem.model, reset_after=not problem.model.reset_after))
+            names = inner.model.param_names()
+            self._kept = {k: np.array(v) for k, v in params.items() if k not in names}
+            H = problem.model.hidden
+            params = {k: params.get(k, np.zeros(H, np.asarray(params["W_hy"]).dtype)) for k in names}
         super().prepare(inner, params, device, threads)
         self.problem = problem
 
+    def _outer(self, tensors: dict, fill) -> dict:
+        """Inner tensors as the problem names them: swapped back, kept ones filled in, extra ones dropped."""
+        if self.variant == "gateorder":
+            return self._swap(tensors)
+        if self.variant in ("nobhn", "resetform"):
+            out = {k: tensors[k] for k in tensors if k in self.problem.model.param_names()}
+            out.update({k: fill(v) for k, v in self._kept.items()})
+            return {k: out[k] for k in self.problem.model.param_names()}
+        return tensors
+
     def loss_and_grads(self, x, y):
         loss, grads = super().loss_and_grads(x, y)
+        grads = self._outer(grads, np.zeros_like)
         if self.variant == "scaled":
             grads[self.scaled_tensor] = grads[self.scaled_tensor] * SCALE
         elif self.variant == "nobias":
@@ -59,6 +106,10 @@ class WrongBackend(NumpyBackend):
         if self.variant == "scaled":
             k = self.scaled_tensor
             params[k][...] = before[k] + SCALE * (params[k] - before[k])
-        elif self.variant == "nobias":
-            params[self._bias()][...] = before[self._bias()]
+        elif self.variant in ("nobias", "nobhn"):
+            for k in ([self._bias()] if self.variant == "nobias" else self._kept):
+                params[k][...] = before[k]
         return loss
+
+    def get_params(self):
+        return self._outer(super().get_params(), np.copy)

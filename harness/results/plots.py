@@ -220,7 +220,7 @@ def arithmetic_intensity(df: pd.DataFrame) -> pd.Series:
     Each weight matrix is read once per step and the step's activations once each, the
     best any backend can do; the estimate depends on sizes only (B, D, H, O, dtype).
     """
-    gates = np.where(df["model"].to_numpy() == "lstm", 4, 1)
+    gates = df["model"].map({"lstm": 4, "gru": 3}).fillna(1).to_numpy(dtype=float)
     itemsize = df["dtype"].map(lambda d: np.dtype(d).itemsize).to_numpy(dtype=float)
     b, d, h, o = (df[c].to_numpy(dtype=float) for c in ("batch", "input_size", "hidden_size", "output_size"))
     layers = df["layers"].fillna(1).to_numpy(dtype=float) if "layers" in df else np.ones(len(df))

@@ -33,7 +33,7 @@ def cell_columns(cell, host: str | None = None) -> dict:
         "device": p.device, "model": m.kind, "task": cell.task.kind, "workload": p.workload, "dtype": p.dtype,
         "batch": p.batch, "seq_len": p.seq_len, "input_size": p.input_size, "hidden_size": m.hidden,
         "output_size": p.output_size, "threads": cell.threads, "bptt": str(m.bptt), "layers": m.layers,
-        "activation": m.activation if m.kind == "elman" else "lstm", "head": m.head, "output_act": m.output_act,
+        "activation": m.activation if m.kind == "elman" else m.kind, "head": m.head, "output_act": m.output_act,
         "peephole": m.peephole, "bias": m.bias, "tokens": p.tokens, "sweep": json.dumps(cell.point, default=str),
         "host": host,  # a run spread over a cluster names where each cell ran
     }

@@ -334,12 +334,10 @@ def estimate_bytes(cell: Cell) -> float:
     the activations BPTT keeps (T x B x H per layer and gate), the outputs, and the data set."""
     p, m, task = cell.problem, cell.problem.model, cell.task
     item = 4 if p.dtype == "float32" else 8
-    gates = 4 if m.kind == "lstm" else 1
     h = m.hidden
     # closed forms, not loops over layers: an absurd layer count must be refused at once
-    params = gates * (p.input_size * h + h * h + h) + (m.layers - 1) * gates * (2 * h * h + h)
-    params += h * p.output_size + p.output_size
-    activations = p.seq_len * p.batch * (h * m.layers * (2 * gates + 1) + 2 * p.output_size)
+    params = m.param_count(p.input_size, p.output_size)
+    activations = p.seq_len * p.batch * (h * m.layers * m.directions * (2 * m.gates + 1) + 2 * p.output_size)
     n_seq = task.n_sequences + task.n_eval
     per_step_in = 1 if p.tokens else p.input_size
     per_step_out = 1 if m.head == "softmax_xent" else p.output_size

@@ -16,7 +16,9 @@ from typing import Any, Mapping
 
 from harness.spec.errors import HarnessError
 
-MODEL_KINDS = ("elman", "lstm")
+MODEL_KINDS = ("elman", "lstm", "gru")
+#: gate blocks per cell: the width of its input and recurrent weights is GATES[kind] * H
+GATES = {"elman": 1, "lstm": 4, "gru": 3}
 ACTIVATIONS = ("tanh", "relu", "sigmoid")
 HEADS = ("softmax_xent", "mse")
 OUTPUT_ACTS = ("linear", "tanh")
@@ -113,9 +115,10 @@ class Bptt:
         return self
 
 
-def layer_suffix(layer: int) -> str:
-    """The suffix of layer ``layer``'s parameter names (SPEC.md): none for the first, ``_<layer>`` above it."""
-    return "" if layer == 0 else f"_{layer}"
+def layer_suffix(layer: int, direction: int = 0) -> str:
+    """The suffix of layer ``layer``'s parameter names (SPEC.md): none for the first, ``_<layer>`` above it;
+    the reverse direction (``direction`` 1) of a bidirectional layer adds ``_rev`` after it."""
+    return ("" if layer == 0 else f"_{layer}") + ("_rev" if direction else "")
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,8 @@ class ModelSpec:
     layers: int = 1
     peephole: bool = False
     clip: float | None = None
+    reset_after: bool = True  # gru only: r multiplies (h W_hh_n + b_hn), else h before the product
+    bidirectional: bool = False
 
     @classmethod
     def from_mapping(cls, mapping: Any, where: str = "model") -> "ModelSpec":
@@ -152,10 +157,17 @@ class ModelSpec:
             layers=_pos_int(m.get("layers", 1), f"{where}.layers"),
             peephole=_bool(m.get("peephole", False), f"{where}.peephole"),
             clip=None if m.get("clip") is None else _pos_float(m["clip"], f"{where}.clip"),
+            reset_after=_bool(m.get("reset_after", True), f"{where}.reset_after"),
+            bidirectional=_bool(m.get("bidirectional", False), f"{where}.bidirectional"),
         )
-        if kind == "lstm" and "activation" in m and m["activation"] != "tanh":
-            raise HarnessError(f"{where}.activation: the lstm cell has fixed activations; drop the key")
-        if kind == "elman" and spec.peephole:
+        if kind != "elman" and "activation" in m and m["activation"] != "tanh":
+            raise HarnessError(f"{where}.activation: the {kind} cell has fixed activations; drop the key")
+        if kind != "gru" and not spec.reset_after:
+            raise HarnessError(f"{where}.reset_after: reset_after exists only for kind gru")
+        if spec.bidirectional and spec.bptt.mode != "full":
+            raise HarnessError(f"{where}.bptt: bidirectional layers need bptt full (truncated and tail gradients "
+                               f"run along one direction of time), got {spec.bptt}")
+        if kind != "lstm" and spec.peephole:
             raise HarnessError(f"{where}.peephole: peepholes exist only for kind lstm")
         if spec.head == "softmax_xent" and spec.output_act != "linear":
             raise HarnessError(f"{where}.output_act: the softmax_xent head needs output_act linear")
@@ -166,26 +178,84 @@ class ModelSpec:
         d["bptt"] = self.bptt.to_value()
         return d
 
+    @property
+    def gates(self) -> int:
+        """Gate blocks of the cell (1, 4 or 3): its input and recurrent weights have ``gates * H`` columns."""
+        return GATES[self.kind]
+
+    @property
+    def directions(self) -> int:
+        """Directions per layer: 2 when bidirectional (the reverse one's names end in ``_rev``), else 1."""
+        return 2 if self.bidirectional else 1
+
+    @property
+    def input_weight(self) -> str:
+        """The input weights' name stem: ``W_xh`` (elman) or ``W_ih`` (lstm, gru)."""
+        return "W_xh" if self.kind == "elman" else "W_ih"
+
+    @property
+    def bias_name(self) -> str:
+        """The gate bias's name stem: ``b_h`` (elman) or ``b`` (lstm, gru)."""
+        return "b_h" if self.kind == "elman" else "b"
+
+    def layer_shapes(self, layer: int, input_size: int) -> dict[str, tuple[int, ...]]:
+        """Names and shapes of layer ``layer``'s parameters, both directions, in canonical order (SPEC.md):
+        per direction the input weights, ``W_hh``, the bias, then ``b_hn`` (gru, reset after) or the
+        peepholes (lstm). Layer 0 reads ``input_size`` features, a layer above reads ``directions * H``."""
+        H, G = self.hidden, self.gates * self.hidden
+        din = input_size if layer == 0 else self.directions * H
+        shapes: dict[str, tuple[int, ...]] = {}
+        for direction in range(self.directions):
+            s = layer_suffix(layer, direction)
+            shapes[self.input_weight + s], shapes["W_hh" + s] = (din, G), (H, G)
+            if self.bias:
+                shapes[self.bias_name + s] = (G,)
+                if self.kind == "gru" and self.reset_after:
+                    shapes["b_hn" + s] = (H,)
+            if self.peephole:
+                shapes.update({p + s: (H,) for p in ("p_i", "p_f", "p_o")})
+        return shapes
+
+    def head_shapes(self, output_size: int) -> dict[str, tuple[int, ...]]:
+        """The output layer's parameters: ``W_hy`` reads the top layer's ``directions * H`` outputs."""
+        return {"W_hy": (self.directions * self.hidden, output_size), **({"b_y": (output_size,)} if self.bias else {})}
+
+    def param_shapes(self, input_size: int, output_size: int) -> dict[str, tuple[int, ...]]:
+        """Every parameter's name and shape in the canonical order (also the order of initialisation)."""
+        shapes: dict[str, tuple[int, ...]] = {}
+        for layer in range(self.layers):
+            shapes.update(self.layer_shapes(layer, input_size))
+        shapes.update(self.head_shapes(output_size))
+        return shapes
+
     def param_names(self) -> list[str]:
         """Parameter names in the canonical order (also the order of initialisation)."""
-        names: list[str] = []
-        for layer in range(self.layers):
-            sfx = layer_suffix(layer)
-            if self.kind == "elman":
-                names += [f"W_xh{sfx}", f"W_hh{sfx}"] + ([f"b_h{sfx}"] if self.bias else [])
-            else:
-                names += [f"W_ih{sfx}", f"W_hh{sfx}"] + ([f"b{sfx}"] if self.bias else [])
-                if self.peephole:
-                    names += [f"p_i{sfx}", f"p_f{sfx}", f"p_o{sfx}"]
-        names += ["W_hy"] + (["b_y"] if self.bias else [])
-        return names
+        return list(self.param_shapes(1, 1))
+
+    def param_count(self, input_size: int, output_size: int, tokens: bool = False, matrices_only: bool = False) -> int:
+        """How many numbers the parameters hold (a closed form: layers above the second are like it);
+        ``matrices_only`` counts the weight matrices alone, ``tokens`` leaves out the first layer's input
+        weights (a row gather, no product): what the FLOP count needs."""
+
+        def size(layer: int) -> int:
+            shapes = self.layer_shapes(layer, input_size).items()
+            return sum(math.prod(shape) for name, shape in shapes if len(shape) == 2 or not matrices_only
+                       if not (tokens and layer == 0 and name.startswith(self.input_weight)))
+
+        head = sum(math.prod(shape) for shape in self.head_shapes(output_size).values()
+                   if len(shape) == 2 or not matrices_only)
+        return size(0) + (self.layers - 1) * (size(1) if self.layers > 1 else 0) + head
 
     def describe(self) -> str:
         parts = [self.kind, f"H={self.hidden}"]
         if self.layers > 1:
             parts.append(f"L={self.layers}")
+        if self.bidirectional:
+            parts.append("bidirectional")
         if self.kind == "elman":
             parts.append(self.activation)
+        if self.kind == "gru" and not self.reset_after:
+            parts.append("reset_before")
         if self.peephole:
             parts.append("peephole")
         parts += [self.head if self.output_act == "linear" else f"{self.head}/{self.output_act}", str(self.bptt)]
@@ -313,12 +383,10 @@ class Problem:
 
     def flops_forward(self) -> float:
         """GEMM FLOPs of one forward pass over the whole batch and sequence (SPEC.md)."""
-        m, d, h, o = self.model, self.input_size, self.model.hidden, self.output_size
-        per_layer = []
-        for layer in range(m.layers):
-            din = 0 if (layer == 0 and self.tokens) else (d if layer == 0 else h)
-            per_layer.append((8 if m.kind == "lstm" else 2) * (din * h + h * h))
-        per_step = sum(per_layer) + 2 * h * o
+        # 2 FLOPs per multiply-add of every weight matrix, once per step and row (a token input's
+        # first-layer product is a row gather): elman 2(DH + H^2 + HO), lstm 8(DH + H^2) + 2HO,
+        # gru 6(DH + H^2) + 2HO; a reverse direction doubles the recurrent part and W_hy's rows
+        per_step = 2 * self.model.param_count(self.input_size, self.output_size, self.tokens, matrices_only=True)
         return float(per_step) * self.batch * self.seq_len
 
     def flops(self, workload: str | None = None) -> float:

@@ -9,11 +9,17 @@ Shapes (time-major, row vectors)::
     y  (T, B) int class ids   or  (T, B, O) floats
     h, c  (B, H)              z  (T, B, O) logits / pre-activations
 
-Parameters, per layer ``l`` (suffix ``_l`` past the first layer)::
+Parameters, per layer ``l`` (suffix ``_l`` past the first layer) and direction
+(suffix ``_rev`` after it for the reverse one of a bidirectional layer); ``D`` is
+``2H`` above the first layer of a bidirectional network, as are ``W_hy``'s rows::
 
     elman  W_xh (D, H)  W_hh (H, H)   b_h (H)
-    lstm   W_ih (D, 4H) W_hh (H, 4H)  b (4H)   [p_i, p_f, p_o (H)]
+    lstm   W_ih (D, 4H) W_hh (H, 4H)  b (4H)   [p_i, p_f, p_o (H)]     gates i, f, g, o
+    gru    W_ih (D, 3H) W_hh (H, 3H)  b (3H)   [b_hn (H), reset after] gates r, z, n
     head   W_hy (H, O)  b_y (O)
+
+A reverse direction is the same cell run over the time-reversed input; its outputs
+are reversed back and concatenated to the forward ones, ``[h_t, h_t_rev]`` (B, 2H).
 
 Gradients are of the objective ``L = (1/B) sum_{b,t} l(b,t)``; the loss returned is
 the reported one, ``sum l / (B*T)``.
@@ -25,7 +31,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from harness.spec.model import ModelSpec
+from harness.spec.model import ModelSpec, layer_suffix
 
 __all__ = ["init_params", "forward", "outputs", "head", "loss_and_grads", "sgd_update", "sgd_step", "as_model"]
 
@@ -35,8 +41,8 @@ def as_model(model: Any) -> ModelSpec:
     return model if isinstance(model, ModelSpec) else ModelSpec.from_mapping(model)
 
 
-def _sfx(layer: int) -> str:
-    return "" if layer == 0 else f"_{layer}"
+def _sfx(layer: int, direction: int = 0) -> str:
+    return layer_suffix(layer, direction)
 
 
 def init_params(model, input_size: int, output_size: int, seed: int, dtype="float64") -> dict[str, np.ndarray]:
@@ -50,24 +56,13 @@ def init_params(model, input_size: int, output_size: int, seed: int, dtype="floa
         bound = 1.0 / np.sqrt(fan)
         return rng.uniform(-bound, bound, size=shape)
 
-    for layer in range(spec.layers):
-        s, din = _sfx(layer), (input_size if layer == 0 else H)
-        if spec.kind == "elman":
-            p["W_xh" + s] = uniform(din, (din, H))
-            p["W_hh" + s] = uniform(H, (H, H))
-            if spec.bias:
-                p["b_h" + s] = np.zeros(H)
+    for name, shape in spec.param_shapes(input_size, output_size).items():
+        if len(shape) == 1:  # biases and peepholes
+            p[name] = np.zeros(shape)
+        elif spec.kind == "elman" and name != "W_hy" and not name.startswith("W_hh"):
+            p[name] = uniform(shape[0], shape)  # W_xh: U(+-1/sqrt(its input width))
         else:
-            p["W_ih" + s] = uniform(H, (din, 4 * H))
-            p["W_hh" + s] = uniform(H, (H, 4 * H))
-            if spec.bias:
-                p["b" + s] = np.zeros(4 * H)
-            if spec.peephole:
-                for gate in ("p_i", "p_f", "p_o"):
-                    p[gate + s] = np.zeros(H)
-    p["W_hy"] = uniform(H, (H, output_size))
-    if spec.bias:
-        p["b_y"] = np.zeros(output_size)
+            p[name] = uniform(H, shape)
     assert list(p) == spec.param_names()
     return {k: v.astype(dtype) for k, v in p.items()}
 
@@ -98,13 +93,73 @@ def _project(W, x_t):
     return W[x_t] if x_t.dtype.kind in "iu" else x_t @ W
 
 
+def _elman_forward(spec, p, s, x, h):
+    """Fill ``h[1:]`` (T, B, H) from ``h[0]``; returns the gate cache (none for Elman)."""
+    b = p.get("b_h" + s, 0)
+    for t in range(x.shape[0]):
+        h[t + 1] = _act(spec.activation, _project(p["W_xh" + s], x[t]) + h[t] @ p["W_hh" + s] + b)
+    return {}
+
+
+def _lstm_forward(spec, p, s, x, h, c):
+    """Fill ``h[1:]``, ``c[1:]`` from ``h[0]``, ``c[0]``; returns the gates ``i, f, g, o`` (T, B, H)."""
+    T, B, H = x.shape[0], h.shape[1], h.shape[2]
+    b = p.get("b" + s, 0)
+    gates = {k: np.zeros((T, B, H), h.dtype) for k in "ifgo"}
+    zero = np.zeros(H, h.dtype)
+    pi, pf, po = (p.get(k + s, zero) for k in ("p_i", "p_f", "p_o"))
+    for t in range(T):
+        a = _project(p["W_ih" + s], x[t]) + h[t] @ p["W_hh" + s] + b
+        ai, af, ag, ao = np.split(a, 4, axis=-1)  # gate order i, f, g, o
+        i = _sigmoid(ai + pi * c[t])
+        f = _sigmoid(af + pf * c[t])
+        g = np.tanh(ag)
+        c[t + 1] = f * c[t] + i * g
+        o = _sigmoid(ao + po * c[t + 1])
+        h[t + 1] = o * np.tanh(c[t + 1])
+        for k, v in zip("ifgo", (i, f, g, o)):
+            gates[k][t] = v
+    return gates
+
+
+def _gru_forward(spec, p, s, x, h):
+    """Fill ``h[1:]`` from ``h[0]``; returns the gates ``r, z, n`` and ``un`` (T, B, H).
+
+    ``a = x_t W_ih + b`` and ``u = h_{t-1} W_hh`` split in gate order r, z, n;
+    ``r = sigmoid(a_r + u_r)``, ``z = sigmoid(a_z + u_z)``, and with ``W_hn = W_hh[:, 2H:]``
+    reset after (the default): ``n = tanh(a_n + r * un)``, ``un = u_n + b_hn = h_{t-1} W_hn + b_hn``;
+    reset before (Cho et al.): ``n = tanh(a_n + (r * h_{t-1}) W_hn)`` (``un`` unused, zero);
+    ``h_t = (1 - z) * n + z * h_{t-1}``.
+    """
+    T, B, H = x.shape[0], h.shape[1], h.shape[2]
+    b, b_hn, W_hh = p.get("b" + s, 0), p.get("b_hn" + s, 0), p["W_hh" + s]
+    W_hrz, W_hn = W_hh[:, : 2 * H], W_hh[:, 2 * H :]
+    gates = {k: np.zeros((T, B, H), h.dtype) for k in ("r", "z", "n", "un")}
+    for t in range(T):
+        a_r, a_z, a_n = np.split(_project(p["W_ih" + s], x[t]) + b, 3, axis=-1)  # gate order r, z, n
+        u_r, u_z = np.split(h[t] @ W_hrz, 2, axis=-1)
+        r = _sigmoid(a_r + u_r)
+        z = _sigmoid(a_z + u_z)
+        if spec.reset_after:
+            un = h[t] @ W_hn + b_hn
+            n = np.tanh(a_n + r * un)
+            gates["un"][t] = un
+        else:
+            n = np.tanh(a_n + (r * h[t]) @ W_hn)
+        h[t + 1] = (1 - z) * n + z * h[t]
+        for k, v in zip("rzn", (r, z, n)):
+            gates[k][t] = v
+    return gates
+
+
 def forward(model, params, x, state=None):
     """Run the network over ``x``; returns ``(z, cache)``.
 
     ``state`` optionally gives each layer's starting ``h`` (and ``c``) as a list of
-    ``(h, c)`` pairs; the default is zeros. ``cache["layers"][l]`` holds ``inp`` (the
-    layer's input), ``h`` and ``c`` of shape (T+1, B, H) with index 0 the starting
-    state, and for the LSTM the gate activations ``i, f, g, o`` of shape (T, B, H).
+    ``(h, c)`` pairs (forward direction); the default is zeros. ``cache["layers"][l][d]``
+    is direction ``d`` of layer ``l``: ``inp`` (the input it reads, time-reversed for
+    ``d = 1``), ``h`` and ``c`` of shape (T+1, B, H) in its own time order with index 0 the
+    starting state, and the cell's gate activations of shape (T, B, H).
     """
     spec, p = as_model(model), params
     T, B = x.shape[:2]
@@ -113,37 +168,26 @@ def forward(model, params, x, state=None):
     inp = x
     layers = []
     for layer in range(spec.layers):
-        s = _sfx(layer)
-        h = np.zeros((T + 1, B, H), dtype)
-        c = np.zeros((T + 1, B, H), dtype)
-        if state is not None:
-            h[0], c[0] = state[layer]
-        cache = {"inp": inp, "h": h, "c": c}
-        if spec.kind == "elman":
-            b = p.get("b_h" + s, 0)
-            for t in range(T):
-                h[t + 1] = _act(spec.activation, _project(p["W_xh" + s], inp[t]) + h[t] @ p["W_hh" + s] + b)
-        else:
-            b = p.get("b" + s, 0)
-            gates = {k: np.zeros((T, B, H), dtype) for k in "ifgo"}
-            zero = np.zeros(H, dtype)
-            pi, pf, po = (p.get(k + s, zero) for k in ("p_i", "p_f", "p_o"))
-            for t in range(T):
-                a = _project(p["W_ih" + s], inp[t]) + h[t] @ p["W_hh" + s] + b
-                ai, af, ag, ao = np.split(a, 4, axis=-1)  # gate order i, f, g, o
-                i = _sigmoid(ai + pi * c[t])
-                f = _sigmoid(af + pf * c[t])
-                g = np.tanh(ag)
-                c[t + 1] = f * c[t] + i * g
-                o = _sigmoid(ao + po * c[t + 1])
-                h[t + 1] = o * np.tanh(c[t + 1])
-                for k, v in zip("ifgo", (i, f, g, o)):
-                    gates[k][t] = v
-            cache.update(gates)
-        layers.append(cache)
-        inp = h[1:]
+        dirs = []
+        for d in range(spec.directions):
+            s = _sfx(layer, d)
+            h = np.zeros((T + 1, B, H), dtype)
+            c = np.zeros((T + 1, B, H), dtype)
+            if state is not None and d == 0:
+                h[0], c[0] = state[layer]
+            seq = inp if d == 0 else inp[::-1]
+            if spec.kind == "elman":
+                gates = _elman_forward(spec, p, s, seq, h)
+            elif spec.kind == "lstm":
+                gates = _lstm_forward(spec, p, s, seq, h, c)
+            else:
+                gates = _gru_forward(spec, p, s, seq, h)
+            dirs.append({"inp": seq, "h": h, "c": c, **gates})
+        layers.append(dirs)
+        # the layer's output at t: [h_t, h_t_rev] (the reverse run's step T-1-t)
+        inp = np.concatenate([dirs[0]["h"][1:]] + [dd["h"][1:][::-1] for dd in dirs[1:]], axis=-1)
     z = inp @ p["W_hy"] + p.get("b_y", 0)
-    return z, {"layers": layers}
+    return z, {"layers": layers, "top": inp}
 
 
 def outputs(model, params, x):
@@ -236,15 +280,78 @@ def _lstm_backward(spec, p, s, cache, dh_out, t0, t1, grads, want_dx):
     return dx
 
 
-def _backward_window(spec, p, cache, dh_top, t0, t1, grads):
-    """Backprop ``dh_top`` (gradient w.r.t. the top layer's h_t) through steps t1..t0 of every layer.
+def _gru_backward(spec, p, s, cache, dh_out, t0, t1, grads, want_dx):
+    """Backprop through steps t1..t0 of one GRU layer; ``h[t0]`` is held constant.
 
-    Layer l-1 feeds layer l only at the same step, so whole layers can be done top-down.
+    With ``dh`` the gradient reaching ``h_t``: ``h_{t-1}`` gets ``dh z`` directly,
+    ``da_z = dh (h_{t-1} - n) z (1 - z)``, ``da_n = dh (1 - z) (1 - n^2)``; ``da_n`` reaches
+    ``r`` and ``h_{t-1}`` through ``r * un`` (reset after) or ``(r * h_{t-1}) W_hn`` (reset before).
     """
-    layer_backward = _elman_backward if spec.kind == "elman" else _lstm_backward
+    x, h = cache["inp"], cache["h"]
+    W_ih, W_hh = p["W_ih" + s], p["W_hh" + s]
+    H = h.shape[-1]
+    W_hrz, W_hn = W_hh[:, : 2 * H], W_hh[:, 2 * H :]
+    dW_hh = grads["W_hh" + s]
+    dx = np.zeros(x.shape[:2] + (W_ih.shape[0],), h.dtype) if want_dx else None
+    dh_next = np.zeros_like(h[0])
+    for t in range(t1, t0 - 1, -1):
+        r, z, n, un = (cache[k][t] for k in ("r", "z", "n", "un"))
+        h_prev = h[t]
+        dh = dh_out[t] + dh_next
+        dan = dh * (1 - z) * (1 - n * n)
+        daz = dh * (h_prev - n) * z * (1 - z)
+        if spec.reset_after:
+            dun = dan * r  # gradient of un = h_{t-1} W_hn + b_hn
+            dar = dan * un * r * (1 - r)
+            dW_hh[:, 2 * H :] += h_prev.T @ dun
+            if spec.bias:
+                grads["b_hn" + s] += dun.sum(axis=0)
+            dh_prev = dun @ W_hn.T
+        else:
+            drh = dan @ W_hn.T  # gradient of r * h_{t-1}
+            dar = drh * h_prev * r * (1 - r)
+            dW_hh[:, 2 * H :] += (r * h_prev).T @ dan
+            dh_prev = drh * r
+        drz = np.concatenate([dar, daz], axis=-1)
+        dW_hh[:, : 2 * H] += h_prev.T @ drz
+        dh_next = dh * z + dh_prev + drz @ W_hrz.T
+        da = np.concatenate([dar, daz, dan], axis=-1)
+        if x.dtype.kind in "iu":
+            np.add.at(grads["W_ih" + s], x[t], da)
+        else:
+            grads["W_ih" + s] += x[t].T @ da
+        if spec.bias:
+            grads["b" + s] += da.sum(axis=0)
+        if want_dx:
+            dx[t] = da @ W_ih.T
+    return dx
+
+
+_BACKWARD = {"elman": _elman_backward, "lstm": _lstm_backward, "gru": _gru_backward}
+
+
+def _backward_window(spec, p, cache, dh_top, t0, t1, grads):
+    """Backprop ``dh_top`` (gradient w.r.t. the top layer's output at each step, (T, B, dirs*H))
+    through steps t1..t0 of every layer (a window other than the whole sequence: one direction only).
+
+    Layer l-1 feeds layer l only at the same step, so whole layers can be done top-down; a
+    reverse direction takes its slice of the gradient time-reversed and gives its input's back.
+    """
+    layer_backward = _BACKWARD[spec.kind]
+    H, T = spec.hidden, dh_top.shape[0]
     dh = dh_top
     for layer in reversed(range(spec.layers)):
-        dh = layer_backward(spec, p, _sfx(layer), cache["layers"][layer], dh, t0, t1, grads, want_dx=layer > 0)
+        dx = 0
+        for d, dcache in enumerate(cache["layers"][layer]):
+            dh_d = dh[..., d * H : (d + 1) * H]
+            if d == 0:
+                got = layer_backward(spec, p, _sfx(layer, d), dcache, dh_d, t0, t1, grads, want_dx=layer > 0)
+            else:
+                assert (t0, t1) == (0, T - 1), "a reverse direction is backpropagated over the whole sequence"
+                got = layer_backward(spec, p, _sfx(layer, d), dcache, dh_d[::-1], t0, t1, grads, want_dx=layer > 0)
+                got = got[::-1] if got is not None else None
+            dx = dx + got if got is not None else None
+        dh = dx
 
 
 def loss_and_grads(model, params, x, y):
@@ -258,7 +365,8 @@ def loss_and_grads(model, params, x, y):
     mode, K = spec.bptt.mode, spec.bptt.k
     if mode == "tail":  # only the last K steps contribute, the output layer included
         dz[: max(0, T - K)] = 0
-    h_top = cache["layers"][-1]["h"][1:]
+    assert mode == "full" or not spec.bidirectional, "bidirectional layers need bptt full"
+    h_top = cache["top"]
     grads["W_hy"] += np.einsum("tbh,tbo->ho", h_top, dz)
     if spec.bias:
         grads["b_y"] += dz.sum(axis=(0, 1))

@@ -120,9 +120,10 @@ def update_floor(tol: Tolerance, problem, before: Mapping[str, np.ndarray], x) -
     """
     floors = {k: UPDATE_ROUNDINGS * tol.eps * np.abs(np.asarray(v, np.float64)) for k, v in before.items()}
     if problem.tokens:
-        table = "W_xh" if problem.model.kind == "elman" else "W_ih"
-        counts = np.bincount(np.asarray(x).ravel(), minlength=floors[table].shape[0])
-        floors[table] = floors[table] * np.maximum(counts / UPDATE_ROUNDINGS, 1.0)[:, None]
+        for table in problem.model.layer_shapes(0, problem.input_size):  # each direction's table
+            if table.startswith(problem.model.input_weight):
+                counts = np.bincount(np.asarray(x).ravel(), minlength=floors[table].shape[0])
+                floors[table] = floors[table] * np.maximum(counts / UPDATE_ROUNDINGS, 1.0)[:, None]
     return floors
 
 

@@ -29,7 +29,18 @@ CELLS = {
     "elman-sigmoid": {"kind": "elman", "activation": "sigmoid"},
     "lstm": {"kind": "lstm"},
     "lstm-peephole": {"kind": "lstm", "peephole": True},
+    "gru": {"kind": "gru"},
+    "gru-before": {"kind": "gru", "reset_after": False},
+    # bidirectional layers (full BPTT only)
+    "elman-tanh-bi": {"kind": "elman", "activation": "tanh", "bidirectional": True},
+    "lstm-bi": {"kind": "lstm", "bidirectional": True},
+    "lstm-peephole-bi": {"kind": "lstm", "peephole": True, "bidirectional": True},
+    "gru-bi": {"kind": "gru", "bidirectional": True},
+    "gru-before-bi": {"kind": "gru", "reset_after": False, "bidirectional": True},
 }
+#: the cells of the matrix before GRU and bidirectional layers: the quick matrix covers their pairs of factor
+#: values; of the newer cells it takes each cell with each bptt mode and every other value once, so it stays small
+FIRST_CELLS = ("elman-tanh", "elman-relu", "elman-sigmoid", "lstm", "lstm-peephole")
 HEADS = {
     "softmax": {"head": "softmax_xent"},
     "mse": {"head": "mse", "output_act": "linear"},
@@ -85,10 +96,15 @@ def _realistic(dtype: str) -> list[Case]:
     wildml = ModelSpec.from_mapping({"kind": "elman", "hidden": 100, "bias": False, "bptt": {"truncated": 4}})
     wildml_full = ModelSpec.from_mapping({"kind": "elman", "hidden": 100, "bias": False})
     lstm = ModelSpec.from_mapping({"kind": "lstm", "hidden": 64, "head": "softmax_xent"})
+    gru = ModelSpec.from_mapping({"kind": "gru", "hidden": 64, "head": "softmax_xent"})
+    bigru = ModelSpec.from_mapping({"kind": "gru", "reset_after": False, "hidden": 64, "head": "mse",
+                                    "bidirectional": True, "layers": 2})
     return [
         Case("realistic wildml 8000x100 T=20 truncated:4", wildml, True, 8000, 8000, 20, 1, dtype, seed=101),
         Case("realistic wildml 8000x100 T=20 full", wildml_full, True, 8000, 8000, 20, 1, dtype, seed=102),
         Case("realistic lstm D=32 H=64 T=25 B=16", lstm, False, 32, 50, 25, 16, dtype, seed=103),
+        Case("realistic gru D=32 H=64 T=25 B=16", gru, False, 32, 50, 25, 16, dtype, seed=104),
+        Case("realistic gru-before-bi L=2 D=32 H=64 T=25 B=16", bigru, False, 32, 32, 25, 16, dtype, seed=105),
     ]
 
 
@@ -98,14 +114,32 @@ def all_cases(quick: bool = False) -> list[Case]:
     for i, (cell, head, bptt, tokens, dtype) in enumerate(
         itertools.product(CELLS, HEADS, BPTTS, (True, False), ("float64", "float32"))
     ):
-        cases.append(_small(cell, head, bptt, tokens, dtype, 3, i))
+        if _valid(cell, bptt):
+            cases.append(_small(cell, head, bptt, tokens, dtype, 3, i))
     for j, (cell, head, bptt, dtype) in enumerate(itertools.product(CELLS, HEADS, BPTTS, ("float64", "float32"))):
-        cases.append(_small(cell, head, bptt, True, dtype, 1, 1000 + j))
+        if _valid(cell, bptt):
+            cases.append(_small(cell, head, bptt, True, dtype, 1, 1000 + j))
     if quick:
-        cases = _pairwise_subset(cases)
+        first = [c for c in cases if c.label.split()[0] in FIRST_CELLS]
+        cases = _pairwise_subset(first) + _cell_bptt_subset([c for c in cases if c not in first])
     for dtype in ("float64", "float32"):
         cases += _realistic(dtype)
     return cases
+
+
+def gru_or_bidirectional(case: Case) -> bool:
+    """A GRU or bidirectional case (the backends that implement neither refuse these with their reason)."""
+    return case.model.kind == "gru" or case.model.bidirectional
+
+
+def one_direction_elman_lstm(cases: list[Case]) -> list[Case]:
+    """The cases without a GRU or a bidirectional layer."""
+    return [c for c in cases if not gru_or_bidirectional(c)]
+
+
+def _valid(cell: str, bptt: str) -> bool:
+    """A bidirectional layer needs full BPTT (SPEC.md)."""
+    return bptt == "full" or not CELLS[cell].get("bidirectional")
 
 
 def representative_cases() -> list[Case]:
@@ -118,6 +152,21 @@ def representative_cases() -> list[Case]:
         best = max(cases, key=lambda c: len({(i, v) for i, v in enumerate(_factors(c)[:5])} & wanted))
         chosen.append(best)
         wanted -= {(i, v) for i, v in enumerate(_factors(best)[:5])}
+    return sorted(chosen, key=cases.index)
+
+
+def _cell_bptt_subset(cases: list[Case]) -> list[Case]:
+    """Greedy choice of cases until each (cell, bptt) pair and every other factor value occurs once."""
+    def covers(c: Case) -> set:
+        f = _factors(c)
+        return {("cell+bptt", f[0], f[2])} | {(i, v) for i, v in enumerate(f) if i not in (0, 2)}
+
+    wanted = set().union(*map(covers, cases)) if cases else set()
+    chosen: list[Case] = []
+    while wanted:
+        best = max(cases, key=lambda c: len(covers(c) & wanted))
+        chosen.append(best)
+        wanted -= covers(best)
     return sorted(chosen, key=cases.index)
 
 
