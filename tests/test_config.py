@@ -136,3 +136,13 @@ def test_profiles_merge_over_every_document(fake_backends, write_config):
     assert len(load_config(write_config(text), profile="full").cells()) == 6
     with pytest.raises(HarnessError, match="no profile 'huge' \\(known: full\\)"):
         load_config(write_config(text), profile="huge")
+
+
+def test_a_sweep_cannot_bypass_the_timing_rules(write_config):
+    base = "name: s\nbackends: [numpy]\ntiming: {min_time_s: 1.0, max_time_s: 2.0, passes: 2}\n"
+    with pytest.raises(HarnessError, match=r"sweep timing\.max_time_s=0\.5: timing\.max_time_s: expected at least "
+                                           r"timing\.min_time_s \(1\.0\), got 0\.5"):
+        load_config(write_config(base + "sweep: {timing.max_time_s: [3.0, 0.5]}\n"))
+    with pytest.raises(HarnessError, match=r"timing\.max_passes: expected at least timing\.passes \(2\), got 1"):
+        load_config(write_config(base + "sweep: {timing.max_passes: [1]}\n"))
+    load_config(write_config(base + "sweep: {timing.max_time_s: [1.0, 3.0]}\n"))  # at or above the floor: fine

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.run import envs
 from harness.spec.errors import HarnessError
@@ -60,6 +60,16 @@ class TimingConfig(_Strict):
                                                    "interval then covers how far the passes disagree")
     max_passes: Optional[int] = Field(None, ge=1, le=16, description="with speedup_precision: further passes while "
                                                                     "the target is unmet (default: passes)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TimingConfig":
+        """The rules between the settings, here so that every timing (a document's, a sweep point's) meets
+        them and nothing downstream repairs one: a cap below the floor, fewer passes at most than at least."""
+        if self.max_time_s < self.min_time_s:
+            raise ValueError(f"max_time_s: expected at least timing.min_time_s ({self.min_time_s}), got {self.max_time_s}")
+        if self.max_passes is not None and self.max_passes < self.passes:
+            raise ValueError(f"max_passes: expected at least timing.passes ({self.passes}), got {self.max_passes}")
+        return self
 
 
 class TrainConfig(_Strict):
@@ -268,6 +278,10 @@ class RunConfig:
         return {point["task"].path: point["task_sha256"] for _, points in self.parts for point in points
                 if point.get("task_sha256")}
 
+    def groups(self) -> list[list[Cell]]:
+        """The comparison groups, in the config's order: the cells of one problem, baseline first."""
+        return [list(g) for _, g in itertools.groupby(self.cells(), key=lambda c: c.group_key)]
+
     def cells(self) -> list[Cell]:
         """Every cell, grouped: cells of one comparison group are adjacent, baseline first."""
         cells = []
@@ -380,9 +394,15 @@ def _loc(loc) -> str:
     return out
 
 
-def _format_pydantic(exc: ValidationError, path: str) -> HarnessError:
+def _format_pydantic(exc: ValidationError, path: str, prefix: tuple = ()) -> HarnessError:
+    """One line for a validation error: the file, the key path (``prefix`` first, for a section validated
+    alone) and what was expected. A rule between a model's fields names its field first (``field: ...``)."""
     err = exc.errors()[0]
-    where = _loc(err["loc"])
+    loc = prefix + tuple(err["loc"])
+    head, sep, rest = err["msg"].removeprefix("Value error, ").partition(": ")
+    if err["type"] == "value_error" and sep and head.isidentifier() and head != "expected":
+        loc, err = loc + (head,), {**err, "msg": rest}
+    where = _loc(loc)
     if err["type"] == "extra_forbidden":
         parent = err["loc"][:-1]
         model = RawConfig
@@ -720,11 +740,6 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None, bas
         raw.baseline = {d: _check_baseline(raw, b, f"{path}: baseline.{d}") for d, b in raw.baseline.items()}
     elif raw.baseline is not None:
         raw.baseline = _check_baseline(raw, raw.baseline, f"{path}: baseline")
-    if raw.timing.max_passes is not None and raw.timing.max_passes < raw.timing.passes:
-        raise HarnessError(f"{path}: timing.max_passes: expected at least timing.passes ({raw.timing.passes}), "
-                           f"got {raw.timing.max_passes}")
-    if raw.timing.max_time_s < raw.timing.min_time_s:
-        raise HarnessError(f"{path}: timing.max_time_s: expected at least timing.min_time_s ({raw.timing.min_time_s}), got {raw.timing.max_time_s}")
 
     if "train" not in raw.workloads:
         # a train setting of a document that trains nothing would only tell apart cells that measure the same
@@ -774,12 +789,14 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None, bas
         try:
             model = ModelSpec.from_mapping(doc["model"])
             task = TaskSpec.from_mapping(doc["task"])
+            section = "train"
             train = TrainConfig.model_validate(doc["train"])
+            section = "timing"
             timing = TimingConfig.model_validate(doc["timing"])
         except HarnessError as exc:
             raise HarnessError(f"{path}: {where}{exc}") from None
         except ValidationError as exc:
-            raise HarnessError(f"{path}: {where}{_format_pydantic(exc, path).args[0].split(': ', 1)[1]}") from None
+            raise HarnessError(f"{path}: {where}{_format_pydantic(exc, path, (section,)).args[0].split(': ', 1)[1]}") from None
         if task.kind in ("lm_markov", "lm_text") and model.head != "softmax_xent":
             raise HarnessError(f"{path}: {where}model.head: task {task.kind} needs softmax_xent, got {model.head!r}")
         if task.kind in ("sobel", "frame_diff") and model.head != "mse":

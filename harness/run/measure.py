@@ -13,7 +13,6 @@ worker side).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
 from typing import Callable
 
 from harness.run.stats import MIN_BLOCK_ROUNDS, MIN_PRECISION_ROUNDS, half_width, paired_speedup, precision_met
@@ -108,26 +107,23 @@ def elapsed_s(start_ns: int) -> float:
     return (_clock() - start_ns) / 1e9
 
 
-@dataclass(frozen=True)
 class TimingPolicy:
-    """How a cell is timed, from the config's ``timing:`` section (no defaults here: the config owns them)."""
+    """How a cell is timed: the config's ``timing:`` settings, read through (their one definition, with
+    their defaults and the rules between them, is :class:`harness.run.config.TimingConfig`), and what
+    follows from them."""
 
-    warmup: int
-    min_rounds: int
-    min_time_s: float
-    max_time_s: float
-    timeout_s: float
-    round_s: float | None
-    verify: bool
-    speedup_precision: float | None
-    processes: int
-    passes: int
-    max_passes: int | None
+    def __init__(self, timing):
+        self._timing = timing
 
     @classmethod
     def of(cls, timing) -> "TimingPolicy":
-        """From the config's TimingConfig (or any object with the same attributes)."""
-        return cls(**{f.name: getattr(timing, f.name) for f in fields(cls)})
+        """From the config's TimingConfig (or any object with its attributes)."""
+        return timing if isinstance(timing, cls) else cls(timing)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # unpickling looks for these before __init__ ran
+            raise AttributeError(name)
+        return getattr(self._timing, name)
 
     @property
     def target_round_s(self) -> float:
@@ -211,7 +207,7 @@ class StopRule:
         self.target = target
         self.interval = interval
         self.passes = passes
-        self.pass_limit = max(passes, pass_limit or passes)
+        self.pass_limit = pass_limit or passes  # never below passes: TimingConfig refuses that
         self.pass_rounds = pass_rounds or min_rounds  # stop_rule gives TimingPolicy.pass_rounds
         self.pass_index = 0  # the pass under way, from 0
         self.n_cells = 0  # the most cells seen in one call: the cap's multiplier

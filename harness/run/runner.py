@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import sys
 from datetime import datetime, timezone
-from itertools import groupby
 
 from rich.markup import escape
 
@@ -49,9 +48,8 @@ class Runner:
     # -- running ---------------------------------------------------------------------
     def pending_groups(self) -> list[list[Cell]]:
         """The comparison groups still to run (all of them, or those a resumed run lacks)."""
-        cells = self.config.cells()
         done = self.store.done_cells()
-        groups = [list(g) for _, g in groupby(cells, key=lambda c: c.group_key)]
+        groups = self.config.groups()
         todo = [g for g in groups if not all(c.cell_id in done for c in g)]
         if len(todo) < len(groups):
             self._say(f"resuming: {len(groups) - len(todo)} of {len(groups)} comparison groups already done")
