@@ -150,7 +150,21 @@ def validate_name(full: str) -> str:
         return full
     if variant is not None and variant not in cls.variants:
         raise HarnessError(f"backend {full!r}: unknown variant {variant!r}; valid variants are {', '.join(cls.variants)}")
-    return name if variant in (None, cls.variants[0]) else f"{name}:{variant}"
+    return cls.full_name_of(variant)
+
+
+def default_variant(name: str) -> str | None:
+    """The variant a bare ``name`` means (None when the backend cannot be imported here)."""
+    try:
+        return backend_class(name).variant_of(None)
+    except HarnessError:
+        return None
+
+
+def full_name(name: str, variant: str | None) -> str:
+    """``name`` for its default variant, ``name:variant`` otherwise (a backend that cannot be imported
+    here, say a plugin named in an old run, keeps its variant in the name)."""
+    return name if variant in (None, default_variant(name)) else f"{name}:{variant}"
 
 
 def create(full: str):
@@ -188,7 +202,7 @@ def list_backends() -> list[Listing]:
             rows.append(Listing(name, "-", name, False, str(exc), (), None, source))
             continue
         for variant in cls.variants:
-            full = name if variant == cls.variants[0] else f"{name}:{variant}"
+            full = cls.full_name_of(variant)
             try:
                 inst = create(full)
             except HarnessError as exc:

@@ -30,12 +30,24 @@ class Backend:
     compile_heavy: bool = False
 
     def __init__(self, variant: str | None = None):
-        self.variant = variant or self.variants[0]
+        self.variant = self.variant_of(variant)
         self.problem: Problem | None = None
 
     @property
     def full_name(self) -> str:
-        return self.name if self.variant == self.variants[0] else f"{self.name}:{self.variant}"
+        return self.full_name_of(self.variant)
+
+    # -- naming (the one rule: a bare name means the first variant, which is written bare) ----
+    @classmethod
+    def variant_of(cls, variant: str | None) -> str:
+        """The variant a name asks for: the first one (the default) when it names none."""
+        return variant or cls.variants[0]
+
+    @classmethod
+    def full_name_of(cls, variant: str | None) -> str:
+        """``name`` for the default variant, ``name:variant`` for the others."""
+        variant = cls.variant_of(variant)
+        return cls.name if variant == cls.variants[0] else f"{cls.name}:{variant}"
 
     # -- cheap questions -------------------------------------------------------------
     def availability(self) -> tuple[bool, str]:

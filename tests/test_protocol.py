@@ -76,7 +76,7 @@ def test_check_of_an_isolated_backend_runs_in_a_worker(fake_backends, monkeypatc
     monkeypatch.setattr(envs, "ensure_env", lambda name, progress=None: Path(sys.executable))
     cases = representative_cases()
     out = io.StringIO()
-    results = conformance._check_isolated("ref", "an-isolated-env", cases, quick=False, device="cpu",
+    results = conformance._check_isolated("ref", cases, quick=False, device="cpu",
                                           representative=True, progress=Console(file=out, width=200))
     assert len(results) == len(cases)
     assert {r.status for r in results} == {"pass"} and all(r.backend == "ref" for r in results)
@@ -84,7 +84,7 @@ def test_check_of_an_isolated_backend_runs_in_a_worker(fake_backends, monkeypatc
     assert [ln.split("]")[0].strip() for ln in lines] == [f"[{i}/{len(cases)}" for i in range(1, len(cases) + 1)]
     assert all(c.label in ln and " pass " in ln for c, ln in zip(cases, lines))
     monkeypatch.setattr(conformance, "CASE_TIMEOUT_S", 1e-4)  # a case that outlives its time is stopped
-    (late,) = conformance._check_isolated("ref", "an-isolated-env", cases, quick=False, device="cpu",
+    (late,) = conformance._check_isolated("ref", cases, quick=False, device="cpu",
                                           representative=True)
     assert late.status == "error" and "timeout" in late.reason and late.case == cases[0].label
 

@@ -11,11 +11,7 @@ def backend_label(df: pd.DataFrame) -> pd.Series:
     import backends
 
     def label(row):
-        try:
-            default = backends.backend_class(row["backend"]).variants[0]
-        except Exception:  # an unknown plugin backend in an old run still gets a label
-            default = None
-        return row["backend"] if row["variant"] in (default, None) else f"{row['backend']}:{row['variant']}"
+        return backends.full_name(row["backend"], row["variant"])
 
     return df.apply(label, axis=1) if len(df) else pd.Series(dtype=str)
 

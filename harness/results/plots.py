@@ -7,7 +7,9 @@ files it wrote.
 from __future__ import annotations
 
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -485,21 +487,47 @@ def _plot_device_ratio(ax, ratios: pd.DataFrame, palette, problem: str) -> None:
     ax.legend(fontsize=8)
 
 
+@dataclass(frozen=True)
+class Plot:
+    """One plot a run can have: its file under ``plots/``, what draws it from the run's tables
+    (``draw(run, path)``, None when the run has nothing to show there) and its caption in the report."""
+
+    file: str
+    draw: Callable
+    caption: str
+
+
+# The plots, in the order the report shows them: a new plot is added here, and only here.
+PLOTS = (
+    Plot("speedup.png", lambda run, out: plot_speedup(run.timings, out),
+         "Speedup over the baseline per comparison group, from rounds timed in turn; bars are the 95% intervals "
+         "of the table."),
+    Plot("loss_vs_time.png", lambda run, out: plot_loss_vs_time(run.curves, out),
+         "Evaluation loss against training wall-clock (evaluation time excluded), with the target and the task's "
+         "loss floor."),
+    Plot("scaling.png", lambda run, out: plot_scaling(run.timings, out),
+         "Median time per call against each size the run varied, all else fixed."),
+    Plot("roofline.png", lambda run, out: plot_roofline(run.timings, out),
+         "Achieved GFLOP/s per cell against the estimated arithmetic intensity of a step's matrix products; "
+         "the line is the GEMM peak measured at the start of the run."),
+    Plot("threads_batch.png", lambda run, out: plot_threads_batch(run.timings, out),
+         "Time per example over threads x batch."),
+    Plot("threads.png", lambda run, out: plot_threads(run.timings, out),
+         "Time per step against threads, a line per backend; dotted, its one-thread time divided by the thread "
+         "count (perfect scaling)."),
+    Plot("crossover.png", lambda run, out: plot_crossover(run.timings, out),
+         "CPU and GPU time per example against batch size; the dotted line marks where the GPU starts to win."),
+    Plot("train_tradeoff.png", lambda run, out: plot_train_tradeoff(run.timings, out),
+         "Training time for the run's examples against the loss reached, per backend, threads and batch."),
+)
+
+
 def make_plots(run_dir) -> list[Path]:
     """Draw every plot the run has data for into ``run_dir/plots``."""
     from harness.results.store import load_run
 
     run = load_run(run_dir)
-    plots = Path(run_dir) / "plots"
-    plots.mkdir(exist_ok=True)
-    made = [
-        plot_speedup(run.timings, plots / "speedup.png"),
-        plot_loss_vs_time(run.curves, plots / "loss_vs_time.png"),
-        plot_scaling(run.timings, plots / "scaling.png"),
-        plot_roofline(run.timings, plots / "roofline.png"),
-        plot_threads_batch(run.timings, plots / "threads_batch.png"),
-        plot_threads(run.timings, plots / "threads.png"),
-        plot_crossover(run.timings, plots / "crossover.png"),
-        plot_train_tradeoff(run.timings, plots / "train_tradeoff.png"),
-    ]
+    folder = Path(run_dir) / "plots"
+    folder.mkdir(exist_ok=True)
+    made = [plot.draw(run, folder / plot.file) for plot in PLOTS]
     return [p for p in made if p is not None]

@@ -21,16 +21,6 @@ import pandas as pd
 from harness.run import stats
 from harness.spec.errors import HarnessError
 
-PLOT_CAPTIONS = {
-    "speedup.png": "Speedup over the baseline per comparison group, from rounds timed in turn; bars are the 95% intervals of the table.",
-    "loss_vs_time.png": "Evaluation loss against training wall-clock (evaluation time excluded), with the target and the task's loss floor.",
-    "scaling.png": "Median time per call against each size the run varied, all else fixed.",
-    "roofline.png": "Achieved GFLOP/s per cell against the estimated arithmetic intensity of a step's matrix products; "
-                    "the line is the GEMM peak measured at the start of the run.",
-    "threads_batch.png": "Time per example over threads x batch.",
-    "crossover.png": "CPU and GPU time per example against batch size; the dotted line marks where the GPU starts to win.",
-    "train_tradeoff.png": "Training time for the run's examples against the loss reached, per backend, threads and batch.",
-}
 FAILED = ("error", "timeout", "oom", "diverged", "mismatch")
 
 
@@ -370,7 +360,7 @@ def _plots_section(plots: list[Path], note: str) -> list:
     if not plots:
         out.append(Para("The run has no data any plot needs."))
     for p in plots:
-        out.append(Image(p, PLOT_CAPTIONS.get(p.name, p.stem.replace("_", " "))))
+        out.append(Image(p, _captions().get(p.name, p.stem.replace("_", " "))))
     return out
 
 
@@ -440,8 +430,15 @@ def build_report(run_dir, plots: list[Path] | None = None, plot_note: str = "") 
     return title, blocks
 
 
+def _captions() -> dict[str, str]:
+    """Each plot's caption, from the one registry of plots."""
+    from harness.results.plots import PLOTS
+
+    return {plot.file: plot.caption for plot in PLOTS}
+
+
 def _plot_order(p: Path):
-    names = list(PLOT_CAPTIONS)
+    names = list(_captions())
     return (names.index(p.name) if p.name in names else len(names), p.name)
 
 

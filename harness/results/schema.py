@@ -19,15 +19,11 @@ def cell_columns(cell, host: str | None = None) -> dict:
     """The identifying columns of a config cell: its ids, backend and variant, problem and sweep point,
     and the host it ran on."""
     import backends
-    from harness.spec.errors import HarnessError
 
     p, m = cell.problem, cell.problem.model
     name, variant = backends.split_name(cell.backend)
-    if variant is None:
-        try:
-            variant = backends.backend_class(name).variants[0]
-        except HarnessError:  # a backend that cannot even be imported here
-            variant = "default"
+    if variant is None:  # the default variant, or "default" for a backend that cannot even be imported here
+        variant = backends.default_variant(name) or "default"
     return {
         "cell_id": cell.cell_id, "group": cell.group_key, "backend": name, "variant": variant,
         "device": p.device, "model": m.kind, "task": cell.task.kind, "workload": p.workload, "dtype": p.dtype,

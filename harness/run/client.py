@@ -115,7 +115,7 @@ def worker_settings(cell_backend: str, device: str, dtype: str, threads: int, ex
         env["HARNESS_CPUS"] = ",".join(map(str, cpus))
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU cell must not quietly use a GPU
-    env.update(cls.environment_variables(variant or cls.variants[0], threads, device, dtype))
+    env.update(cls.environment_variables(cls.variant_of(variant), threads, device, dtype))
     env["PYTHONUNBUFFERED"] = "1"
     return cls.environment, env
 

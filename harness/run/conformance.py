@@ -24,7 +24,7 @@ def _report(progress, i: int, n: int, res: CaseResult, seconds: float) -> None:
                        markup=False)
 
 
-def _check_isolated(full_name: str, environment: str, cases: list, quick: bool, device: str,
+def _check_isolated(full_name: str, cases: list, quick: bool, device: str,
                     representative: bool = False, threads: int = 1, progress=None,
                     indices: list[int] | None = None) -> list[CaseResult]:
     """Check a backend that lives in an isolated environment through a worker there (the runner's protocol),
@@ -90,7 +90,7 @@ def run_conformance(names: list[str] | None, quick: bool = False, device: str = 
             progress.print(f"checking {full} ({len(indices)} cases) ...", highlight=False, markup=False)
         if cls.environment is not None:
             try:
-                results += _check_isolated(full, cls.environment, cases, quick, device, representative,
+                results += _check_isolated(full, cases, quick, device, representative,
                                            progress=progress, indices=indices)
             except HarnessError as exc:
                 results.append(CaseResult(full, "*", "*", "unavailable", str(exc)))

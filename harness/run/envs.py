@@ -289,8 +289,3 @@ def worker_environ(name: str | None) -> dict[str, str]:
     # children must find the same environments and caches as this process
     env["HARNESS_HOME"] = str(home())
     return env
-
-
-def main_python() -> str:
-    """The interpreter of the main environment."""
-    return sys.executable

@@ -22,7 +22,6 @@ GATES = {"elman": 1, "lstm": 4, "gru": 3}
 ACTIVATIONS = ("tanh", "relu", "sigmoid")
 HEADS = ("softmax_xent", "mse")
 OUTPUT_ACTS = ("linear", "tanh")
-BPTT_MODES = ("full", "truncated", "tail")
 TASK_KINDS = ("lm_markov", "lm_text", "sobel", "frame_diff", "random")
 DTYPES = ("float32", "float64")
 DEVICES = ("cpu", "gpu")

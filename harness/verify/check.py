@@ -1,18 +1,15 @@
 """Conformance: every backend against the reference, before anything is timed.
 
 Worker-safe (numpy + the backend only), because backends that live in an
-isolated environment run this module there: ``python -m harness.verify.check --backend
-theano`` prints one JSON object per case.
+isolated environment are checked there, by a worker that runs this module's
+:func:`check_backend` (:mod:`harness.run.conformance`).
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
-import sys
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -306,20 +303,3 @@ def check_backend(full_name: str, quick: bool = False, device: str = "cpu", case
         return
     for case in cases if cases is not None else all_cases(quick):
         yield run_case(backend, case, device)
-
-
-def main(argv=None) -> int:
-    """Entry point for running a backend's check inside its own environment."""
-    ap = argparse.ArgumentParser(prog="python -m harness.verify.check")
-    ap.add_argument("--backend", required=True)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--representative", action="store_true", help="only representative_cases()")
-    ap.add_argument("--device", default="cpu")
-    args = ap.parse_args(argv)
-    for res in check_backend(args.backend, device=args.device, cases=case_list(args.quick, args.representative)):
-        print(json.dumps(asdict(res)), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
