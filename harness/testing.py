@@ -21,11 +21,11 @@ One test per case, with the unsupported ones skipped::
 
 from __future__ import annotations
 
+from harness.spec.status import CASE_FAILED
 from harness.verify.check import Case, CaseResult, all_cases
 
 __all__ = ["ConformanceError", "check_backend", "check_case", "conformance_cases"]
 
-FAILED = ("fail", "error", "unavailable")
 
 
 class ConformanceError(AssertionError):
@@ -101,7 +101,7 @@ def check_case(name: str, case: Case, device: str = "cpu", skip_unsupported: boo
 
 
 def _raise_on_failures(full: str, results: list[CaseResult]) -> None:
-    bad = [r for r in results if r.status in FAILED]
+    bad = [r for r in results if r.status in CASE_FAILED]
     if bad:
         lines = [f"  {r.status}: {r.case} [{r.dtype}]: {r.reason or r.worst}" for r in bad[:20]]
         more = f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else ""

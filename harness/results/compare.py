@@ -23,11 +23,11 @@ import numpy as np
 import pandas as pd
 
 from harness.spec.errors import HarnessError
+from harness.spec.status import FAILED
 
 IDENTITY_COLUMNS = ["backend", "variant", "device", "model", "task", "workload", "dtype", "batch", "seq_len",
                     "input_size", "hidden_size", "output_size", "threads", "bptt", "layers", "activation", "head",
                     "output_act", "peephole", "bias", "tokens"]
-FAILED = ("error", "timeout", "oom", "diverged", "mismatch")
 ALPHA = 0.05
 
 

@@ -20,8 +20,8 @@ import pandas as pd
 
 from harness.run import stats
 from harness.spec.errors import HarnessError
+from harness.spec.status import FAILED, Status
 
-FAILED = ("error", "timeout", "oom", "diverged", "mismatch")
 
 
 # -- the block model -----------------------------------------------------------------------
@@ -392,7 +392,7 @@ def _training_section(timings: pd.DataFrame, curves: pd.DataFrame) -> list:
     from harness.results.labels import group_label
 
     # cells that never started are listed with their reasons under the failures already
-    train = timings[(timings["workload"] == "train") & ~timings["status"].isin(["unsupported", "unavailable"])] \
+    train = timings[(timings["workload"] == "train") & ~timings["status"].isin([Status.UNSUPPORTED, Status.UNAVAILABLE])] \
         if len(timings) else timings
     if train.empty:
         return []

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.spec.errors import HarnessError
+from harness.spec.status import CELL_FINAL
 
 TIMING_COLUMNS = [
     "cell_id", "group", "backend", "variant", "device", "model", "task", "workload", "dtype", "batch",
@@ -29,7 +30,6 @@ TIMING_COLUMNS = [
     "samples_block",
 ]
 # mismatch: the backend's own step on this cell disagreed with the reference, so it was not timed
-FINAL_STATUSES = {"ok", "error", "timeout", "oom", "diverged", "mismatch", "unsupported", "unavailable"}
 
 
 def _umask() -> int:
@@ -223,7 +223,7 @@ class RunStore:
             self.lock.release()
 
     def done_cells(self) -> set[str]:
-        return {r["cell_id"] for r in self.timings if r.get("status") in FINAL_STATUSES}
+        return {r["cell_id"] for r in self.timings if r.get("status") in CELL_FINAL}
 
     def unfinished(self, group_key: str) -> dict | None:
         """What :meth:`keep_unfinished` kept of a comparison group between its passes (None if nothing)."""

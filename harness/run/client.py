@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from harness.run import envs, lifeline, protocol
+from harness.spec.status import Status
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 OOM_MARKERS = ("MemoryError", "std::bad_alloc", "out of memory", "OutOfMemory", "RESOURCE_EXHAUSTED")
@@ -160,7 +161,7 @@ def classify_exit(code: int, tail: str, peak_rss_mb: float | None, limit_mb: flo
     (``oom_killed``) or a peak RSS of at least 90% of the memory limit. A SIGKILL without such
     evidence came from someone else (a user, a supervisor) and is reported as such."""
     if any(m in tail for m in OOM_MARKERS):
-        return WorkerFailure("oom", f"worker exited with code {code}; out of memory\n{tail}")
+        return WorkerFailure(Status.OOM, f"worker exited with code {code}; out of memory\n{tail}")
     if code < 0:
         sig = -code
         try:
@@ -170,9 +171,9 @@ def classify_exit(code: int, tail: str, peak_rss_mb: float | None, limit_mb: flo
         near_limit = peak_rss_mb is not None and limit_mb is not None and peak_rss_mb >= 0.9 * limit_mb
         if sig == signal.SIGKILL and (oom_killed or near_limit):
             rss = f", peak RSS {peak_rss_mb:.0f} of {limit_mb:.0f} MB" if near_limit else ", the kernel reports an OOM kill"
-            return WorkerFailure("oom", f"worker killed by {signame}{rss}; out of memory\n{tail}")
-        return WorkerFailure("error", f"worker killed by signal {sig} ({signame})\n{tail}")
-    return WorkerFailure("error", f"worker exited with code {code}\n{tail}")
+            return WorkerFailure(Status.OOM, f"worker killed by {signame}{rss}; out of memory\n{tail}")
+        return WorkerFailure(Status.ERROR, f"worker killed by signal {sig} ({signame})\n{tail}")
+    return WorkerFailure(Status.ERROR, f"worker exited with code {code}\n{tail}")
 
 
 def _process_state(pid: int) -> str | None:
@@ -231,7 +232,7 @@ class WorkerProcess:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self.kill()
-                    raise WorkerFailure("timeout", f"no answer to {req.cmd!r} within {timeout_s:g} s\n{self.stderr_tail()}")
+                    raise WorkerFailure(Status.TIMEOUT, f"no answer to {req.cmd!r} within {timeout_s:g} s\n{self.stderr_tail()}")
                 ready, _, _ = select.select([fd], [], [], remaining)
                 if not ready:
                     continue
@@ -245,15 +246,15 @@ class WorkerProcess:
                 reply = protocol.decode_reply(text)
             except protocol.ProtocolError as exc:  # a broken channel: this cell fails, the run goes on
                 self.kill()
-                raise WorkerFailure("error", f"{exc}\n{self.stderr_tail()}") from None
+                raise WorkerFailure(Status.ERROR, f"{exc}\n{self.stderr_tail()}") from None
             if reply is not None:
                 break
             self.stray.append(text)
         self.peak_rss_mb = reply.peak_rss_mb
-        if reply.status == "diverged":
-            raise WorkerFailure("diverged", reply.error)
-        if reply.status != "ok":
-            status = "oom" if any(m in reply.error for m in OOM_MARKERS) else "error"
+        if reply.status == Status.DIVERGED:
+            raise WorkerFailure(Status.DIVERGED, reply.error)
+        if reply.status != Status.OK:
+            status = Status.OOM if any(m in reply.error for m in OOM_MARKERS) else Status.ERROR
             raise WorkerFailure(status, f"{reply.error}\n{reply.traceback}".strip())
         return reply
 

@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass, field
 
 from harness.spec.errors import HarnessError
+from harness.spec.status import Status
 
 #: a group whose worker dies is handed to another worker this many times before it is recorded as failed
 GROUP_RETRIES = 1
@@ -191,7 +192,7 @@ class DaskExecutor:
             for group in groups:
                 why = unmet_need(group_resources(group), offers)
                 if why is not None:
-                    self._record_failed(runner, group, "unavailable", why)
+                    self._record_failed(runner, group, Status.UNAVAILABLE, why)
                     self._advance(progress, task_id, group, len(futures))
                     continue
                 submit(group, runner.store.unfinished(group[0].group_key))
@@ -204,7 +205,7 @@ class DaskExecutor:
                 except Exception as exc:  # the group's worker died twice, or the task itself failed
                     where = getattr(getattr(exc, "last_worker", None), "address", None)
                     detail = f" (last on {where})" if where else ""
-                    self._record_failed(runner, group, "error", f"the Dask task running this group failed{detail}: "
+                    self._record_failed(runner, group, Status.ERROR, f"the Dask task running this group failed{detail}: "
                                                                f"{type(exc).__name__}: {exc}")
                 else:
                     merge_fragment(runner.store.meta, result)

@@ -18,6 +18,7 @@ from harness.run import envs, machine, measure, protocol
 from harness.run.client import WorkerFailure, WorkerProcess, worker_settings
 from harness.run.config import Cell
 from harness.spec.errors import HarnessError
+from harness.spec.status import Status
 
 
 @dataclass
@@ -25,7 +26,7 @@ class Outcome:
     """What happened to one cell."""
 
     cell: Cell
-    status: str = "ok"
+    status: str = Status.OK
     error: str = ""
     compile_s: float | None = None
     samples: list | None = None
@@ -145,7 +146,7 @@ class GroupRun:
                     if cell.problem.workload == "train":
                         state.outcomes[cid] = self._train_cell(cell, describe, record)
                         continue
-                elif cid not in state.samples or state.outcomes[cid].status != "ok":
+                elif cid not in state.samples or state.outcomes[cid].status != Status.OK:
                     continue
                 elif pending is not None and cid not in pending and cid != state.baseline_id:
                     continue  # its speedup is already within the target
@@ -202,7 +203,7 @@ class GroupRun:
             outcome.train = result.body
             outcome.samples = result["step_samples"]
             outcome.peak_rss_mb = result.peak_rss_mb
-            if result["status"] != "ok":
+            if result["status"] != Status.OK:
                 outcome.status, outcome.error = result["status"], str(result["stop"])
         except WorkerFailure as exc:
             outcome.status, outcome.error = exc.status, str(exc)
@@ -286,8 +287,8 @@ class GroupRun:
         try:
             status, why = screen(backends.create(cell.backend), cell.problem)
         except HarnessError as exc:
-            return Outcome(cell, "unavailable", str(exc))
-        return None if status == "ok" else Outcome(cell, status, why)
+            return Outcome(cell, Status.UNAVAILABLE, str(exc))
+        return None if status == Status.OK else Outcome(cell, status, why)
 
     @staticmethod
     def _start(cell: Cell, describe, record=None, verify: bool = True) -> tuple[WorkerProcess | None, Outcome]:
@@ -300,7 +301,7 @@ class GroupRun:
             env = {**envs.worker_environ(environment), **settings}
             worker = WorkerProcess(environment, env, cell.backend, recorded=settings, record=record)
         except HarnessError as exc:
-            outcome.status, outcome.error = "unavailable", str(exc)
+            outcome.status, outcome.error = Status.UNAVAILABLE, str(exc)
             return None, outcome
         outcome.worker_env = worker.env
         timing = cell.timing
@@ -319,7 +320,7 @@ class GroupRun:
                 outcome.verify = worker.request(protocol.Verify(), timing.timeout_s).body
                 if not outcome.verify["ok"]:
                     v = outcome.verify
-                    raise WorkerFailure("mismatch", f"does not match the reference on this cell: {v['worst']} "
+                    raise WorkerFailure(Status.MISMATCH, f"does not match the reference on this cell: {v['worst']} "
                                                     f"off by {v['ratio']:.3g}x the bound {v['bound']}")
         except WorkerFailure as exc:
             outcome.status, outcome.error = exc.status, str(exc)

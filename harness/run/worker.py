@@ -34,6 +34,7 @@ import numpy as np  # noqa: E402
 
 from harness.run import measure
 from harness.run import protocol  # noqa: E402
+from harness.spec.status import Status  # noqa: E402
 
 
 def peak_rss_mb() -> float:
@@ -98,7 +99,7 @@ class CellState:
         self.threads = int(req.threads)
         self.backend = backends.create(req.backend)
         status, why = screen(self.backend, self.problem)
-        if status != "ok":
+        if status != Status.OK:
             raise RuntimeError(why)
         self.data = make_dataset(self.task, self.problem.model, req.seed, self.problem.dtype)
         p = self.problem
@@ -167,7 +168,7 @@ class CellState:
         eval_clock = measure.Stopwatch(self.backend.sync)
         examples, next_eval, streak, time_to_target = 0, cfg.eval_every, 0, None
         running: list[float] = []
-        status, stop = "ok", None
+        status, stop = Status.OK, None
 
         def do_eval(epoch):
             nonlocal streak, time_to_target, lr, stop
@@ -216,7 +217,7 @@ class CellState:
             if curve[-1]["examples"] != examples:
                 do_eval(cfg.epochs - 1 if stop == "epochs" else epoch)
         except DivergedError as exc:
-            status, stop = "diverged", str(exc)
+            status, stop = Status.DIVERGED, str(exc)
         return {"curve": curve, "step_samples": steps, "train_s": step_clock.total_s, "eval_s": eval_clock.total_s,
                 "time_to_target_s": time_to_target, "stop": stop, "status": status,
                 "examples": examples, "final_lr": lr}
@@ -294,11 +295,11 @@ def serve(inp, out) -> None:
         try:
             req = protocol.decode_request(line)
             cell, body = handle(cell, req)
-            reply = protocol.Reply("ok", body)
+            reply = protocol.Reply(Status.OK, body)
         except DivergedError as exc:
-            reply = protocol.Reply("diverged", error=str(exc))
+            reply = protocol.Reply(Status.DIVERGED, error=str(exc))
         except Exception as exc:  # reported to the runner, which records the cell as an error
-            reply = protocol.Reply("error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=8))
+            reply = protocol.Reply(Status.ERROR, error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=8))
         reply.peak_rss_mb = peak_rss_mb()
         out.write(protocol.encode_reply(reply) + "\n")
         out.flush()
