@@ -58,6 +58,8 @@ def _engine_spec(problem: Problem) -> dict:
         "activation": m.activation,
         "bias": m.bias,
         "peephole": m.peephole,
+        "reset_after": m.reset_after,
+        "bidirectional": m.bidirectional,
         "head": m.head,
         "output_act": m.output_act,
         "bptt": m.bptt.mode,
@@ -113,17 +115,13 @@ class NativeBackend(Backend):
         """Every model, head and bptt mode on the CPU; async only for workload train."""
         if problem.device != "cpu":
             return unsupported("the native backend runs on the CPU only")
-        if problem.model.kind == "gru":
-            return unsupported(f"{self.full_name}: its C++ kernels implement the elman and lstm steps only, not gru")
-        if problem.model.bidirectional:
-            return unsupported(f"{self.full_name}: its C++ kernels run one direction per layer, not bidirectional layers")
         if self.variant == "async" and problem.workload != "train":
             return unsupported(
                 "asynchronous parameter-server updates are not the spec's synchronous SGD; timed in workload train only"
             )
         m = problem.model
-        widest = max(problem.input_size, problem.output_size, 4 * m.hidden)
-        if (problem.seq_len + 1) * problem.batch * widest > _INT32_MAX or problem.input_size * 4 * m.hidden > _INT32_MAX:
+        widest = max(problem.input_size, problem.output_size, m.gates * m.hidden, m.directions * m.hidden)
+        if (problem.seq_len + 1) * problem.batch * widest > _INT32_MAX or problem.input_size * m.gates * m.hidden > _INT32_MAX:
             return unsupported("a matrix exceeds the 32-bit BLAS index range")
         return True, ""
 

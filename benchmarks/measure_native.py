@@ -46,6 +46,19 @@ SHAPES = {
                      seq_len=50, batch=32),
     "lstm500": dict(model={"kind": "lstm", "hidden": 500}, input_size=700, output_size=128, tokens=False,
                     seq_len=80, batch=32),
+    # the GRU in both forms and a bidirectional LSTM at the dense throughput shape
+    "gru512": dict(model={"kind": "gru", "hidden": 512}, input_size=512, output_size=512, tokens=False,
+                   seq_len=50, batch=32),
+    "gru512-before": dict(model={"kind": "gru", "hidden": 512, "reset_after": False}, input_size=512,
+                          output_size=512, tokens=False, seq_len=50, batch=32),
+    "bilstm512": dict(model={"kind": "lstm", "hidden": 512, "bidirectional": True}, input_size=512,
+                      output_size=512, tokens=False, seq_len=50, batch=32),
+    # DeepBench's GRU training shape of configs/deepbench.yaml's default profile (H 1536, B 32, T 187),
+    # and the same with 20 steps (a quicker look at the per-step costs)
+    "gru1536": dict(model={"kind": "gru", "hidden": 1536}, input_size=1536, output_size=1536, tokens=False,
+                    seq_len=187, batch=32),
+    "gru1536-t20": dict(model={"kind": "gru", "hidden": 1536}, input_size=1536, output_size=1536, tokens=False,
+                        seq_len=20, batch=32),
 }
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1000000000", "MALLOC_TRIM_THRESHOLD_": "1000000000"}
 CONTENDERS = ("native", "native:sync", "numpy", "torch", "torch:fused")

@@ -80,16 +80,25 @@ def test_truncation_window_longer_than_the_sequence_is_full_bptt():
         np.testing.assert_allclose(grads[k], g, rtol=1e-9, atol=1e-12 * np.abs(g).max())
 
 
+_LARGE = {
+    "elman": {"kind": "elman", "activation": "sigmoid"},
+    "lstm": {"kind": "lstm", "peephole": True},
+    "gru": {"kind": "gru"},
+    "gru-before": {"kind": "gru", "reset_after": False},
+}
+
+
 @pytest.mark.parametrize("few_row_routes", [True, False])
-@pytest.mark.parametrize("kind", ["elman", "lstm"])
+@pytest.mark.parametrize("kind", list(_LARGE))
 def test_large_recurrent_products_match_the_reference(kind, few_row_routes):
     # H = 256 with 16 rows per step: the Elman W_hh (512 KiB) stays in cache and is used in
-    # 128-column blocks; the LSTM's (2 MiB) does not, and the forward uses its transpose;
-    # with the routes on, every per-step product goes through the transposed-output path
+    # 128-column blocks; the LSTM's (2 MiB) and the GRU's (1.5 MiB) do not, and the forward
+    # uses their transpose; with the routes on, every per-step product goes through the
+    # transposed-output path
     backend = _native()
     from backends.native_backend import _load
 
-    model = {"kind": kind, "hidden": 256} | ({"activation": "sigmoid"} if kind == "elman" else {"peephole": True})
+    model = _LARGE[kind] | {"hidden": 256}
     problem = _problem(model, tokens=False, D=8, O=5, T=4, B=16)
     params = ref.init_params(problem.model, 8, 5, seed=4)
     rng = np.random.default_rng(1)
@@ -104,6 +113,52 @@ def test_large_recurrent_products_match_the_reference(kind, few_row_routes):
     assert loss == pytest.approx(want_loss, rel=1e-12)
     for k, g in want.items():
         np.testing.assert_allclose(grads[k], g, rtol=1e-9, atol=1e-12 * np.abs(g).max())
+
+
+_GRU_AND_BIDIRECTIONAL = [
+    {"kind": "gru"},
+    {"kind": "gru", "reset_after": False},
+    {"kind": "gru", "bptt": {"truncated": 2}},
+    {"kind": "gru", "reset_after": False, "bptt": {"truncated": 2}},
+    {"kind": "gru", "bptt": {"tail": 3}},
+    {"kind": "gru", "reset_after": False, "bptt": {"tail": 3}, "bias": False},
+    {"kind": "elman", "bidirectional": True},
+    {"kind": "lstm", "peephole": True, "bidirectional": True},
+    {"kind": "gru", "bidirectional": True},
+    {"kind": "gru", "reset_after": False, "bidirectional": True},
+]
+
+
+@pytest.mark.parametrize("recurrence", ["batch", "hidden"])
+@pytest.mark.parametrize("tokens", [True, False])
+@pytest.mark.parametrize("model", _GRU_AND_BIDIRECTIONAL, ids=lambda m: ModelSpec.from_mapping(m).describe())
+def test_gru_and_bidirectional_layers_on_two_threads(model, tokens, recurrence):
+    """Two stacked layers, every phase split over two threads, the recurrence by batch rows or by
+    hidden units: the gradients and a clipped SGD step (gradient buffers, sparse token rows of
+    each direction's table) against the reference."""
+    from backends.native_backend import NativeBackend
+
+    _native()
+    backend = type("ThreadedNative", (_Threaded, NativeBackend), {})()
+    backend.recurrence = recurrence
+    # H = 20: split by hidden units, one thread gets 16 units and the other 4
+    problem = _problem(model | {"hidden": 20, "layers": 2, "clip": 0.05}, tokens=tokens, D=7, O=4, T=6, B=4)
+    params = ref.init_params(problem.model, 7, 4, seed=11)
+    rng = np.random.default_rng(12)
+    x = rng.integers(0, 7, size=(6, 4)) if tokens else rng.normal(size=(6, 4, 7))
+    y = rng.integers(0, 4, size=(6, 4))
+    backend.prepare(problem, {k: v.copy() for k, v in params.items()})
+    loss, grads = backend.loss_and_grads(x, y)
+    want_loss, want = ref.loss_and_grads(problem.model, params, x, y)
+    assert loss == pytest.approx(want_loss, rel=1e-12)
+    assert set(grads) == set(want)
+    for k, g in want.items():
+        np.testing.assert_allclose(grads[k], g, rtol=1e-9, atol=1e-12 * np.abs(g).max(), err_msg=k)
+    backend.sgd_step(x, y, 0.5)
+    _, after = ref.sgd_step(problem.model, params, x, y, 0.5)
+    got = backend.get_params()
+    for k, v in after.items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-12, atol=1e-14, err_msg=k)
 
 
 def test_out_of_range_token_is_an_error_not_a_crash():
@@ -123,9 +178,11 @@ def _copy_task(B, T=8, V=5, seed=0):
     return x, (x + 1) % V
 
 
-def test_async_is_timed_in_train_only_and_learns():
+@pytest.mark.parametrize("model", [{"kind": "elman", "hidden": 16},
+                                   {"kind": "gru", "hidden": 16, "bidirectional": True}])
+def test_async_is_timed_in_train_only_and_learns(model):
+    # the bidirectional token model has two token tables, each pulled and pushed by rows
     backend = _native("async")
-    model = {"kind": "elman", "hidden": 16}
     assert not backend.supports(_problem(model, workload="train_step"))[0]
     assert not backend.supports(_problem(model, workload="forward"))[0]
     problem = _problem(model, workload="train", D=5, O=5, T=8, B=8, dtype="float32")
@@ -138,7 +195,8 @@ def test_async_is_timed_in_train_only_and_learns():
     loss, grads = backend.loss_and_grads(x, y)
     want_loss, want = ref.loss_and_grads(problem.model, ref.params_like(params, np.float64), x, y)
     assert loss == pytest.approx(want_loss, rel=1e-4)
-    np.testing.assert_allclose(grads["W_hh"], want["W_hh"], rtol=1e-3, atol=1e-5 * np.abs(want["W_hh"]).max())
+    for k in want:
+        np.testing.assert_allclose(grads[k], want[k], rtol=1e-3, atol=1e-5 * np.abs(want[k]).max(), err_msg=k)
     first = backend.sgd_step(x, y, 0.5)
     for step in range(60):
         last = backend.sgd_step(*_copy_task(8, seed=step + 1), 0.5)
@@ -172,13 +230,14 @@ def test_single_input_weight_gradient_over_long_sequences_matches():
         assert ratio <= 1, name
 
 
-@pytest.mark.parametrize("kind", ["elman", "lstm"])
+@pytest.mark.parametrize("kind", ["elman", "lstm", "gru", "gru-before"])
 def test_fused_update_of_deep_products_rounds_once(kind):
     """Fused SGD (no clipping) writes -lr * grad straight into the weights. Over T*B = 4096
     rows BLAS adds its product in K panels, and adding each one into the weights rounds it
     at the size of a weight: the update must instead match the unfused step (gradient
     buffer, then one subtraction, taken here by a clip too large to act) within one ulp."""
-    spec = {"kind": kind, "hidden": 48}
+    # the GRU's reset before updates W_hh in two column blocks (h for r, z; r * h for n)
+    spec = {"kind": "gru", "reset_after": False, "hidden": 48} if kind == "gru-before" else {"kind": kind, "hidden": 48}
     problem = _problem(spec, tokens=False, D=16, O=8, T=64, B=64, dtype="float32")
     unfused = _problem(spec | {"clip": 1e30}, tokens=False, D=16, O=8, T=64, B=64, dtype="float32")
     params = ref.init_params(problem.model, 16, 8, seed=5, dtype="float32")

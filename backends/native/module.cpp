@@ -140,6 +140,7 @@ Config make_config(nb::dict s) {
                       mode = str("bptt");
     if (kind == "elman") c.kind = Kind::Elman;
     else if (kind == "lstm") c.kind = Kind::Lstm;
+    else if (kind == "gru") c.kind = Kind::Gru;
     else throw nb::value_error(("unknown model kind " + kind).c_str());
     if (act == "tanh") c.act = Act::Tanh;
     else if (act == "relu") c.act = Act::Relu;
@@ -157,6 +158,8 @@ Config make_config(nb::dict s) {
     c.layers = nb::cast<int>(s["layers"]);
     c.bias = nb::cast<bool>(s["bias"]);
     c.peephole = nb::cast<bool>(s["peephole"]);
+    if (s.contains("reset_after")) c.reset_after = nb::cast<bool>(s["reset_after"]);
+    if (s.contains("bidirectional")) c.bidirectional = nb::cast<bool>(s["bidirectional"]);
     c.k = nb::cast<int>(s["k"]);
     c.clip = nb::cast<double>(s["clip"]);
     c.input_size = nb::cast<int>(s["input_size"]);
@@ -174,6 +177,8 @@ Config make_config(nb::dict s) {
     if (c.hidden < 1 || c.layers < 1 || c.input_size < 1 || c.output_size < 1)
         throw nb::value_error("sizes must be positive");
     if ((c.bptt != Bptt::Full) && c.k < 1) throw nb::value_error("bptt K must be positive");
+    if (c.bidirectional && c.bptt != Bptt::Full) throw nb::value_error("bidirectional layers need bptt full");
+    if (c.peephole && c.kind != Kind::Lstm) throw nb::value_error("peepholes exist only for the lstm");
     return c;
 }
 

@@ -1,9 +1,12 @@
-// The SPEC.md network (Elman / LSTM, stacked, softmax or mse head, full / truncated /
-// tail BPTT, SGD with clipping) for float and double, parallelised with OpenMP.
+// The SPEC.md network (Elman / LSTM / GRU in both reset forms, stacked, uni- or
+// bidirectional, softmax or mse head, full / truncated / tail BPTT, SGD with clipping)
+// for float and double, parallelised with OpenMP.
 //
 // Shapes follow harness/reference.py: time-major, row vectors, row r = t*B + b.
-// Per layer the forward keeps h (and c, tanh c, the activated LSTM gates) for every
-// step; the backward is O(T) (O(T*K) rows for truncated K) with every weight gradient
+// Per layer and direction the forward keeps h (and c, tanh c, the activated gates,
+// the GRU's u_n + b_hn or r * h_{t-1}) for every step; a reverse direction is the same
+// cell run over a time-reversed copy of its input, its outputs reversed back into the
+// layer's [h_t, h_t_rev] rows; the backward is O(T) (O(T*K) rows for truncated K) with every weight gradient
 // one GEMM over all steps. A `Team` is the set of OpenMP threads sharing one worker:
 // each phase splits its rows or columns among the team and ends with a barrier.
 #pragma once
@@ -33,7 +36,7 @@
 
 namespace rnn {
 
-enum class Kind { Elman, Lstm };
+enum class Kind { Elman, Lstm, Gru };
 enum class Act { Tanh, Relu, Sigmoid };
 enum class Head { Softmax, Mse };
 enum class Bptt { Full, Truncated, Tail };
@@ -46,6 +49,8 @@ struct Config {
     Act act = Act::Tanh;
     bool bias = true;
     bool peephole = false;
+    bool reset_after = true;     // GRU: r multiplies (h W_hn + b_hn), else h before the product
+    bool bidirectional = false;  // every layer also runs a reverse direction (full BPTT only)
     Head head = Head::Softmax;
     bool out_tanh = false;
     Bptt bptt = Bptt::Full;
@@ -58,7 +63,10 @@ struct Config {
     int output_size = 0;
     bool tokens = false;
 
-    int gates() const { return kind == Kind::Lstm ? 4 * hidden : hidden; }
+    int gates() const { return kind == Kind::Lstm ? 4 * hidden : kind == Kind::Gru ? 3 * hidden : hidden; }
+    int dirs() const { return bidirectional ? 2 : 1; }
+    // the width of a layer's output: [h_t] or [h_t, h_t_rev]
+    int out_width() const { return dirs() * hidden; }
 };
 
 // Work below these sizes (multiply-adds, elements for kParRows) is not worth a split
@@ -124,12 +132,12 @@ constexpr std::size_t kNone = (std::size_t)-1;
 
 struct LayerSlots {
     int din;
-    std::size_t W_in, W_hh, b = kNone, p_i = kNone, p_f = kNone, p_o = kNone;
+    std::size_t W_in, W_hh, b = kNone, b_hn = kNone, p_i = kNone, p_f = kNone, p_o = kNone;
 };
 
 struct Layout {
     std::vector<Tensor> tensors;
-    std::vector<LayerSlots> layers;
+    std::vector<LayerSlots> layers;  // layer l, direction d at l * dirs + d
     std::size_t W_hy = 0, b_y = kNone, total = 0;
 
     explicit Layout(const Config& c) {
@@ -140,22 +148,27 @@ struct Layout {
             return at;
         };
         const int H = c.hidden, G = c.gates();
-        const bool lstm = c.kind == Kind::Lstm;
+        const bool elman = c.kind == Kind::Elman;
         for (int l = 0; l < c.layers; ++l) {
-            std::string s = l == 0 ? "" : "_" + std::to_string(l);
-            LayerSlots slot;
-            slot.din = l == 0 ? c.input_size : H;
-            slot.W_in = add((lstm ? "W_ih" : "W_xh") + s, slot.din, G);
-            slot.W_hh = add("W_hh" + s, H, G);
-            if (c.bias) slot.b = add((lstm ? "b" : "b_h") + s, 1, G);
-            if (c.peephole) {
-                slot.p_i = add("p_i" + s, 1, H);
-                slot.p_f = add("p_f" + s, 1, H);
-                slot.p_o = add("p_o" + s, 1, H);
+            for (int d = 0; d < c.dirs(); ++d) {  // harness/spec.py's order: per direction, suffix _rev
+                std::string s = (l == 0 ? "" : "_" + std::to_string(l)) + (d ? "_rev" : "");
+                LayerSlots slot;
+                slot.din = l == 0 ? c.input_size : c.out_width();
+                slot.W_in = add((elman ? "W_xh" : "W_ih") + s, slot.din, G);
+                slot.W_hh = add("W_hh" + s, H, G);
+                if (c.bias) {
+                    slot.b = add((elman ? "b_h" : "b") + s, 1, G);
+                    if (c.kind == Kind::Gru && c.reset_after) slot.b_hn = add("b_hn" + s, 1, H);
+                }
+                if (c.peephole) {
+                    slot.p_i = add("p_i" + s, 1, H);
+                    slot.p_f = add("p_f" + s, 1, H);
+                    slot.p_o = add("p_o" + s, 1, H);
+                }
+                layers.push_back(slot);
             }
-            layers.push_back(slot);
         }
-        W_hy = add("W_hy", H, c.output_size);
+        W_hy = add("W_hy", c.out_width(), c.output_size);
         if (c.bias) b_y = add("b_y", 1, c.output_size);
     }
 };
@@ -419,7 +432,7 @@ struct Batch {
 
 template <class T>
 struct LayerWs {
-    Buf<T> A;   // (T*B, G): pre-activations; for the LSTM the activated gates i, f, g, o
+    Buf<T> A;   // (T*B, G): pre-activations; for the LSTM the activated gates i, f, g, o; GRU r, z, n
     Buf<T> Hs;  // ((T+1)*B, H): block 0 is h_{-1} = 0, block t+1 is h_t
     Buf<T> C;   // ((T+1)*B, H): LSTM cell states, same convention
     Buf<T> TC;  // (T*B, H): LSTM tanh(c_t)
@@ -428,6 +441,17 @@ struct LayerWs {
     Buf<T> DAj, CH, DC0, DC1;  // truncated: one lag's dL/da, dh carry, LSTM dc carry (double-buffered)
     Buf<T> dc;                 // (B, H): LSTM dc carry of the O(T) backward
     Buf<T> WhhT;               // (G, H): W_hh transposed, when W_hh does not stay in cache
+    // GRU
+    Buf<T> U;    // (B, G): one step's h_{t-1} W_hh (reset before: its r, z part and (r * h_{t-1}) W_hn);
+                 // in the backward one step's dL/d(r * h_{t-1})
+    Buf<T> UN;   // (T*B, H): u_n + b_hn (reset after) or r * h_{t-1} (reset before)
+    Buf<T> DU;   // (T*B, G): reset after, dL/du_t = [da_r, da_z, r * da_n] (truncated: summed)
+    Buf<T> DUj;  // truncated: one lag's dL/du (reset after) or dL/d(r * h) (reset before)
+    Buf<T> CD;   // truncated: the carry being built for the next lag (swapped with CH)
+    // bidirectional: the layer's [h_t, h_t_rev] rows and their gradient (direction 0's
+    // buffers), the time-reversed input and its gradient (direction 1's)
+    Buf<T> Y, DY, Xr, DXr;
+    std::vector<std::int64_t> tokr;
 };
 
 template <class T>
@@ -435,20 +459,44 @@ class Worker {
   public:
     Worker(const Config& cfg, const Layout& lay)
         : cfg_(cfg), lay_(lay), L_(cfg.layers),
-          resident_((std::size_t)cfg.hidden * cfg.gates() * sizeof(T) <= kResidentBytes) {
-        zeros_.assign((std::size_t)std::max(cfg.gates(), cfg.output_size), T(0));
+          nd_(cfg.dirs()), resident_((std::size_t)cfg.hidden * cfg.gates() * sizeof(T) <= kResidentBytes) {
+        L_.resize((std::size_t)cfg.layers * nd_);
+        zeros_.assign((std::size_t)std::max({cfg.gates(), cfg.output_size, cfg.out_width(), cfg.input_size}), T(0));
         mark_.assign(cfg.tokens ? cfg.input_size : 0, 0);
     }
 
     // Buffers for (T, B); grows only.
     void ensure(int Tn, int Bn) {
         std::size_t rows = (std::size_t)(Tn + 1) * Bn;
-        if (rows <= cap_rows_ && Tn <= cap_T_) return;
+        if (rows <= cap_rows_ && Tn <= cap_T_ && Bn <= cap_B_) return;
         cap_rows_ = std::max(rows, cap_rows_);
         cap_T_ = std::max(Tn, cap_T_);
+        cap_B_ = std::max(Bn, cap_B_);
         const std::size_t R = cap_rows_, H = cfg_.hidden, G = cfg_.gates(), O = cfg_.output_size;
-        const bool lstm = cfg_.kind == Kind::Lstm, lagged = cfg_.bptt == Bptt::Truncated;
-        for (auto& w : L_) {
+        const bool lstm = cfg_.kind == Kind::Lstm, gru = cfg_.kind == Kind::Gru,
+                   lagged = cfg_.bptt == Bptt::Truncated;
+        for (std::size_t i = 0; i < L_.size(); ++i) {
+            LayerWs<T>& w = L_[i];
+            const int l = (int)i / nd_, d = (int)i % nd_;
+            const std::size_t din = l == 0 ? cfg_.input_size : cfg_.out_width();
+            if (nd_ == 2 && d == 0) {
+                w.Y.assign(R * 2 * H, T(0));
+                w.DY.assign(R * 2 * H, T(0));
+            }
+            if (d == 1) {
+                if (l == 0 && cfg_.tokens) w.tokr.assign(R, 0);
+                else w.Xr.assign(R * din, T(0));
+                if (l > 0) w.DXr.assign(R * din, T(0));
+            }
+            if (gru) {
+                w.U.assign((std::size_t)cap_B_ * G, T(0));
+                w.UN.assign(R * H, T(0));
+                if (cfg_.reset_after) w.DU.assign(R * G, T(0));
+                if (lagged) {
+                    w.DUj.assign(R * G, T(0));
+                    w.CD.assign(R * H, T(0));
+                }
+            }
             w.A.assign(R * G, T(0));
             w.Hs.assign(R * H, T(0));
             w.DH.assign(R * H, T(0));
@@ -489,11 +537,17 @@ class Worker {
     // Forward through every layer and the output projection, then the head:
     // `out` (T*B, O) receives z, and then dL/dz (train) or the outputs (inference).
     double forward_head(const Team& tm, const T* P, const Batch<T>& in, bool train, T inv_b, T* out) {
-        for (int l = 0; l < cfg_.layers; ++l) forward_layer(tm, P, in, l);
-        const int TB = in.T_ * in.B, H = cfg_.hidden, O = cfg_.output_size;
+        for (int l = 0; l < cfg_.layers; ++l) {
+            for (int d = 0; d < nd_; ++d) forward_layer(tm, P, in, l, d);
+            if (nd_ == 2) {
+                PhaseScope ps(tm, kRecurFwd);
+                join_directions(tm, in, l);
+            }
+        }
+        const int TB = in.T_ * in.B, HW = cfg_.out_width(), O = cfg_.output_size;
         {
             PhaseScope ps(tm, kOutput);
-            pgemm(tm, false, false, TB, O, H, T(1), top_h(in.B), H, P + lay_.W_hy, O, T(0), out, O);
+            pgemm(tm, false, false, TB, O, HW, T(1), out_h(cfg_.layers - 1, in.B), HW, P + lay_.W_hy, O, T(0), out, O);
             tm.barrier();
         }
         {
@@ -513,36 +567,56 @@ class Worker {
 
     // BPTT from the dL/dz that forward_head(train=true) left in Z.
     void backward(const Team& tm, const T* P, Sink<T> s, const Batch<T>& in) {
-        const int Tn = in.T_, Bn = in.B, H = cfg_.hidden, O = cfg_.output_size;
+        const int Tn = in.T_, Bn = in.B, HW = cfg_.out_width(), O = cfg_.output_size;
         const int t0 = cfg_.bptt == Bptt::Tail ? std::max(0, Tn - cfg_.k) : 0;
         const int R0 = t0 * Bn, nR = (Tn - t0) * Bn;
         if (!s.fused() && cfg_.tokens && tm.leader()) touched_.clear();
-        LayerWs<T>& top = L_.back();
         const T* dZ = Z_.data() + (std::size_t)R0 * O;
         {
             PhaseScope ps(tm, kOutGrads);
             // dh of the top layer first: the fused update below overwrites W_hy
-            pgemm(tm, false, true, nR, H, O, T(1), dZ, O, P + lay_.W_hy, O, T(0), top.DH.data() + (std::size_t)R0 * H,
-                  H);
+            pgemm(tm, false, true, nR, HW, O, T(1), dZ, O, P + lay_.W_hy, O, T(0),
+                  out_dh(cfg_.layers - 1) + (std::size_t)R0 * HW, HW);
             tm.barrier();
-            grad_gemm(tm, s, lay_.W_hy, true, false, H, O, nR, top_h(Bn) + (std::size_t)R0 * H, H, dZ, O);
+            grad_gemm(tm, s, lay_.W_hy, true, false, HW, O, nR, out_h(cfg_.layers - 1, Bn) + (std::size_t)R0 * HW, HW,
+                      dZ, O);
             if (cfg_.bias) colsum(tm, s, lay_.b_y, dZ, nR, O);
         }
-        if (cfg_.bptt == Bptt::Truncated && cfg_.k < Tn - 1) {
+        if (nd_ == 2) {  // full BPTT only: each layer's two directions, top down
+            for (int l = cfg_.layers - 1; l >= 0; --l) {
+                {
+                    PhaseScope ps(tm, kRecurBwd);
+                    split_directions(tm, in, l);
+                }
+                for (int d = 0; d < 2; ++d) {
+                    {
+                        PhaseScope ps(tm, kRecurBwd);
+                        window_backward(tm, P, in, l, d, 0);
+                    }
+                    PhaseScope ps(tm, kWeightGrads);
+                    layer_grads(tm, P, s, in, l, d, 0, l > 0);
+                }
+                if (l > 0) {
+                    PhaseScope ps(tm, kWeightGrads);
+                    add_reversed_dx(tm, in, l);
+                }
+            }
+        } else if (cfg_.bptt == Bptt::Truncated && cfg_.k < Tn - 1) {
             {
                 PhaseScope ps(tm, kRecurBwd);
-                lagged_backward(tm, P, in);
+                if (cfg_.kind == Kind::Gru) gru_lagged_backward(tm, P, in);
+                else lagged_backward(tm, P, in);
             }
             PhaseScope ps(tm, kWeightGrads);
-            for (int l = cfg_.layers - 1; l >= 0; --l) layer_grads(tm, P, s, in, l, 0, false);
+            for (int l = cfg_.layers - 1; l >= 0; --l) layer_grads(tm, P, s, in, l, 0, 0, false);
         } else {
             for (int l = cfg_.layers - 1; l >= 0; --l) {
                 {
                     PhaseScope ps(tm, kRecurBwd);
-                    window_backward(tm, P, in, l, t0);
+                    window_backward(tm, P, in, l, 0, t0);
                 }
                 PhaseScope ps(tm, kWeightGrads);
-                layer_grads(tm, P, s, in, l, t0, l > 0);
+                layer_grads(tm, P, s, in, l, 0, t0, l > 0);
             }
         }
         PhaseScope ps(tm, kWeightGrads);
@@ -562,10 +636,75 @@ class Worker {
     std::vector<int> mark_;
     int gen_ = 0;
     std::size_t cap_rows_ = 0;
-    int cap_T_ = 0;
+    int cap_T_ = 0, cap_B_ = 0;
+    const int nd_;         // directions per layer
     const bool resident_;  // W_hh small enough to stay in L2 through the per-step products
 
-    const T* top_h(int Bn) const { return L_.back().Hs.data() + (std::size_t)Bn * cfg_.hidden; }
+    LayerWs<T>& ws(int l, int d) { return L_[(std::size_t)l * nd_ + d]; }
+    const LayerSlots& slot(int l, int d) const { return lay_.layers[(std::size_t)l * nd_ + d]; }
+    // Layer l's output rows (T*B, out_width): h_t, or [h_t, h_t_rev] for a bidirectional layer.
+    const T* out_h(int l, int Bn) {
+        return nd_ == 2 ? ws(l, 0).Y.data() : ws(l, 0).Hs.data() + (std::size_t)Bn * cfg_.hidden;
+    }
+    // Where the gradient of layer l's output rows goes (the same layout).
+    T* out_dh(int l) { return nd_ == 2 ? ws(l, 0).DY.data() : ws(l, 0).DH.data(); }
+    // The rows direction d of layer l reads (time-reversed for d = 1), and their width.
+    const T* layer_x(const Batch<T>& in, int l, int d) {
+        if (d == 1) return ws(l, 1).Xr.data();
+        return l == 0 ? in.x : out_h(l - 1, in.B);
+    }
+    const std::int64_t* layer_tok(const Batch<T>& in, int d) { return d == 1 ? ws(0, 1).tokr.data() : in.tok; }
+
+    // A bidirectional layer's output rows: [h_t, h_t_rev], h_t_rev being the reverse
+    // run's step T-1-t (its state block T-t).
+    void join_directions(const Team& tm, const Batch<T>& in, int l) {
+        const int Tn = in.T_, Bn = in.B, H = cfg_.hidden, TB = Tn * Bn;
+        int lo = 0, hi = TB;
+        if (tm.split((double)TB * 2 * H, kParRows)) tm.share(TB, 1, lo, hi);
+        else if (!tm.leader()) hi = 0;
+        LayerWs<T>&f = ws(l, 0), &r = ws(l, 1);
+        for (int i = lo; i < hi; ++i) {
+            const int t = i / Bn, b = i % Bn;
+            T* y = f.Y.data() + (std::size_t)i * 2 * H;
+            std::memcpy(y, f.Hs.data() + ((std::size_t)(t + 1) * Bn + b) * H, sizeof(T) * H);
+            std::memcpy(y + H, r.Hs.data() + ((std::size_t)(Tn - t) * Bn + b) * H, sizeof(T) * H);
+        }
+        tm.barrier();
+    }
+
+    // The gradient of a bidirectional layer's output rows, handed to each direction in its own time order.
+    void split_directions(const Team& tm, const Batch<T>& in, int l) {
+        const int Tn = in.T_, Bn = in.B, H = cfg_.hidden, TB = Tn * Bn;
+        int lo = 0, hi = TB;
+        if (tm.split((double)TB * 2 * H, kParRows)) tm.share(TB, 1, lo, hi);
+        else if (!tm.leader()) hi = 0;
+        LayerWs<T>&f = ws(l, 0), &r = ws(l, 1);
+        for (int i = lo; i < hi; ++i) {
+            const int t = i / Bn, b = i % Bn;
+            const T* dy = f.DY.data() + (std::size_t)i * 2 * H;
+            std::memcpy(f.DH.data() + (std::size_t)i * H, dy, sizeof(T) * H);
+            std::memcpy(r.DH.data() + ((std::size_t)(Tn - 1 - t) * Bn + b) * H, dy + H, sizeof(T) * H);
+        }
+        tm.barrier();
+    }
+
+    // Layer l-1's output gradient gets the reverse direction's dL/dx, time-reversed back.
+    void add_reversed_dx(const Team& tm, const Batch<T>& in, int l) {
+        const int Tn = in.T_, Bn = in.B, W = cfg_.out_width(), TB = Tn * Bn;
+        int lo = 0, hi = TB;
+        if (tm.split((double)TB * W, kParRows)) tm.share(TB, 1, lo, hi);
+        else if (!tm.leader()) hi = 0;
+        T* dy = out_dh(l - 1);
+        const T* dx = ws(l, 1).DXr.data();
+        for (int i = lo; i < hi; ++i) {
+            const int t = i / Bn, b = i % Bn;
+            T* o = dy + (std::size_t)i * W;
+            const T* g = dx + ((std::size_t)(Tn - 1 - t) * Bn + b) * W;
+#pragma omp simd
+            for (int k = 0; k < W; ++k) o[k] += g[k];
+        }
+        tm.barrier();
+    }
     const T* opt(const T* P, std::size_t off) const { return off == kNone ? zeros_.data() : P + off; }
 
     // How a per-step recurrence of Bn rows is shared by the team. By batch rows: each
@@ -592,9 +731,9 @@ class Worker {
         return Split::Hidden;
     }
 
-    void forward_layer(const Team& tm, const T* P, const Batch<T>& in, int l) {
-        const LayerSlots& sl = lay_.layers[l];
-        LayerWs<T>& w = L_[l];
+    void forward_layer(const Team& tm, const T* P, const Batch<T>& in, int l, int d) {
+        const LayerSlots& sl = slot(l, d);
+        LayerWs<T>& w = ws(l, d);
         const int Tn = in.T_, Bn = in.B, TB = Tn * Bn, H = cfg_.hidden, G = cfg_.gates();
         T* A = w.A.data();
         // A W_hh too big for L2 is repacked by every per-step product, and OpenBLAS packs
@@ -608,11 +747,26 @@ class Worker {
                 if (tm.split((double)TB * G, kParRows)) tm.share(TB, 1, lo, hi);
                 else if (!tm.leader()) hi = 0;
                 const T* W = P + sl.W_in;
+                const std::int64_t* tok = in.tok;
+                if (d == 1) {  // the reverse run's step s reads x_{T-1-s}
+                    for (int r = lo; r < hi; ++r)
+                        w.tokr[r] = in.tok[(std::size_t)(Tn - 1 - r / Bn) * Bn + r % Bn];
+                    tok = w.tokr.data();
+                }
                 for (int r = lo; r < hi; ++r)
-                    std::memcpy(A + (std::size_t)r * G, W + (std::size_t)in.tok[r] * G, sizeof(T) * G);
+                    std::memcpy(A + (std::size_t)r * G, W + (std::size_t)tok[r] * G, sizeof(T) * G);
             } else {
-                const T* X = l == 0 ? in.x : L_[l - 1].Hs.data() + (std::size_t)Bn * H;
-                pgemm(tm, false, false, TB, G, sl.din, T(1), X, sl.din, P + sl.W_in, G, T(0), A, G);
+                if (d == 1) {  // a time-reversed copy of the input rows
+                    const T* X = l == 0 ? in.x : out_h(l - 1, Bn);
+                    int lo = 0, hi = TB;
+                    if (tm.split((double)TB * sl.din, kParRows)) tm.share(TB, 1, lo, hi);
+                    else if (!tm.leader()) hi = 0;
+                    for (int r = lo; r < hi; ++r)
+                        std::memcpy(w.Xr.data() + (std::size_t)r * sl.din,
+                                    X + ((std::size_t)(Tn - 1 - r / Bn) * Bn + r % Bn) * sl.din, sizeof(T) * sl.din);
+                    tm.barrier();
+                }
+                pgemm(tm, false, false, TB, G, sl.din, T(1), layer_x(in, l, d), sl.din, P + sl.W_in, G, T(0), A, G);
             }
             if (tm.leader()) {  // the initial state (earlier, larger batches may have used this block)
                 std::fill(w.Hs.begin(), w.Hs.begin() + (std::size_t)Bn * H, T(0));
@@ -626,6 +780,10 @@ class Worker {
         const Split how = recurrence_split(tm, Bn, parts);
         const T* Whh = P + sl.W_hh;
         const T* WhhT = w.WhhT.data();
+        if (cfg_.kind == Kind::Gru) {
+            gru_forward(tm, P, sl, w, Tn, Bn, how, parts, transposed);
+            return;
+        }
         if (how == Split::Batch) {  // this thread's sequences, start to end, no barrier
             int b0, b1;
             tm.share_among(Bn, parts, b0, b1);
@@ -744,6 +902,127 @@ class Worker {
         }
     }
 
+    // The GRU over all steps: one recurrent product per step, h_{t-1} W_hh for r, z and n
+    // at once into U; reset before takes r, z from it first, then (r * h_{t-1}) W_hn once
+    // r is known: a second product. Shared like the other cells (batch rows without a
+    // barrier, or hidden units with one barrier per step, two for reset before).
+    void gru_forward(const Team& tm, const T* P, const LayerSlots& sl, LayerWs<T>& w, int Tn, int Bn, Split how,
+                     int parts, bool transposed) {
+        const int H = cfg_.hidden, G = 3 * H;
+        const bool after = cfg_.reset_after;
+        const T* Whh = P + sl.W_hh;
+        const T* WhhT = w.WhhT.data();
+        T* U = w.U.data();
+        // Uo[rows, c0 : c0 + n] = X (rows x H) W_hh[:, c0 : c0 + n]
+        auto product = [&](int rows, int c0, int n, const T* X, T* Uo) {
+            if (transposed)
+                gemm(false, true, rows, n, H, T(1), X, H, WhhT + (std::size_t)c0 * H, H, T(0), Uo + c0, G);
+            else
+                gemm(false, false, rows, n, H, T(1), X, H, Whh + c0, G, T(0), Uo + c0, G, resident_);
+        };
+        if (how == Split::Batch) {  // this thread's sequences, start to end, no barrier
+            int b0, b1;
+            tm.share_among(Bn, parts, b0, b1);
+            const int nb = b1 - b0;
+            if (nb > 0) {
+                T* Ub = U + (std::size_t)b0 * G;
+                for (int t = 0; t < Tn; ++t) {
+                    const std::size_t r = (std::size_t)t * Bn + b0;
+                    if (t > 0) product(nb, 0, after ? G : 2 * H, w.Hs.data() + r * H, Ub);
+                    gru_gates(P, sl, w, t, Bn, b0, b1, 0, H);
+                    if (!after) {
+                        if (t > 0) product(nb, 2 * H, H, w.UN.data() + r * H, Ub);
+                        gru_finish(P, sl, w, t, Bn, b0, b1, 0, H);
+                    }
+                }
+            }
+            tm.barrier();
+            return;
+        }
+        const bool par = how == Split::Hidden;
+        int k0 = 0, k1 = H;
+        if (par) tm.share(H, (int)kAlign, k0, k1);
+        if (par || tm.leader()) {
+            for (int t = 0; t < Tn; ++t) {
+                const T* hprev = w.Hs.data() + (std::size_t)t * Bn * H;
+                if (t > 0 && k0 < k1) {
+                    if (par)  // each gate block, this thread's units
+                        for (int q = 0; q < (after ? 3 : 2); ++q) product(Bn, q * H + k0, k1 - k0, hprev, U);
+                    else
+                        product(Bn, 0, after ? G : 2 * H, hprev, U);
+                }
+                gru_gates(P, sl, w, t, Bn, 0, Bn, k0, k1);
+                if (!after) {
+                    if (t > 0) {
+                        if (par) tm.barrier();  // the product needs every unit's r * h_{t-1}
+                        if (k0 < k1) product(Bn, 2 * H + k0, k1 - k0, w.UN.data() + (std::size_t)t * Bn * H, U);
+                    }
+                    gru_finish(P, sl, w, t, Bn, 0, Bn, k0, k1);
+                }
+                if (par) tm.barrier();
+            }
+        }
+        if (!par) tm.barrier();
+    }
+
+    // r and z of step t (U holds h_{t-1} W_hh; at t = 0 it is zero); reset after also n and
+    // h_t, keeping u_n + b_hn; reset before keeps r * h_{t-1} for the second product.
+    void gru_gates(const T* P, const LayerSlots& sl, LayerWs<T>& w, int t, int Bn, int b0, int b1, int k0, int k1) {
+        const int H = cfg_.hidden, G = 3 * H;
+        const T* bias = opt(P, sl.b);
+        const T *br = bias, *bz = bias + H, *bn = bias + 2 * H, *bhn = opt(P, sl.b_hn);
+        for (int b = b0; b < b1; ++b) {
+            const std::size_t r = (std::size_t)t * Bn + b;
+            T* a = w.A.data() + r * G;
+            const T* u = t > 0 ? w.U.data() + (std::size_t)b * G : zeros_.data();
+            const T* hp = w.Hs.data() + r * H;
+            T* h = w.Hs.data() + (r + Bn) * H;
+            T* x = w.UN.data() + r * H;
+            if (cfg_.reset_after) {
+#pragma omp simd
+                for (int k = k0; k < k1; ++k) {
+                    const T rr = vsigmoid(a[k] + br[k] + u[k]);
+                    const T zz = vsigmoid(a[H + k] + bz[k] + u[H + k]);
+                    const T un = u[2 * H + k] + bhn[k];
+                    const T nn = vtanh(a[2 * H + k] + bn[k] + rr * un);
+                    a[k] = rr;
+                    a[H + k] = zz;
+                    a[2 * H + k] = nn;
+                    x[k] = un;
+                    h[k] = (T(1) - zz) * nn + zz * hp[k];
+                }
+            } else {
+#pragma omp simd
+                for (int k = k0; k < k1; ++k) {
+                    const T rr = vsigmoid(a[k] + br[k] + u[k]);
+                    a[k] = rr;
+                    a[H + k] = vsigmoid(a[H + k] + bz[k] + u[H + k]);
+                    x[k] = rr * hp[k];
+                }
+            }
+        }
+    }
+
+    // Reset before: n and h_t once U holds (r * h_{t-1}) W_hn.
+    void gru_finish(const T* P, const LayerSlots& sl, LayerWs<T>& w, int t, int Bn, int b0, int b1, int k0, int k1) {
+        const int H = cfg_.hidden, G = 3 * H;
+        const T* bn = opt(P, sl.b) + (sl.b == kNone ? 0 : 2 * H);
+        for (int b = b0; b < b1; ++b) {
+            const std::size_t r = (std::size_t)t * Bn + b;
+            T* a = w.A.data() + r * G;
+            const T* u = t > 0 ? w.U.data() + (std::size_t)b * G : zeros_.data();
+            const T* hp = w.Hs.data() + r * H;
+            T* h = w.Hs.data() + (r + Bn) * H;
+#pragma omp simd
+            for (int k = k0; k < k1; ++k) {
+                const T nn = vtanh(a[2 * H + k] + bn[k] + u[2 * H + k]);
+                const T zz = a[H + k];
+                a[2 * H + k] = nn;
+                h[k] = (T(1) - zz) * nn + zz * hp[k];
+            }
+        }
+    }
+
     // Per row: loss, and dL/dz = (softmax - onehot) / B or (out - y) / B (* (1 - out^2) for tanh);
     // inference writes the outputs instead.
     void head(const Team& tm, const T* P, const Batch<T>& in, bool train, T inv_b, T* Z) {
@@ -796,24 +1075,26 @@ class Worker {
         }
     }
 
+    // The gradient (M x N, rows `ldc` apart; 0: N) of the parameter block at `off`.
     void grad_gemm(const Team& tm, const Sink<T>& s, std::size_t off, bool ta, bool tb, int M, int N, int K,
-                   const T* A, int lda, const T* B, int ldb) {
+                   const T* A, int lda, const T* B, int ldb, int ldc = 0) {
+        if (ldc == 0) ldc = N;
         if (!s.fused()) {
-            pgemm(tm, ta, tb, M, N, K, T(1), A, lda, B, ldb, T(0), s.G + off, N);
+            pgemm(tm, ta, tb, M, N, K, T(1), A, lda, B, ldb, T(0), s.G + off, ldc);
         } else if (K <= kFuseDepth) {
-            pgemm(tm, ta, tb, M, N, K, -s.lr, A, lda, B, ldb, T(1), s.P + off, N);
+            pgemm(tm, ta, tb, M, N, K, -s.lr, A, lda, B, ldb, T(1), s.P + off, ldc);
         } else {  // one rounding at the size of the weight, not one per panel of K
             // each thread updates the very block it computed into the weight's own scratch:
             // no barrier before the update, none after it
             T* g = scratch_.data() + off;
             int r0, r1, c0, c1;
             gemm_block(tm, M, N, K, r0, r1, c0, c1);
-            block_gemm(ta, tb, r0, r1, c0, c1, K, T(1), A, lda, B, ldb, T(0), g, N);
+            block_gemm(ta, tb, r0, r1, c0, c1, K, T(1), A, lda, B, ldb, T(0), g, ldc);
             T* p = s.P + off;
             const T lr = s.lr;
             for (int r = r0; r < r1; ++r) {
-                T* pr = p + (std::size_t)r * N;
-                const T* gr = g + (std::size_t)r * N;
+                T* pr = p + (std::size_t)r * ldc;
+                const T* gr = g + (std::size_t)r * ldc;
 #pragma omp simd
                 for (int c = c0; c < c1; ++c) pr[c] -= lr * gr[c];
             }
@@ -827,8 +1108,9 @@ class Worker {
             s.G[off + k] = v;
     }
 
-    // Column sums of X (n x cols): the bias gradients.
-    void colsum(const Team& tm, const Sink<T>& s, std::size_t off, const T* X, int n, int cols) {
+    // Column sums of X (n x cols, rows `ld` apart; 0: cols): the bias gradients.
+    void colsum(const Team& tm, const Sink<T>& s, std::size_t off, const T* X, int n, int cols, int ld = 0) {
+        if (ld == 0) ld = cols;
         int c0 = 0, c1 = cols;
         if (tm.split((double)n * cols, kParRows)) tm.share(cols, (int)kAlign, c0, c1);
         else if (!tm.leader()) return;
@@ -838,7 +1120,7 @@ class Worker {
             const int m = std::min(W, c1 - c);
             std::fill(acc, acc + m, T(0));
             for (int r = 0; r < n; ++r) {
-                const T* x = X + (std::size_t)r * cols + c;
+                const T* x = X + (std::size_t)r * ld + c;
 #pragma omp simd
                 for (int k = 0; k < m; ++k) acc[k] += x[k];
             }
@@ -880,9 +1162,10 @@ class Worker {
     }
 
     // dW_xh for token input: scatter-add rows of DA into the rows x_t, split by columns.
+    // `record`: note the rows (once per step: both directions of a layer read the same tokens).
     void token_scatter(const Team& tm, const Sink<T>& s, std::size_t off, const std::int64_t* tok, const T* DA, int n,
-                       int G) {
-        if (!s.fused() && tm.leader()) {  // the distinct rows touched, to clip, update and re-zero later
+                       int G, bool record) {
+        if (!s.fused() && record && tm.leader()) {  // the distinct rows touched, to clip, update and re-zero later
             ++gen_;
             for (int r = 0; r < n; ++r)
                 if (mark_[tok[r]] != gen_) {
@@ -910,9 +1193,13 @@ class Worker {
 
     // The O(T) backward of one layer over steps t1 = T-1 down to t0 (h_{t0-1} held constant),
     // shared like the forward recurrence.
-    void window_backward(const Team& tm, const T* P, const Batch<T>& in, int l, int t0) {
-        const LayerSlots& sl = lay_.layers[l];
-        LayerWs<T>& w = L_[l];
+    void window_backward(const Team& tm, const T* P, const Batch<T>& in, int l, int d, int t0) {
+        if (cfg_.kind == Kind::Gru) {
+            gru_window_backward(tm, P, in, l, d, t0);
+            return;
+        }
+        const LayerSlots& sl = slot(l, d);
+        LayerWs<T>& w = ws(l, d);
         const int Tn = in.T_, Bn = in.B, H = cfg_.hidden, G = cfg_.gates();
         const bool lstm = cfg_.kind == Kind::Lstm;
         const T* Whh = P + sl.W_hh;
@@ -965,6 +1252,206 @@ class Worker {
             }
         }
         tm.barrier();
+    }
+
+    // The GRU's O(T) backward of one layer direction over steps T-1 down to t0, shared like
+    // its forward. Per step one product dL/du_t W_hh^T (reset after) carries to h_{t-1};
+    // reset before first takes dL/d(r * h_{t-1}) = da_n W_hn^T (r's gradient needs it),
+    // then carries [da_r, da_z] W_hrz^T.
+    void gru_window_backward(const Team& tm, const T* P, const Batch<T>& in, int l, int d, int t0) {
+        const LayerSlots& sl = slot(l, d);
+        LayerWs<T>& w = ws(l, d);
+        const int Tn = in.T_, Bn = in.B, H = cfg_.hidden, G = 3 * H;
+        const bool after = cfg_.reset_after;
+        const T* Whh = P + sl.W_hh;
+        T *DH = w.DH.data(), *DA = w.DA.data(), *DU = after ? w.DU.data() : nullptr, *U = w.U.data();
+        // the rows that multiply W_hh^T into the carry: du (reset after), or da's r, z blocks
+        const T* RG = after ? DU : DA;
+        const int KG = after ? G : 2 * H;
+        int parts;
+        const Split how = recurrence_split(tm, Bn, parts);
+        if (how == Split::Batch) {  // this thread's sequences, end to start, no barrier
+            int b0, b1;
+            tm.share_among(Bn, parts, b0, b1);
+            const int nb = b1 - b0;
+            for (int t = Tn - 1; nb > 0 && t >= t0; --t) {
+                const std::size_t r = (std::size_t)t * Bn + b0;
+                T* co = t > t0 ? DH + r * H : nullptr;  // h_{t-1}'s rows, Bn back
+                gru_back_a(w, r, nb, DH + r * H, nullptr, co, Bn, true, DA + r * G, after ? DU + r * G : nullptr, 0, H);
+                if (!after) {
+                    T* drh = U + (std::size_t)b0 * G;
+                    gemm(false, true, nb, H, H, T(1), DA + r * G + 2 * H, G, Whh + 2 * H, G, T(0), drh, G);
+                    gru_back_b(w, r, nb, drh, G, DA + r * G, co, Bn, 0, H);
+                }
+                if (t > t0)  // dL/dh_{t-1} += (du_t or [da_r, da_z]) W_hh^T, this thread's rows
+                    gemm(false, true, nb, H, KG, T(1), RG + r * G, G, Whh, G, T(1), DH + (r - Bn) * H, H, resident_);
+            }
+            tm.barrier();
+            return;
+        }
+        const bool par = how == Split::Hidden;
+        int k0 = 0, k1 = H;
+        if (par) tm.share(H, (int)kAlign, k0, k1);
+        if (par || tm.leader()) {
+            for (int t = Tn - 1; t >= t0; --t) {
+                const std::size_t r = (std::size_t)t * Bn;
+                T* co = t > t0 ? DH + r * H : nullptr;
+                gru_back_a(w, r, Bn, DH + r * H, nullptr, co, Bn, true, DA + r * G, after ? DU + r * G : nullptr, k0,
+                           k1);
+                if (!after) {
+                    if (par) tm.barrier();  // the product needs every unit's da_n
+                    if (k0 < k1)
+                        gemm(false, true, Bn, k1 - k0, H, T(1), DA + r * G + 2 * H, G, Whh + (std::size_t)k0 * G + 2 * H,
+                             G, T(0), U + k0, G);
+                    gru_back_b(w, r, Bn, U, G, DA + r * G, co, Bn, k0, k1);
+                }
+                if (t > t0) {
+                    if (par) tm.barrier();  // the product needs every unit's dL/da_t
+                    if (k0 < k1)
+                        gemm(false, true, Bn, k1 - k0, KG, T(1), RG + r * G, G, Whh + (std::size_t)k0 * G, G, T(1),
+                             DH + (r - Bn) * H + k0, H, resident_);
+                }
+            }
+        }
+        tm.barrier();
+    }
+
+    // GRU dL/da for n rows from row r0 of the forward state, units [k0, k1): dh = in + carry.
+    // Writes da = [da_r, da_z, da_n] (reset before: da_r comes in gru_back_b) and, reset
+    // after, du = [da_r, da_z, r * da_n], the gradient of h_{t-1} W_hh + [0, 0, b_hn]. The
+    // direct part of the carry to step s-1, dh * z, goes to row j - shift of co (added to
+    // it when `add`); none leaves step 0 or when co is null.
+    void gru_back_a(LayerWs<T>& w, std::size_t r0, int n, const T* in, const T* carry, T* co, int shift, bool add,
+                    T* da_out, T* du_out, int k0, int k1) {
+        const int H = cfg_.hidden, G = 3 * H;
+        const bool after = cfg_.reset_after;
+        for (int j = 0; j < n; ++j) {
+            const std::size_t r = r0 + j;
+            const T* a = w.A.data() + r * G;
+            const T* hp = w.Hs.data() + r * H;
+            const T* un = w.UN.data() + r * H;
+            const T* dh = in ? in + (std::size_t)j * H : zeros_.data();
+            const T* ch = carry ? carry + (std::size_t)j * H : zeros_.data();
+            T* da = da_out + (std::size_t)j * G;
+            if (after) {
+                T* du = du_out + (std::size_t)j * G;
+#pragma omp simd
+                for (int k = k0; k < k1; ++k) {
+                    const T rr = a[k], zz = a[H + k], nn = a[2 * H + k];
+                    const T g = dh[k] + ch[k];
+                    const T dan = g * (T(1) - zz) * (T(1) - nn * nn);
+                    const T daz = g * (hp[k] - nn) * zz * (T(1) - zz);
+                    const T dar = dan * un[k] * rr * (T(1) - rr);
+                    da[k] = dar;
+                    da[H + k] = daz;
+                    da[2 * H + k] = dan;
+                    du[k] = dar;
+                    du[H + k] = daz;
+                    du[2 * H + k] = dan * rr;
+                }
+            } else {
+#pragma omp simd
+                for (int k = k0; k < k1; ++k) {
+                    const T zz = a[H + k], nn = a[2 * H + k];
+                    const T g = dh[k] + ch[k];
+                    da[H + k] = g * (hp[k] - nn) * zz * (T(1) - zz);
+                    da[2 * H + k] = g * (T(1) - zz) * (T(1) - nn * nn);
+                }
+            }
+            if (co && (std::ptrdiff_t)r - shift >= 0) {
+                T* c = co + ((std::ptrdiff_t)j - shift) * H;
+                if (add) {
+#pragma omp simd
+                    for (int k = k0; k < k1; ++k) c[k] += (dh[k] + ch[k]) * a[H + k];
+                } else {
+#pragma omp simd
+                    for (int k = k0; k < k1; ++k) c[k] = (dh[k] + ch[k]) * a[H + k];
+                }
+            }
+        }
+    }
+
+    // GRU reset before, once drh = dL/d(r * h_{t-1}) (rows `ldd` apart) is known: da_r, and
+    // drh * r added to the carry (as in gru_back_a).
+    void gru_back_b(LayerWs<T>& w, std::size_t r0, int n, const T* drh, int ldd, T* da_out, T* co, int shift, int k0,
+                    int k1) {
+        const int H = cfg_.hidden, G = 3 * H;
+        for (int j = 0; j < n; ++j) {
+            const std::size_t r = r0 + j;
+            const T* a = w.A.data() + r * G;
+            const T* hp = w.Hs.data() + r * H;
+            const T* dr = drh + (std::size_t)j * ldd;
+            T* da = da_out + (std::size_t)j * G;
+#pragma omp simd
+            for (int k = k0; k < k1; ++k) da[k] = dr[k] * hp[k] * a[k] * (T(1) - a[k]);
+            if (co && (std::ptrdiff_t)r - shift >= 0) {
+                T* c = co + ((std::ptrdiff_t)j - shift) * H;
+#pragma omp simd
+                for (int k = k0; k < k1; ++k) c[k] += dr[k] * a[k];
+            }
+        }
+    }
+
+    // GRU truncated K < T-1, laid out as lagged_backward. The carry to the next lag is built
+    // in CD (its direct part per row, then the product) and swapped into CH.
+    void gru_lagged_backward(const Team& tm, const T* P, const Batch<T>& in) {
+        const int Tn = in.T_, Bn = in.B, H = cfg_.hidden, G = 3 * H, K = cfg_.k;
+        const bool after = cfg_.reset_after;
+        for (int j = 0; j <= K && j < Tn; ++j) {
+            const int nS = Tn - j, n = nS * Bn;
+            for (int l = cfg_.layers - 1; l >= 0; --l) {
+                const LayerSlots& sl = lay_.layers[l];
+                LayerWs<T>& w = L_[l];
+                const bool top = l == cfg_.layers - 1;
+                const T* input = top && j > 0 ? nullptr : w.DH.data();
+                const T* carry = j > 0 ? w.CH.data() : nullptr;
+                T *DAj = w.DAj.data(), *DUj = w.DUj.data(), *CD = w.CD.data();
+                int lo = 0, hi = n;
+                if (tm.split((double)n * G, kParRows)) tm.share(n, 1, lo, hi);
+                else if (!tm.leader()) hi = 0;
+                // this lag's rows into the sums over windows
+                auto sum = [&](const T* src, T* dst) {
+                    for (int r = lo; r < hi; ++r) {
+                        const T* x = src + (std::size_t)r * G;
+                        T* y = dst + (std::size_t)r * G;
+                        if (j > 0) {
+#pragma omp simd
+                            for (int k = 0; k < G; ++k) y[k] += x[k];
+                        } else {
+                            std::memcpy(y, x, sizeof(T) * G);
+                        }
+                    }
+                };
+                const std::size_t o = (std::size_t)lo;
+                if (lo < hi) {
+                    gru_back_a(w, o, hi - lo, input ? input + o * H : nullptr, carry ? carry + o * H : nullptr,
+                               CD + o * H, Bn, false, DAj + o * G, after ? DUj + o * G : nullptr, 0, H);
+                    if (after) {
+                        sum(DAj, w.DA.data());
+                        sum(DUj, w.DU.data());
+                    }
+                }
+                if (!after) {
+                    tm.barrier();
+                    // dL/d(r * h) = da_n W_hn^T for every row of the lag
+                    pgemm(tm, false, true, n, H, H, T(1), DAj + 2 * H, G, P + sl.W_hh + 2 * H, G, T(0), DUj, H);
+                    tm.barrier();
+                    if (lo < hi) {
+                        gru_back_b(w, o, hi - lo, DUj + o * H, H, DAj + o * G, CD + o * H, Bn, 0, H);
+                        sum(DAj, w.DA.data());
+                    }
+                }
+                tm.barrier();
+                if (j < K && nS > 1)  // the carry's product part, to step s-1 of the same windows
+                    pgemm(tm, false, true, (nS - 1) * Bn, H, after ? G : 2 * H, T(1),
+                          (after ? DUj : DAj) + (std::size_t)Bn * G, G, P + sl.W_hh, G, T(1), CD, H);
+                if (l > 0)
+                    pgemm(tm, false, true, n, H, G, T(1), DAj, G, P + sl.W_in, G, T(0), L_[l - 1].DH.data(), H);
+                tm.barrier();
+                if (tm.leader()) std::swap(w.CH, w.CD);
+                tm.barrier();
+            }
+        }
     }
 
     // dL/da for n rows starting at row r0 of the forward state: dh = in + carry.
@@ -1106,29 +1593,43 @@ class Worker {
     }
 
     // Weight gradients of layer l from DA over steps t0..T-1 (and dL/dx for the layer below).
-    void layer_grads(const Team& tm, const T* P, const Sink<T>& s, const Batch<T>& in, int l, int t0, bool want_dx) {
-        const LayerSlots& sl = lay_.layers[l];
-        LayerWs<T>& w = L_[l];
-        const int Tn = in.T_, Bn = in.B, H = cfg_.hidden, G = cfg_.gates();
+    // Weight gradients of layer l, direction d from DA over steps t0..T-1 (and dL/dx for the
+    // layer below: its output gradient, or for a reverse direction the time-reversed DXr).
+    void layer_grads(const Team& tm, const T* P, const Sink<T>& s, const Batch<T>& in, int l, int d, int t0,
+                     bool want_dx) {
+        const LayerSlots& sl = slot(l, d);
+        LayerWs<T>& w = ws(l, d);
+        const int Tn = in.T_, Bn = in.B, H = cfg_.hidden, G = cfg_.gates(), din = sl.din;
         const int R0 = t0 * Bn, n = (Tn - t0) * Bn;
         const T* DA = w.DA.data();
         if (want_dx) {  // before the fused update changes W_in
-            pgemm(tm, false, true, n, H, G, T(1), DA + (std::size_t)R0 * G, G, P + sl.W_in, G, T(0),
-                  L_[l - 1].DH.data() + (std::size_t)R0 * H, H);
+            T* dx = d == 1 ? w.DXr.data() : out_dh(l - 1);
+            pgemm(tm, false, true, n, din, G, T(1), DA + (std::size_t)R0 * G, G, P + sl.W_in, G, T(0),
+                  dx + (std::size_t)R0 * din, din);
             tm.barrier();
         }
         // dW_hh = sum_t h_{t-1}^T da_t; with t0 = 0 step 0 is skipped (h_{-1} = 0)
         const int ts = t0 == 0 ? 1 : t0;
-        grad_gemm(tm, s, sl.W_hh, true, false, H, G, (Tn - ts) * Bn, w.Hs.data() + (std::size_t)ts * Bn * H, H,
-                  DA + (std::size_t)ts * Bn * G, G);
+        const std::size_t Rs = (std::size_t)ts * Bn;
+        const int Ks = (Tn - ts) * Bn;
+        if (cfg_.kind != Kind::Gru) {
+            grad_gemm(tm, s, sl.W_hh, true, false, H, G, Ks, w.Hs.data() + Rs * H, H, DA + Rs * G, G);
+        } else if (cfg_.reset_after) {  // dW_hh = sum_t h_{t-1}^T du_t
+            grad_gemm(tm, s, sl.W_hh, true, false, H, G, Ks, w.Hs.data() + Rs * H, H, w.DU.data() + Rs * G, G);
+        } else {  // dW_hrz = sum_t h_{t-1}^T [da_r, da_z], dW_hn = sum_t (r * h_{t-1})^T da_n
+            grad_gemm(tm, s, sl.W_hh, true, false, H, 2 * H, Ks, w.Hs.data() + Rs * H, H, DA + Rs * G, G, G);
+            grad_gemm(tm, s, sl.W_hh + 2 * H, true, false, H, H, Ks, w.UN.data() + Rs * H, H, DA + Rs * G + 2 * H, G,
+                      G);
+        }
         if (l == 0 && cfg_.tokens) {
-            token_scatter(tm, s, sl.W_in, in.tok + R0, DA + (std::size_t)R0 * G, n, G);
+            token_scatter(tm, s, sl.W_in, layer_tok(in, d) + R0, DA + (std::size_t)R0 * G, n, G, d == 0);
         } else {
-            const T* X = l == 0 ? in.x : L_[l - 1].Hs.data() + (std::size_t)Bn * H;
-            grad_gemm(tm, s, sl.W_in, true, false, sl.din, G, n, X + (std::size_t)R0 * sl.din, sl.din,
+            grad_gemm(tm, s, sl.W_in, true, false, din, G, n, layer_x(in, l, d) + (std::size_t)R0 * din, din,
                       DA + (std::size_t)R0 * G, G);
         }
         if (cfg_.bias) colsum(tm, s, sl.b, DA + (std::size_t)R0 * G, n, G);
+        if (cfg_.bias && sl.b_hn != kNone)  // db_hn = sum_t r * da_n
+            colsum(tm, s, sl.b_hn, w.DU.data() + (std::size_t)R0 * G + 2 * H, n, H, G);
         if (cfg_.peephole) peephole_sums(tm, s, sl, w, Bn, R0, n);
     }
 };
@@ -1304,10 +1805,14 @@ class Net {
         return g;
     }
 
-    std::size_t token_begin() const { return cfg_.tokens ? lay_.layers[0].W_in : 0; }
-    std::size_t token_end() const {
-        return cfg_.tokens ? lay_.layers[0].W_in + (std::size_t)cfg_.input_size * cfg_.gates() : 0;
+    // The token-input tables (layer 0's input weights, one per direction), in layout order.
+    std::vector<std::size_t> token_tables() const {
+        std::vector<std::size_t> out;
+        if (cfg_.tokens)
+            for (int d = 0; d < cfg_.dirs(); ++d) out.push_back(lay_.layers[d].W_in);
+        return out;
     }
+    std::size_t table_size() const { return (std::size_t)cfg_.input_size * cfg_.gates(); }
 
     // P -= lr * clip(sum of the workers' gradients) over [b, e), split over the team.
     void update_dense(const Team& tm, T* P, T* const* G, int nw, std::size_t b, std::size_t e, T lr) {
@@ -1333,10 +1838,10 @@ class Net {
         }
     }
 
-    // The token rows of W_xh: update the rows any worker touched, then re-zero them.
-    void update_rows(const Team& tm, T* P, T* const* G, int nw, const std::vector<std::int64_t>& rows, T lr) {
+    // The token rows of a table at `off`: update the rows any worker touched, then re-zero them.
+    void update_rows(const Team& tm, T* P, T* const* G, int nw, const std::vector<std::int64_t>& rows, T lr,
+                     std::size_t off) {
         const int Gc = cfg_.gates();
-        const std::size_t off = lay_.layers[0].W_in;
         int c0, c1;
         tm.share(Gc, (int)kAlign, c0, c1);
         if (c0 >= c1) return;
@@ -1355,9 +1860,13 @@ class Net {
     }
 
     void apply(const Team& tm, T* P, T* const* G, int nw, const std::vector<std::int64_t>& rows, T lr) {
-        update_dense(tm, P, G, nw, 0, token_begin(), lr);
-        update_dense(tm, P, G, nw, token_end(), lay_.total, lr);
-        if (cfg_.tokens) update_rows(tm, P, G, nw, rows, lr);
+        std::size_t at = 0;
+        for (std::size_t tb : token_tables()) {
+            update_dense(tm, P, G, nw, at, tb, lr);
+            update_rows(tm, P, G, nw, rows, lr, tb);
+            at = tb + table_size();
+        }
+        update_dense(tm, P, G, nw, at, lay_.total, lr);
     }
 
     double step_default(const Batch<T>& in, T lr) {
@@ -1478,7 +1987,7 @@ class Net {
             if (workers_[i]->local().size() != P_.size()) workers_[i]->local() = P_;
         }
         const T inv_b = T(1) / in.B;
-        const std::size_t tb = token_begin(), te = token_end();
+        const std::vector<std::size_t> tables = token_tables();
         const int Gc = cfg_.gates();
         run_team(nw, cfg_.split_scale, prof_.get(), [&](const Team& tm) {
             const Team solo{0, 1, cfg_.split_scale, nullptr, tm.prof, tm.slot};
@@ -1493,11 +2002,15 @@ class Net {
                     fill_slice(in, b0, b1, sl);
 #pragma omp critical(rnn_parameter_server)
                     {
-                        std::memcpy(local, P_.data(), sizeof(T) * tb);
-                        std::memcpy(local + te, P_.data() + te, sizeof(T) * (lay_.total - te));
-                        for (std::int64_t tok : sl.tok)  // only the rows this chunk reads
-                            std::memcpy(local + tb + (std::size_t)tok * Gc, P_.data() + tb + (std::size_t)tok * Gc,
-                                        sizeof(T) * Gc);
+                        std::size_t at = 0;
+                        for (std::size_t tb : tables) {
+                            std::memcpy(local + at, P_.data() + at, sizeof(T) * (tb - at));
+                            for (std::int64_t tok : sl.tok)  // only the rows this chunk reads
+                                std::memcpy(local + tb + (std::size_t)tok * Gc, P_.data() + tb + (std::size_t)tok * Gc,
+                                            sizeof(T) * Gc);
+                            at = tb + table_size();
+                        }
+                        std::memcpy(local + at, P_.data() + at, sizeof(T) * (lay_.total - at));
                     }
                     part[i] += w.forward_head(solo, local, sl.batch, true, inv_b);
                     w.backward(solo, local, Sink<T>{nullptr, g, T(0)}, sl.batch);
