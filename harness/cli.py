@@ -236,6 +236,47 @@ def _print_device_ratios(timings):
     console.print(table)
 
 
+@app.command("reproduce")
+def reproduce_cmd(
+    budget: Annotated[Optional[float], typer.Option("--budget", help="Minutes: skip, with the reason, what the time left cannot hold; stop an overrun 10% past it (a second call resumes).")] = None,
+    only: Annotated[Optional[str], typer.Option("--only", help="Comma-separated experiments (config names, e.g. quick,sobel, or quick-gpu for a profile).")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Folder of the runs, one per experiment (results/examples: the committed ones).")] = Path("results/reproduce"),
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan, one line per experiment, and run nothing.")] = False,
+):
+    """Every experiment of docs/experiments.md that fits this machine, within a budget, resumable."""
+    from harness.run import reproduce
+
+    try:
+        if budget is not None and budget <= 0:
+            raise HarnessError(f"--budget: expected a positive number of minutes, got {budget}")
+        machine = reproduce.MachineFacts.here()
+        decisions = reproduce.plan(machine, out, Path(reproduce.PROJECT_ROOT) / "results" / "examples",
+                                   budget * 60 if budget else None, _split_csv(only, "--only"))
+    except HarnessError as exc:
+        _fail(exc, 2)
+    console.print(f"this machine: {escape(machine.describe())}; runs into {out}"
+                  + (f"; budget {budget:g} min" if budget else ""), highlight=False)
+    for d in decisions:
+        console.print(escape(d.line()), highlight=False, soft_wrap=True)
+    if dry_run:
+        return
+    try:
+        outcomes = reproduce.run_plan(decisions, out, machine, budget * 60 if budget else None,
+                                      say=lambda m: err_console.print(escape(m), highlight=False, soft_wrap=True))
+    except KeyboardInterrupt:
+        err_console.print("interrupted: finished experiments and cells are saved; the same command resumes", highlight=False)
+        raise typer.Exit(130)
+    except HarnessError as exc:
+        _fail(exc, 1)
+    for o in outcomes:
+        console.print(f"{o.name}: {o.status} in {o.seconds / 60:.1f} min", highlight=False)
+    skipped = [d for d in decisions if d.skipped_for_budget]
+    if skipped:
+        console.print(f"out of budget: {', '.join(d.name for d in skipped)}", highlight=False)
+    console.print(f"record: {out / reproduce.RECORD}", highlight=False)
+    raise typer.Exit(1 if any(o.status == "failed" for o in outcomes) else 0)
+
+
 @app.command("plot")
 def plot_cmd(run_dir: Annotated[Path, typer.Argument(help="A results folder.")]):
     """(Re)draw the plots of a run."""
