@@ -277,6 +277,30 @@ def reproduce_cmd(
     raise typer.Exit(1 if any(o.status == "failed" for o in outcomes) else 0)
 
 
+@app.command("docs")
+def docs_cmd(
+    check: Annotated[bool, typer.Option("--check", help="Change nothing; exit 1 when a table differs from its runs.")] = False,
+    page: Annotated[Path, typer.Option("--page", help="The page whose marked tables are generated.")] = Path("docs/experiments.md"),
+    examples: Annotated[Path, typer.Option("--examples", help="The run folders the tables read.")] = Path("results/examples"),
+):
+    """Regenerate the measured tables of docs/experiments.md from the runs under results/examples/."""
+    from harness.results import docs
+
+    try:
+        changed = docs.check_page(page, examples) if check else docs.write_page(page, examples)
+    except HarnessError as exc:
+        _fail(exc, 2)
+    for spec in changed:
+        verb = "differs from its runs" if check else "rewritten"
+        console.print(escape(f"{page}:{spec.line}: table '{spec.text}' {verb}"), highlight=False)
+    if check and changed:
+        err_console.print(f"[bold red]error:[/] {len(changed)} table(s) of {escape(str(page))} disagree with "
+                          f"{escape(str(examples))}; `harness docs` regenerates them", highlight=False)
+        raise typer.Exit(1)
+    if not changed:
+        console.print(f"{page}: every table agrees with its runs", highlight=False)
+
+
 @app.command("plot")
 def plot_cmd(run_dir: Annotated[Path, typer.Argument(help="A results folder.")]):
     """(Re)draw the plots of a run."""
