@@ -76,6 +76,8 @@ def run_cmd(
                     _end_stale_workers(stores[0].path)
                 else:
                     loaded = [load_config(c, _split_csv(backends_opt), profile) for c in configs]
+                if executor is not None:
+                    executor.check_cells([c for cfg in loaded for c in cfg.cells()])
                     for cfg in loaded:
                         meta = new_run_meta(cfg)
                         meta["config_fingerprint"] = config_fingerprint(cfg)
@@ -187,7 +189,8 @@ def _print_summary(store):
     df["label"] = backend_label(df)
     table = Table(title=f"{store.meta.get('name')}: median per call, speedup over {store.meta.get('baseline')}")
     for col in ("backend", "status", "median", "speedup [95% CI]", "compile s", "note"):
-        table.add_column(col, justify="right" if col in ("median", "compile s") else "left")
+        table.add_column(col, justify="right" if col in ("median", "compile s") else "left",
+                         overflow="fold" if col == "note" else "ellipsis", ratio=1 if col == "note" else None)
     last_group = None
     for _, r in df.iterrows():
         if r["group"] != last_group:
@@ -203,7 +206,7 @@ def _print_summary(store):
             sp = f"[yellow]{sp}[/]"
         note = ""
         if r["status"] != "ok":
-            note = str(r.get("error") or "").splitlines()[0][:70] if r.get("error") else ""
+            note = str(r.get("error") or "").splitlines()[0] if r.get("error") else ""  # whole: the table wraps it
         elif r["workload"] == "train":
             ttt = r.get("time_to_target_s")
             note = f"final loss {r['final_loss']:.3f}" + (f", target at {ttt:.2f} s" if pd.notna(ttt) else "")
