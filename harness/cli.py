@@ -314,12 +314,22 @@ def plot_cmd(run_dir: Annotated[Path, typer.Argument(help="A results folder.")])
 
 
 @app.command("report")
-def report_cmd(run_dir: Annotated[Path, typer.Argument(help="A results folder.")]):
-    """Write report.md and a self-contained report.html for a run."""
+def report_cmd(
+    run_dirs: Annotated[list[Path], typer.Argument(help="A results folder; or several, with --out.")],
+    out: Annotated[Optional[Path], typer.Option("--out", help="Folder of a report over several runs (machine column, cross-machine crossover).")] = None,
+):
+    """Write report.md and a self-contained report.html for a run, or one over several runs (--out)."""
     from harness.results.report import write_report
 
     try:
-        made = write_report(run_dir)
+        if len(run_dirs) > 1 or out is not None:
+            from harness.results.multi import write_multi_report
+
+            if out is None:
+                raise HarnessError("a report over several runs needs --out DIR")
+            made = write_multi_report(run_dirs, out)
+        else:
+            made = write_report(run_dirs[0])
     except HarnessError as exc:
         _fail(exc, 1)
     for p in made:
