@@ -76,8 +76,8 @@ def run_cmd(
                     _end_stale_workers(stores[0].path)
                 else:
                     loaded = [load_config(c, _split_csv(backends_opt), profile) for c in configs]
-                if executor is not None:
-                    executor.check_cells([c for cfg in loaded for c in cfg.cells()])
+                    if executor is not None:  # before any folder exists: no worker can hold these threads
+                        executor.check_cells([c for cfg in loaded for c in cfg.cells()])
                     for cfg in loaded:
                         meta = new_run_meta(cfg)
                         meta["config_fingerprint"] = config_fingerprint(cfg)

@@ -424,7 +424,8 @@ def run_plan(decisions: list[Decision], out: Path, machine: MachineFacts, budget
                 outcomes.append(Outcome(d.name, "interrupted", time.monotonic() - started, rc))
                 _keep(record, d, outcomes[-1])
                 raise
-            status = "stopped" if stopped else "finished" if rc == 0 else "failed"
+            done = _progress(out / d.name, Experiment(Path(d.config), d.profile))[0] == "done"
+            status = "stopped" if stopped else "finished" if rc == 0 and done else "failed"
             outcomes.append(Outcome(d.name, status, time.monotonic() - started, rc))
             _keep(record, d, outcomes[-1])
             if stopped:
