@@ -290,11 +290,15 @@ def plan(machine: MachineFacts, out: Path, examples: Path, budget_s: float | Non
 
 
 # -- running it ------------------------------------------------------------------------------
-def _set_parent_death_signal() -> None:  # in the child, before exec: SIGINT (a clean, resumable stop) when we die
+def _set_parent_death_signal() -> None:
+    """In the child, before exec: Ctrl-C stops it even when this process was started with SIGINT ignored
+    (in the background), and SIGTERM (which ``harness run`` treats as Ctrl-C: it saves and exits,
+    resumable) reaches it when this process dies."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
@@ -314,13 +318,13 @@ def run_command(d: Decision, out: Path) -> list[str]:
 
 
 def _wait(proc: subprocess.Popen, deadline: float | None) -> tuple[int, bool]:
-    """The child's exit code, and whether it was stopped at the deadline (SIGINT: it saves and exits)."""
+    """The child's exit code, and whether it was stopped at the deadline (SIGTERM: it saves and exits)."""
     while True:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             return proc.wait(timeout=timeout), False
         except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGTERM)
             try:
                 return proc.wait(timeout=120), True
             except subprocess.TimeoutExpired:
@@ -420,7 +424,7 @@ def run_plan(decisions: list[Decision], out: Path, machine: MachineFacts, budget
             try:
                 rc, stopped = _wait(proc, deadline)
             except KeyboardInterrupt:
-                rc, stopped = _wait(proc, time.monotonic())  # it got the same SIGINT from the terminal
+                rc, stopped = _wait(proc, time.monotonic())  # saves and exits (Ctrl-C reached it too)
                 outcomes.append(Outcome(d.name, "interrupted", time.monotonic() - started, rc))
                 _keep(record, d, outcomes[-1])
                 raise
