@@ -77,6 +77,8 @@ def run_cmd(
                     _end_stale_workers(stores[0].path)
                 else:
                     loaded = [load_config(c, _split_csv(backends_opt), profile) for c in configs]
+                    if executor is not None:  # before any folder exists: no worker can hold these threads
+                        executor.check_cells([c for cfg in loaded for c in cfg.cells()])
                     for cfg in loaded:
                         meta = new_run_meta(cfg)
                         meta["config_fingerprint"] = config_fingerprint(cfg)
@@ -189,7 +191,8 @@ def _print_summary(store):
     df["label"] = backend_label(df)
     table = Table(title=escape(f"{store.meta.get('name')}: median per call, speedup over {store.meta.get('baseline')}"))
     for col in ("backend", "status", "median", "speedup [95% CI]", "compile s", "note"):
-        table.add_column(col, justify="right" if col in ("median", "compile s") else "left")
+        table.add_column(col, justify="right" if col in ("median", "compile s") else "left",
+                         overflow="fold" if col == "note" else "ellipsis", ratio=1 if col == "note" else None)
     last_group = None
     for _, r in df.iterrows():
         if r["group"] != last_group:
@@ -205,7 +208,7 @@ def _print_summary(store):
             sp = f"[yellow]{sp}[/]"
         note = ""
         if r["status"] != "ok":
-            note = str(r.get("error") or "").splitlines()[0][:70] if r.get("error") else ""
+            note = str(r.get("error") or "").splitlines()[0] if r.get("error") else ""  # whole: the table wraps it
         elif r["workload"] == "train":
             ttt = r.get("time_to_target_s")
             note = f"final loss {r['final_loss']:.3f}" + (f", target at {ttt:.2f} s" if pd.notna(ttt) else "")
@@ -238,6 +241,71 @@ def _print_device_ratios(timings):
     console.print(table)
 
 
+@app.command("reproduce")
+def reproduce_cmd(
+    budget: Annotated[Optional[float], typer.Option("--budget", help="Minutes: skip, with the reason, what the time left cannot hold; stop an overrun 10% past it (a second call resumes).")] = None,
+    only: Annotated[Optional[str], typer.Option("--only", help="Comma-separated experiments (config names, e.g. quick,sobel, or quick-gpu for a profile).")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Folder of the runs, one per experiment (results/examples: the committed ones).")] = Path("results/reproduce"),
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan, one line per experiment, and run nothing.")] = False,
+):
+    """Every experiment of docs/experiments.md that fits this machine, within a budget, resumable."""
+    from harness.run import reproduce
+
+    try:
+        if budget is not None and budget <= 0:
+            raise HarnessError(f"--budget: expected a positive number of minutes, got {budget}")
+        machine = reproduce.MachineFacts.here()
+        decisions = reproduce.plan(machine, out, Path(reproduce.PROJECT_ROOT) / "results" / "examples",
+                                   budget * 60 if budget else None, _split_csv(only, "--only"))
+    except HarnessError as exc:
+        _fail(exc, 2)
+    console.print(f"this machine: {escape(machine.describe())}; runs into {out}"
+                  + (f"; budget {budget:g} min" if budget else ""), highlight=False)
+    for d in decisions:
+        console.print(escape(d.line()), highlight=False, soft_wrap=True)
+    if dry_run:
+        return
+    try:
+        outcomes = reproduce.run_plan(decisions, out, machine, budget * 60 if budget else None,
+                                      say=lambda m: err_console.print(escape(m), highlight=False, soft_wrap=True))
+    except KeyboardInterrupt:
+        err_console.print("interrupted: finished experiments and cells are saved; the same command resumes", highlight=False)
+        raise typer.Exit(130)
+    except HarnessError as exc:
+        _fail(exc, 1)
+    for o in outcomes:
+        console.print(f"{o.name}: {o.status} in {o.seconds / 60:.1f} min", highlight=False)
+    skipped = [d for d in decisions if d.skipped_for_budget]
+    if skipped:
+        console.print(f"out of budget: {', '.join(d.name for d in skipped)}", highlight=False)
+    console.print(f"record: {out / reproduce.RECORD}", highlight=False)
+    raise typer.Exit(1 if any(o.status == "failed" for o in outcomes) else 0)
+
+
+@app.command("docs")
+def docs_cmd(
+    check: Annotated[bool, typer.Option("--check", help="Change nothing; exit 1 when a table differs from its runs.")] = False,
+    page: Annotated[Path, typer.Option("--page", help="The page whose marked tables are generated.")] = Path("docs/experiments.md"),
+    examples: Annotated[Path, typer.Option("--examples", help="The run folders the tables read.")] = Path("results/examples"),
+):
+    """Regenerate the measured tables of docs/experiments.md from the runs under results/examples/."""
+    from harness.results import docs
+
+    try:
+        changed = docs.check_page(page, examples) if check else docs.write_page(page, examples)
+    except HarnessError as exc:
+        _fail(exc, 2)
+    for spec in changed:
+        verb = "differs from its runs" if check else "rewritten"
+        console.print(escape(f"{page}:{spec.line}: table '{spec.text}' {verb}"), highlight=False)
+    if check and changed:
+        err_console.print(f"[bold red]error:[/] {len(changed)} table(s) of {escape(str(page))} disagree with "
+                          f"{escape(str(examples))}; `harness docs` regenerates them", highlight=False)
+        raise typer.Exit(1)
+    if not changed:
+        console.print(f"{page}: every table agrees with its runs", highlight=False)
+
+
 @app.command("plot")
 def plot_cmd(run_dir: Annotated[Path, typer.Argument(help="A results folder.")]):
     """(Re)draw the plots of a run."""
@@ -248,12 +316,22 @@ def plot_cmd(run_dir: Annotated[Path, typer.Argument(help="A results folder.")])
 
 
 @app.command("report")
-def report_cmd(run_dir: Annotated[Path, typer.Argument(help="A results folder.")]):
-    """Write report.md and a self-contained report.html for a run."""
+def report_cmd(
+    run_dirs: Annotated[list[Path], typer.Argument(help="A results folder; or several, with --out.")],
+    out: Annotated[Optional[Path], typer.Option("--out", help="Folder of a report over several runs (machine column, cross-machine crossover).")] = None,
+):
+    """Write report.md and a self-contained report.html for a run, or one over several runs (--out)."""
     from harness.results.report import write_report
 
     try:
-        made = write_report(run_dir)
+        if len(run_dirs) > 1 or out is not None:
+            from harness.results.multi import write_multi_report
+
+            if out is None:
+                raise HarnessError("a report over several runs needs --out DIR")
+            made = write_multi_report(run_dirs, out)
+        else:
+            made = write_report(run_dirs[0])
     except HarnessError as exc:
         _fail(exc, 2)
     for p in made:

@@ -33,10 +33,37 @@ def _setup():
     return plt, sns
 
 
+#: a hue per backend in registry order; a backend's variants are shades of it
+_HUES = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+         "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173"]
+_SHADES = [0.0, 0.45, -0.35, 0.7, -0.55, 0.25, -0.2, 0.6]  # > 0 toward white, < 0 toward black
+
+
+def backend_colour(label: str) -> tuple[float, float, float]:
+    """The one colour of a backend label (``name`` or ``name:variant``) in every plot of every run and
+    report: its backend's hue (registry order), its variant a shade of it (the class's variant order)."""
+    import zlib
+
+    import backends
+    from matplotlib.colors import to_rgb
+
+    name, variant = backends.split_name(label)
+    names = list(backends.registry())
+    i = names.index(name) if name in names else len(names) + zlib.crc32(name.encode()) % len(_HUES)
+    base = np.array(to_rgb(_HUES[i % len(_HUES)]))
+    try:
+        variants = list(backends.backend_class(name).variants)
+    except Exception:  # an unknown or broken backend still gets a stable colour
+        variants = []
+    k = variants.index(variant) if variant in variants else 0 if variant is None else 1 + zlib.crc32(variant.encode()) % 7
+    f = _SHADES[k % len(_SHADES)]
+    rgb = base + (1 - base) * f if f > 0 else base * (1 + f)
+    return tuple(float(c) for c in rgb)
+
+
 def _palette(sns, labels) -> dict:
-    """One colour per backend label, assigned in sorted order so a backend keeps its colour across panels."""
-    names = sorted(set(labels))
-    return dict(zip(names, sns.color_palette("tab10" if len(names) <= 10 else "husl", len(names))))
+    """One colour per backend label, the same in every plot (:func:`backend_colour`)."""
+    return {label: backend_colour(label) for label in set(labels)}
 
 
 def _log_axis(axis, fmt) -> None:

@@ -272,6 +272,11 @@ def _versions_section(meta: dict) -> list:
     return out
 
 
+def _value(v) -> str:
+    """A recorded value as a reader wants it: a ratio to three significant digits, not seventeen."""
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
 def _conformance_section(meta: dict, timings: pd.DataFrame) -> list:
     out: list = [Heading(2, "Conformance")]
     record = meta.get("conformance")
@@ -284,10 +289,10 @@ def _conformance_section(meta: dict, timings: pd.DataFrame) -> list:
         return out
     if isinstance(record, dict) and record and all(isinstance(v, dict) for v in record.values()):
         keys = list(dict.fromkeys(k for v in record.values() for k in v))
-        out.append(Table(["backend"] + keys, [[b] + [str(v.get(k, "")) for k in keys] for b, v in record.items()]))
+        out.append(Table(["backend"] + keys, [[b] + [_value(v.get(k, "")) for k in keys] for b, v in record.items()]))
     elif isinstance(record, list) and record and all(isinstance(v, dict) for v in record):
         keys = list(dict.fromkeys(k for v in record for k in v))
-        out.append(Table(keys, [[str(v.get(k, "")) for k in keys] for v in record], status_col=keys.index("status") if "status" in keys else None))
+        out.append(Table(keys, [[_value(v.get(k, "")) for k in keys] for v in record], status_col=keys.index("status") if "status" in keys else None))
     else:
         out.append(Pre(json.dumps(record, indent=2, default=str)))
     return out

@@ -137,6 +137,10 @@ def _local_worker_plugin(slices: list[list[int]], runner_pid: int):
     return LocalWorker()
 
 
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def cpu_slices(n_workers: int) -> list[list[int]]:
     """This process's cores split into ``n_workers`` disjoint, contiguous slices (at least one core each)."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
@@ -172,6 +176,24 @@ class DaskExecutor:
         client = distributed.Client(self._cluster)
         client.register_plugin(_local_worker_plugin(slices, os.getpid()))
         return client
+
+    def check_cells(self, cells) -> None:
+        """Before a run starts: a local cluster whose workers' slices of cores are too small for the
+        threads of some cell raises, naming the largest ``--workers`` that would hold them."""
+        if self.scheduler or not cells:
+            return
+        n = self.n_workers or 2
+        cpu_slices(n)  # fewer cores than workers: its own message
+        usable = _usable_cpus()
+        per = usable // n
+        need = max(c.threads for c in cells)
+        if need <= per:
+            return
+        fits = usable // need
+        hint = (f"--workers {fits} would give each worker {usable // fits} cores" if fits >= 1 else
+                f"no --workers would: the harness may use {usable} cores here")
+        raise HarnessError(f"--executor dask-local --workers {n}: each worker holds {per} of this machine's {usable} "
+                           f"cores, and cells of this run need {need} threads; {hint}")
 
     def run(self, runner, groups, progress=None, task_id=None) -> None:
         """Run ``groups`` on the cluster, adding each group's rows to ``runner.store`` as it finishes."""

@@ -1,0 +1,265 @@
+"""The measured tables of ``docs/experiments.md``, generated from the run folders under ``results/examples/``.
+
+A table of the page sits between two markers; the prose around it is written by hand::
+
+    <!-- table: speedups sobel -->
+    | problem | numpy | torch | ... |
+    ...
+    <!-- /table -->
+
+The opening marker names the kind of table, the run folder(s) it reads (comma-separated, under
+``results/examples/``) and options as ``key=value``:
+
+* ``speedups RUNS [device=cpu|gpu] [workload=W] [threads=column]``: a row per comparison group, a
+  column per backend; the baseline's cell is ``1 (its median)``, the others the speedup with its
+  95% interval, ``*`` where the interval missed its precision target, or the cell's status.
+* ``steps RUNS``: a row per cell: ms per step, compile seconds, speedup.
+* ``training RUNS``: training cells ordered by time to target.
+* ``epochs RUNS``: training time and final loss, a row per batch and a column per backend and threads.
+
+A run folder that does not exist yet gives a line that says how to make it. :func:`render_page`
+rewrites every table; :func:`check_page` lists the tables whose text differs from their runs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from harness.spec.errors import HarnessError
+
+OPEN = re.compile(r"^<!-- table: (?P<spec>.+?) -->\s*$")
+CLOSE = "<!-- /table -->"
+KINDS = ("speedups", "steps", "training", "epochs")
+
+
+@dataclass
+class TableSpec:
+    kind: str
+    runs: list[str]
+    options: dict[str, str]
+    text: str  # the spec as written in the marker
+    line: int  # 1-based line of the opening marker
+
+    @classmethod
+    def parse(cls, text: str, line: int, where: str) -> "TableSpec":
+        words = text.split()
+        if len(words) < 2 or words[0] not in KINDS:
+            raise HarnessError(f"{where}:{line}: table marker {text!r}: expected '<kind> <runs> [key=value ...]' "
+                               f"with kind one of {', '.join(KINDS)}")
+        options = {}
+        for w in words[2:]:
+            key, eq, value = w.partition("=")
+            if not eq:
+                raise HarnessError(f"{where}:{line}: table marker {text!r}: expected key=value, got {w!r}")
+            options[key] = value
+        return cls(words[0], words[1].split(","), options, text, line)
+
+
+# -- formatting ------------------------------------------------------------------------------
+def _sig(v: float) -> str:
+    """Three significant digits, trailing zeros kept (``4.80``, ``16.0``, ``596``)."""
+    return f"{v:#.3g}".rstrip(".")
+
+
+def fmt_duration(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(seconds) >= scale or unit == "us":
+            return f"{_sig(seconds / scale)} {unit}"
+    return f"{seconds} s"
+
+
+def _ok(v) -> bool:
+    return v is not None and not pd.isna(v)
+
+
+def _speedup(r) -> str:
+    s = f"{r['speedup']:.2f}x"
+    if _ok(r.get("speedup_lo")) and _ok(r.get("speedup_hi")):
+        s += f" [{r['speedup_lo']:.2f}, {r['speedup_hi']:.2f}]"
+    met = r.get("precision_met")
+    if _ok(met) and not bool(met):
+        s += " *"
+    return s
+
+
+def _is_baseline(r) -> bool:
+    return r["label"] == r.get("baseline") or (f"{r['backend']}:{r['variant']}" == r.get("baseline"))
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return out
+
+
+# -- the tables ------------------------------------------------------------------------------
+def _load(examples: Path, runs: list[str]) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    from harness.results.labels import backend_label
+    from harness.results.store import load_run
+
+    timings, curves = [], []
+    for name in runs:
+        if not (examples / name / "run.json").exists():
+            return None
+        run = load_run(examples / name)
+        timings.append(run.timings)
+        curves.append(run.curves)
+    df = pd.concat(timings, ignore_index=True)
+    df["label"] = backend_label(df)
+    return df, pd.concat(curves, ignore_index=True)
+
+
+def _filter(df: pd.DataFrame, spec: TableSpec, default_workloads=None) -> pd.DataFrame:
+    if "device" in spec.options:
+        df = df[df["device"] == spec.options["device"]]
+    if "workload" in spec.options:
+        df = df[df["workload"] == spec.options["workload"]]
+    elif default_workloads is not None:
+        df = df[df["workload"].isin(default_workloads)]
+    return df
+
+
+def _problem(r, several_workloads: bool, omit=()) -> str:
+    from harness.results.labels import group_label
+
+    label = group_label(r, omit=omit)
+    return f"{label} {r['workload']}" if several_workloads else label
+
+
+def _cell(r) -> str:
+    if r["status"] != "ok":
+        return str(r["status"])
+    if _is_baseline(r) and _ok(r.get("median_s")):
+        return f"1 ({fmt_duration(r['median_s'])})"
+    return _speedup(r) if _ok(r.get("speedup")) else fmt_duration(r["median_s"])
+
+
+def speedups(df: pd.DataFrame, spec: TableSpec) -> list[str]:
+    df = _filter(df, spec, default_workloads=("forward", "train_step"))
+    by_threads = spec.options.get("threads") == "column"
+    several = df["workload"].nunique() > 1
+    labels = list(dict.fromkeys(df["label"]))
+    rows = []
+    for _, g in df.groupby("group", sort=False):
+        head = g.iloc[0]
+        row = [_problem(head, several, omit=("threads",) if by_threads else ())]
+        if by_threads:
+            row.append(str(head["threads"]))
+        cells = {r["label"]: _cell(r) for _, r in g.iterrows()}
+        rows.append(row + [cells.get(label, "") for label in labels])
+    return _table(["problem"] + (["threads"] if by_threads else []) + labels, rows)
+
+
+def steps(df: pd.DataFrame, spec: TableSpec) -> list[str]:
+    df = _filter(df, spec, default_workloads=("forward", "train_step"))
+    several = df["workload"].nunique() > 1
+    rows = []
+    for _, r in df.iterrows():
+        if r["status"] != "ok":
+            rows.append([_problem(r, several), r["label"], r["status"], "", ""])
+            continue
+        sp = "1" if _is_baseline(r) else _speedup(r) if _ok(r.get("speedup")) else "-"
+        rows.append([_problem(r, several), r["label"], f"{r['median_s'] * 1e3:.2f}", f"{r['compile_s']:.1f}", sp])
+    baseline = df["baseline"].dropna().iloc[0] if df["baseline"].notna().any() else "the baseline"
+    return _table(["problem", "backend", "ms per step", "compile s", f"speedup over {baseline} [95% CI]"], rows)
+
+
+def training(df: pd.DataFrame, curves: pd.DataFrame, spec: TableSpec) -> list[str]:
+    df = _filter(df, spec, default_workloads=("train",))
+    df = df[df["status"] == "ok"].copy()
+    df["order"] = df["time_to_target_s"].fillna(float("inf"))
+    rows = []
+    for _, r in df.sort_values(["order", "train_s"], kind="stable").iterrows():
+        seen = curves[curves["cell_id"] == r["cell_id"]]["examples"]
+        ttt = f"{r['time_to_target_s']:.2f} s" if _ok(r["time_to_target_s"]) else "not reached"
+        rows.append([r["label"], ttt, str(int(seen.max())) if len(seen) else "-", f"{r['final_loss']:.3f}",
+                     f"{r['compile_s']:.2f} s"])
+    unit = "sentences" if df["tokens"].fillna(False).astype(bool).any() else "sequences"
+    return _table(["backend", "time to target", f"{unit} trained", "final loss", "compile"], rows)
+
+
+def epochs(df: pd.DataFrame, spec: TableSpec) -> list[str]:
+    df = _filter(df, spec, default_workloads=("train",))
+    df = df[df["status"] == "ok"]
+    labels = list(dict.fromkeys(df["label"]))
+    columns = sorted({(r["label"], int(r["threads"])) for _, r in df.iterrows()}, key=lambda c: (labels.index(c[0]), c[1]))
+    rows = []
+    for batch, g in df.groupby("batch", sort=True):
+        cells = {(r["label"], int(r["threads"])): f"{r['train_s']:.2f} s, {r['final_loss']:.2f}" for _, r in g.iterrows()}
+        rows.append([str(batch)] + [cells.get(c, "") for c in columns])
+    heads = [f"{label}, {t} thread" + ("s" if t != 1 else "") for label, t in columns]
+    return _table(["batch"] + heads, rows)
+
+
+def render_table(spec: TableSpec, examples: Path) -> list[str]:
+    """The lines between a table's markers."""
+    loaded = _load(examples, spec.runs)
+    if loaded is None:
+        missing = [r for r in spec.runs if not (examples / r / "run.json").exists()]
+        return [f"*Not measured yet: no run in `results/examples/{missing[0]}`; `harness reproduce --only "
+                f"{','.join(missing)} --out results/examples` on a machine that can run it, then `harness docs`.*"]
+    df, curves = loaded
+    if spec.kind == "speedups":
+        return speedups(df, spec)
+    if spec.kind == "steps":
+        return steps(df, spec)
+    if spec.kind == "training":
+        return training(df, curves, spec)
+    return epochs(df, spec)
+
+
+# -- the page --------------------------------------------------------------------------------
+def _blocks(lines: list[str], where: str):
+    """(spec, first body line index, closing marker index) for every table of the page."""
+    i = 0
+    while i < len(lines):
+        m = OPEN.match(lines[i])
+        if m:
+            spec = TableSpec.parse(m["spec"], i + 1, where)
+            j = i + 1
+            while j < len(lines) and lines[j].strip() != CLOSE:
+                if OPEN.match(lines[j]):
+                    break
+                j += 1
+            if j >= len(lines) or lines[j].strip() != CLOSE:
+                raise HarnessError(f"{where}:{i + 1}: table {spec.text!r} has no closing {CLOSE}")
+            yield spec, i + 1, j
+            i = j
+        i += 1
+
+
+def render_page(page: Path, examples: Path) -> tuple[str, list[TableSpec]]:
+    """The page with every table regenerated, and the tables whose text changed."""
+    try:
+        lines = page.read_text().splitlines()
+    except OSError as exc:
+        raise HarnessError(f"{page}: {exc.strerror or exc}") from exc
+    out, changed, last = [], [], 0
+    blocks = list(_blocks(lines, str(page)))
+    if not blocks:
+        raise HarnessError(f"{page}: no generated tables (markers '<!-- table: KIND RUNS -->' ... '{CLOSE}')")
+    for spec, body, close in blocks:
+        out += lines[last:body]
+        generated = [""] + render_table(spec, examples) + [""]
+        if lines[body:close] != generated:
+            changed.append(spec)
+        out += generated
+        last = close
+    out += lines[last:]
+    return "\n".join(out) + "\n", changed
+
+
+def check_page(page: Path, examples: Path) -> list[TableSpec]:
+    """The tables of the page that differ from what their runs give (empty: the page agrees)."""
+    return render_page(page, examples)[1]
+
+
+def write_page(page: Path, examples: Path) -> list[TableSpec]:
+    text, changed = render_page(page, examples)
+    if changed:
+        page.write_text(text)
+    return changed

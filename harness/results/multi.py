@@ -1,0 +1,122 @@
+"""One report over several runs, from one machine or several (``harness report RUN_A RUN_B ... --out DIR``).
+
+Cells of the runs stand side by side with a machine column; each run's speedup plot is drawn
+in the colours every plot of the project uses; where one run has a problem's CPU cells and
+another its GPU cells (the same shapes, as ``configs/lstm_cpu_gpu.yaml`` and its ``gpu`` profile
+give on a CPU machine and a GPU machine), the CPU-versus-GPU crossover is drawn from both. Every
+figure says which run and machine it came from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from harness.spec.errors import HarnessError
+
+
+def machine_label(meta: dict) -> str:
+    """A machine as a reader tells them apart: host, CPU, cores and GPU."""
+    m = meta.get("machine") or {}
+    gpus = m.get("gpus") or []
+    gpu = gpus[0].split(",")[0] if gpus else "no GPU"
+    return f"{m.get('hostname', '?')} ({m.get('cpu_model', '?')}, {m.get('cores', '?')} cores, {gpu})"
+
+
+def _runs(paths):
+    from harness.results.store import load_run
+
+    runs = []
+    for p in paths:
+        if not (Path(p) / "run.json").exists():
+            raise HarnessError(f"{p}: not a results folder (no run.json)")
+        runs.append((Path(p), load_run(p)))
+    return runs
+
+
+def combined_timings(runs) -> pd.DataFrame:
+    """Every run's rows with ``run_id`` and ``machine`` columns."""
+    frames = []
+    for _, run in runs:
+        t = run.timings.copy()
+        t["run_id"] = run.run_id
+        t["machine"] = machine_label(run.meta)
+        frames.append(t)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def crossover_sources(timings: pd.DataFrame) -> dict[str, list[str]]:
+    """Which runs gave the CPU and which the GPU cells of the crossover ({} when no problem has both)."""
+    from harness.results.devices import gpu_over_cpu
+
+    ok = timings[(timings["status"] == "ok") & (timings["workload"] != "train")]
+    pairs = gpu_over_cpu(ok)
+    if pairs.empty:
+        return {}
+    out = {}
+    for device in ("cpu", "gpu"):
+        d = ok[ok["device"] == device]
+        out[device] = sorted(set(d["run_id"]))
+    return out
+
+
+def build_multi_report(paths) -> tuple[str, list, pd.DataFrame]:
+    from harness.results.labels import backend_label, group_label
+    from harness.results.report import Heading, Para, Table, fmt_speedup, fmt_time
+
+    runs = _runs(paths)
+    if len(runs) < 2:
+        raise HarnessError("a report over several runs needs at least two run folders")
+    timings = combined_timings(runs)
+    blocks: list = [Heading(2, "Runs")]
+    blocks.append(Table(["run", "config", "machine", "started", "cells"],
+                        [[f"`{run.run_id}`", f"`{run.meta.get('config_path', '?')}`", machine_label(run.meta),
+                          str(run.meta.get("started", "?"))[:19].replace("T", " "), str(len(run.timings))]
+                         for _, run in runs]))
+    blocks.append(Heading(2, "Results, side by side"))
+    blocks.append(Para("Median time per call and speedup over each run's own baseline (95% interval), one row per "
+                       "cell of each run; the machine column says where it was measured."))
+    df = timings.copy()
+    df["label"] = backend_label(df)
+    df["problem"] = df.apply(lambda r: f"{r['workload']} {group_label(r, omit=('device',))}", axis=1)
+    rows = []
+    for problem, g in df.groupby("problem", sort=False):
+        for _, r in g.sort_values(["device", "machine", "label"], kind="stable").iterrows():
+            rows.append([problem, r["machine"], r["device"], r["label"], r["status"], fmt_time(r.get("median_s")),
+                         fmt_speedup(r)])
+    blocks.append(Table(["problem", "machine", "device", "backend", "status", "median", "speedup [95% CI]"], rows,
+                        right={5, 6}, status_col=4))
+    return "benchmark report over several runs", blocks, timings
+
+
+def write_multi_report(paths, out) -> list[Path]:
+    """``report.md`` and ``report.html`` over several runs into ``out``, with their plots in ``out/plots``."""
+    from harness.results import plots as P
+    from harness.results.report import Heading, Image, Para, to_html, to_markdown
+
+    out = Path(out)
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    title, blocks, timings = build_multi_report(paths)
+    figures: list = [Heading(2, "Plots")]
+    for run_id, t in timings.groupby("run_id", sort=False):
+        machine = t["machine"].iloc[0]
+        made = P.plot_speedup(t, out / "plots" / f"speedup-{run_id}.png")
+        if made:
+            figures.append(Image(made, f"Speedup over the baseline, run {run_id} on {machine}."))
+    sources = crossover_sources(timings)
+    if sources:
+        made = P.plot_crossover(timings, out / "plots" / "crossover.png")
+        if made:
+            where = {dev: ", ".join(f"{r} ({timings[timings['run_id'] == r]['machine'].iloc[0]})" for r in ids)
+                     for dev, ids in sources.items()}
+            figures.append(Image(made, f"CPU against GPU by batch: CPU cells from {where['cpu']}; "
+                                       f"GPU cells from {where['gpu']}."))
+    else:
+        figures.append(Para("No problem was measured on a CPU in one run and on a GPU in another (or the same) run "
+                            "with the same shapes, so there is no crossover to draw."))
+    blocks += figures
+    md, page = out / "report.md", out / "report.html"
+    md.write_text(to_markdown(title, blocks, out), encoding="utf-8")
+    page.write_text(to_html(title, blocks), encoding="utf-8")
+    return [md, page] + [b.path for b in blocks if isinstance(b, Image)]

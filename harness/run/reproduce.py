@@ -1,0 +1,451 @@
+"""``harness reproduce``: every experiment of ``docs/experiments.md`` that this machine can run,
+within a time budget, resumable.
+
+An experiment is a shipped config (one that a section heading of the experiments page names),
+plain or with one of the profiles that need other hardware (``gpu``: a GPU; ``many-cores``: at
+least :data:`MANY_CORES` cores). :func:`plan` decides, from the machine's facts alone, what runs
+here and in which order: first what this machine can answer that the committed runs under
+``results/examples/`` cannot (GPU, then many cores), then the rest, shortest first. Each
+experiment's time is estimated from its committed run's ``run.json`` (start to finish), scaled by
+cell count for a profile that has no run of its own. :func:`run_plan` runs the plan, one
+``harness run`` process per experiment into ``OUT/<experiment>``, skipping (with the reason) what
+the budget left cannot hold, and stopping an experiment that overruns the budget by more than
+:data:`OVERRUN` so that a second call resumes it (``harness run --resume``). What a call decided
+and did is kept in ``OUT/reproduce.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from harness.spec.errors import HarnessError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+#: profiles that ask for hardware beyond a small CPU machine: (profile, what it needs)
+HARDWARE_PROFILES = ("gpu", "many-cores")
+#: cores from which a machine runs the ``many-cores`` profiles
+MANY_CORES = 8
+#: an experiment still running this far past the budget is stopped (it resumes on the next call)
+OVERRUN = 0.10
+#: a first build of an isolated environment (the estimate adds it where the environment is missing)
+ENV_BUILD_S = 120.0
+#: per cell, where no committed run gives a better figure
+DEFAULT_CELL_S = 5.0
+RECORD = "reproduce.json"
+GPU_CHECK = "check-gpu.jsonl"
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    """What decides which experiments run: cores and GPUs (names as nvidia-smi gives them)."""
+
+    cores: int
+    gpus: tuple[str, ...] = ()
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.gpus)
+
+    @classmethod
+    def here(cls) -> "MachineFacts":
+        from harness.run.machine import gpu_info
+
+        return cls(cores=os.cpu_count() or 1, gpus=tuple(gpu_info()))
+
+    def describe(self) -> str:
+        gpu = ", ".join(self.gpus) if self.gpus else "no GPU"
+        return f"{self.cores} cores, {gpu}"
+
+
+@dataclass
+class Experiment:
+    """One config, plain or with a hardware profile."""
+
+    config: Path
+    profile: str | None = None
+    cells: int = 0
+    devices: frozenset = frozenset()
+    environments: frozenset = frozenset()  # isolated environments its backends run in
+
+    @property
+    def name(self) -> str:
+        return self.config.stem + (f"-{self.profile}" if self.profile else "")
+
+    @property
+    def label(self) -> str:
+        return f"{self.config.as_posix()}" + (f" --profile {self.profile}" if self.profile else "")
+
+
+@dataclass
+class Decision:
+    """Whether an experiment runs here, why, and how long it should take."""
+
+    name: str
+    config: str
+    profile: str | None
+    runs: bool
+    why: str
+    estimate_s: float | None
+    basis: str
+    tier: int  # 0 GPU, 1 many cores, 2 a config's GPU cells, 3 no committed run, 4 a re-measurement
+    state: str = "new"  # new | resume | done (a finished run in the output folder)
+    skipped_for_budget: bool = False
+
+    def line(self) -> str:
+        est = f"~{self.estimate_s / 60:.1f} min" if self.estimate_s is not None else "~? min"
+        verdict = "runs here" if self.runs else "skipped"
+        return f"{self.config}{' --profile ' + self.profile if self.profile else ''}: {verdict}: {self.why}; {est} ({self.basis})"
+
+
+# -- what the experiments are ----------------------------------------------------------------
+def covered_configs(root: Path = PROJECT_ROOT) -> list[Path]:
+    """The configs that the experiments page covers: those named in its section headings, in page order."""
+    page = root / "docs" / "experiments.md"
+    if not page.exists():
+        raise HarnessError(f"{page}: not found (the experiments page lists the experiments to reproduce)")
+    found: list[Path] = []
+    for line in page.read_text().splitlines():
+        if line.startswith("## "):
+            for stem in re.findall(r"`configs/([\w.-]+)\.yaml`", line):
+                path = Path("configs") / f"{stem}.yaml"
+                if path not in found and (root / path).exists():
+                    found.append(path)
+    return found
+
+
+def _profiles(path: Path) -> list[str]:
+    import yaml
+
+    names: list[str] = []
+    try:
+        for doc in yaml.safe_load_all(path.read_text()):
+            for name in ((doc or {}).get("profiles") or {}):
+                if name not in names:
+                    names.append(name)
+    except (OSError, yaml.YAMLError) as exc:
+        raise HarnessError(f"{path}: {exc}") from exc
+    return names
+
+
+def experiments(root: Path = PROJECT_ROOT, configs: list[Path] | None = None) -> list[Experiment]:
+    """Every experiment of the covered configs, with its cells' count, devices and environments."""
+    import backends
+    from harness.run.config import load_config
+
+    out = []
+    for rel in configs if configs is not None else covered_configs(root):
+        path = root / rel
+        for profile in [None] + [p for p in _profiles(path) if p in HARDWARE_PROFILES]:
+            cfg = load_config(path, None, profile)
+            cells = cfg.cells()
+            envs = set()
+            for cell in cells:
+                try:
+                    env = getattr(backends.backend_class(cell.backend.split(":")[0]), "environment", None)
+                except Exception:  # an unknown backend is the run's to report
+                    env = None
+                if env:
+                    envs.add(env)
+            out.append(Experiment(Path(rel), profile, len(cells), frozenset(c.problem.device for c in cells),
+                                  frozenset(envs)))
+    return out
+
+
+# -- estimates -------------------------------------------------------------------------------
+def _duration(meta: dict) -> float | None:
+    try:
+        start = datetime.fromisoformat(meta["started"])
+        end = datetime.fromisoformat(meta["finished"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    seconds = (end - start).total_seconds()
+    return seconds if seconds > 0 else None
+
+
+def _read_meta(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def committed_durations(examples: Path) -> dict[str, tuple[float, int, dict]]:
+    """Per committed run folder: (seconds from start to finish, cells, machine)."""
+    found = {}
+    if examples.is_dir():
+        for folder in sorted(p for p in examples.iterdir() if p.is_dir()):
+            meta = _read_meta(folder)
+            seconds = _duration(meta) if meta else None
+            if seconds:
+                found[folder.name] = (seconds, len(meta.get("cells") or {}), meta.get("machine") or {})
+    return found
+
+
+def estimate(exp: Experiment, committed: dict, by_name: dict[str, Experiment]) -> tuple[float, str]:
+    """Seconds the experiment should take, and what the figure rests on."""
+    if exp.name in committed:
+        seconds, _, machine = committed[exp.name]
+        where = f"{machine.get('cores', '?')} cores" + (", GPU" if machine.get("gpus") else "")
+        return seconds, f"its committed run, {where}"
+    base = by_name.get(exp.config.stem)
+    if exp.profile and base is not None and base.name in committed and base.cells:
+        seconds = committed[base.name][0] * exp.cells / base.cells
+        return seconds, f"committed {base.name} run scaled to {exp.cells} cells"
+    per_cell = [s / n for s, n, _ in committed.values() if n]
+    each = sum(per_cell) / len(per_cell) if per_cell else DEFAULT_CELL_S
+    return exp.cells * each, f"no committed run: {exp.cells} cells at {each:.1f} s"
+
+
+# -- the plan --------------------------------------------------------------------------------
+def _needs(exp: Experiment, machine: MachineFacts) -> str | None:
+    """Why the experiment cannot run on this machine, or None."""
+    if (exp.profile == "gpu" or exp.devices == {"gpu"}) and not machine.has_gpu:
+        return "needs a GPU (none here)"
+    if exp.profile == "many-cores" and machine.cores < MANY_CORES:
+        return f"needs >= {MANY_CORES} cores ({machine.cores} here)"
+    return None
+
+
+def _tier(exp: Experiment, machine: MachineFacts, committed: dict) -> tuple[int, str]:
+    if exp.profile == "gpu" or exp.devices == {"gpu"}:
+        return 0, "GPU: the committed runs have none"
+    if exp.profile == "many-cores":
+        return 1, f"{machine.cores} cores: the committed runs had 2"
+    if "gpu" in exp.devices and machine.has_gpu:
+        return 2, "its GPU cells: the committed run had no GPU"
+    if exp.name not in committed:
+        return 3, "no committed run"
+    return 4, "re-measures its committed run here"
+
+
+def _progress(folder: Path, exp: Experiment) -> tuple[str, float]:
+    """State of the experiment's run folder: ``new``, ``resume`` or ``done``, and the share of cells left."""
+    meta = _read_meta(folder)
+    if meta is None:
+        return "new", 1.0
+    if meta.get("finished") and not meta.get("interrupted"):
+        return "done", 0.0
+    done = sum(1 for s in (meta.get("cells") or {}).values() if s)
+    return "resume", max(0.0, 1.0 - done / exp.cells) if exp.cells else 1.0
+
+
+def plan(machine: MachineFacts, out: Path, examples: Path, budget_s: float | None = None,
+         only: list[str] | None = None, exps: list[Experiment] | None = None,
+         env_exists=None, spent_s: float = 0.0) -> list[Decision]:
+    """What runs here, in order, with the reason for everything that does not (dry-run and real run alike)."""
+    exps = experiments() if exps is None else exps
+    if only:
+        known = {e.name for e in exps} | {e.config.stem for e in exps}
+        unknown = [n for n in only if n not in known]
+        if unknown:
+            raise HarnessError(f"--only: no experiment {', '.join(unknown)} (known: {', '.join(e.name for e in exps)})")
+        exps = [e for e in exps if e.name in only or (e.config.stem in only and e.profile is None)
+                or (e.config.stem in only and e.profile is not None and not _needs(e, machine))]
+    if env_exists is None:
+        from harness.spec.environments import env_python
+
+        env_exists = lambda name: env_python(name) is not None  # noqa: E731
+    committed = committed_durations(examples)
+    by_name = {e.name: e for e in exps}
+    decisions = []
+    for exp in exps:
+        seconds, basis = estimate(exp, committed, by_name)
+        tier, new = _tier(exp, machine, committed)
+        state, left = _progress(out / exp.name, exp)
+        seconds *= left
+        if state == "resume":
+            basis += f", {left:.0%} of its cells left"
+        missing = sorted(e for e in exp.environments if not env_exists(e))
+        why = _needs(exp, machine)
+        if why is None and missing and state != "done":
+            seconds += ENV_BUILD_S * len(missing)
+            basis += f", + building the {', '.join(missing)} environment"
+        runs = why is None and state != "done"
+        if state == "done":
+            why = f"done: finished run in {out / exp.name}"
+        elif why is None:
+            why = new + (" (resumes)" if state == "resume" else "")
+        decisions.append(Decision(exp.name, exp.config.as_posix(), exp.profile, runs, why, seconds, basis, tier, state))
+    decisions.sort(key=lambda d: (not d.runs, d.tier, d.estimate_s or 0.0))
+    if budget_s is not None:
+        left = budget_s - spent_s
+        for d in decisions:
+            if not d.runs:
+                continue
+            if d.estimate_s > left:
+                d.runs, d.skipped_for_budget = False, True
+                d.why = f"out of budget: needs ~{d.estimate_s / 60:.1f} min, {max(left, 0) / 60:.1f} min of the budget left"
+            else:
+                left -= d.estimate_s
+    return decisions
+
+
+# -- running it ------------------------------------------------------------------------------
+def _set_parent_death_signal() -> None:
+    """In the child, before exec: Ctrl-C stops it even when this process was started with SIGINT ignored
+    (in the background), and SIGTERM (which ``harness run`` treats as Ctrl-C: it saves and exits,
+    resumable) reaches it when this process dies."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _harness(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "harness.cli", *args]
+
+
+def run_command(d: Decision, out: Path) -> list[str]:
+    """The ``harness run`` command of one experiment: a new run, or ``--resume`` of its folder."""
+    args = ["run", d.config]
+    if d.profile:
+        args += ["--profile", d.profile]
+    folder = out / d.name
+    args += ["--resume", str(folder)] if d.state == "resume" else ["--out", str(folder)]
+    return _harness(args)
+
+
+def _wait(proc: subprocess.Popen, deadline: float | None) -> tuple[int, bool]:
+    """The child's exit code, and whether it was stopped at the deadline (SIGTERM: it saves and exits)."""
+    while True:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return proc.wait(timeout=timeout), False
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                return proc.wait(timeout=120), True
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                return proc.wait(), True
+
+
+class Record:
+    """``OUT/reproduce.json``: the machine, each call's plan and what each experiment did."""
+
+    def __init__(self, out: Path, machine: MachineFacts):
+        self.path = out / RECORD
+        try:
+            self.data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.data = {}
+        self.data.setdefault("experiments", {})
+        self.data.setdefault("calls", [])
+        self.data["machine"] = {"cores": machine.cores, "gpus": list(machine.gpus)}
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2, default=str))
+        os.replace(tmp, self.path)
+
+
+def gpu_backends() -> list[str]:
+    """Every available backend (name:variant) with a GPU device."""
+    import backends
+
+    return [r.full_name for r in backends.list_backends() if r.available and "gpu" in r.devices]
+
+
+def gpu_check(out: Path, record: Record, say, deadline: float | None) -> None:
+    """``harness check --device gpu`` of every GPU backend, once per output folder, kept in ``OUT/check-gpu.jsonl``."""
+    if record.data.get("gpu_check", {}).get("finished"):
+        say(f"GPU check: done earlier ({out / GPU_CHECK})")
+        return
+    names = gpu_backends()
+    if not names:
+        record.data["gpu_check"] = {"backends": [], "finished": True, "note": "no available backend has a GPU device"}
+        record.save()
+        say("GPU check: no available backend has a GPU device")
+        return
+    cmd = _harness(["check", "--backends", ",".join(names), "--device", "gpu", "--quick", "--json"])
+    say(f"GPU check: {' '.join(cmd[3:])}")
+    started = time.monotonic()
+    with open(out / GPU_CHECK, "w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, cwd=PROJECT_ROOT, preexec_fn=_set_parent_death_signal)
+        rc, stopped = _wait(proc, deadline)
+    record.data["gpu_check"] = {"backends": names, "command": " ".join(cmd[3:]), "exit_code": rc,
+                                "seconds": round(time.monotonic() - started, 1), "finished": not stopped,
+                                "file": GPU_CHECK}
+    record.save()
+    say(f"GPU check: exit code {rc} ({'passed' if rc == 0 else 'failures, see ' + str(out / GPU_CHECK)})")
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str  # finished | failed | stopped (over budget, resumable) | interrupted
+    seconds: float
+    exit_code: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def run_plan(decisions: list[Decision], out: Path, machine: MachineFacts, budget_s: float | None,
+             say=print, check_gpu: bool = True) -> list[Outcome]:
+    """Run what the plan says, in its order; re-plan the budget against the clock before each one."""
+    out.mkdir(parents=True, exist_ok=True)
+    record = Record(out, machine)
+    call = {"started": datetime.now(timezone.utc).isoformat(), "budget_min": budget_s / 60 if budget_s else None,
+            "plan": [asdict(d) for d in decisions]}
+    record.data["calls"].append(call)
+    record.save()
+    t0 = time.monotonic()
+    deadline = None if budget_s is None else t0 + budget_s * (1 + OVERRUN)
+    outcomes: list[Outcome] = []
+    try:
+        if check_gpu and machine.has_gpu:
+            gpu_check(out, record, say, deadline)
+        for d in decisions:
+            if not d.runs:
+                continue
+            left = None if budget_s is None else budget_s - (time.monotonic() - t0)
+            if left is not None and d.estimate_s > left:
+                d.runs, d.skipped_for_budget = False, True
+                d.why = f"out of budget: needs ~{d.estimate_s / 60:.1f} min, {max(left, 0) / 60:.1f} min of the budget left"
+                say(f"skip {d.name}: {d.why}")
+                record.data["experiments"][d.name] = {**record.data["experiments"].get(d.name, {}), "last": d.why}
+                continue
+            cmd = run_command(d, out)
+            say(f"== {d.name}: {' '.join(cmd[3:])} (~{d.estimate_s / 60:.1f} min)")
+            started = time.monotonic()
+            proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, preexec_fn=_set_parent_death_signal)
+            try:
+                rc, stopped = _wait(proc, deadline)
+            except KeyboardInterrupt:
+                rc, stopped = _wait(proc, time.monotonic())  # saves and exits (Ctrl-C reached it too)
+                outcomes.append(Outcome(d.name, "interrupted", time.monotonic() - started, rc))
+                _keep(record, d, outcomes[-1])
+                raise
+            done = _progress(out / d.name, Experiment(Path(d.config), d.profile))[0] == "done"
+            status = "stopped" if stopped else "finished" if rc == 0 and done else "failed"
+            outcomes.append(Outcome(d.name, status, time.monotonic() - started, rc))
+            _keep(record, d, outcomes[-1])
+            if stopped:
+                say(f"{d.name}: stopped at the end of the budget; what finished is saved, the next call resumes it")
+                break
+    finally:
+        call["finished"] = datetime.now(timezone.utc).isoformat()
+        call["seconds"] = round(time.monotonic() - t0, 1)
+        call["outcomes"] = [asdict(o) for o in outcomes]
+        record.save()
+    return outcomes
+
+
+def _keep(record: Record, d: Decision, o: Outcome) -> None:
+    entry = record.data["experiments"].setdefault(d.name, {"config": d.config, "profile": d.profile, "seconds": 0.0})
+    entry["seconds"] = round(entry.get("seconds", 0.0) + o.seconds, 1)
+    entry.update({"status": o.status, "exit_code": o.exit_code, "estimate_s": round(d.estimate_s or 0, 1),
+                  "folder": d.name, "last": datetime.now(timezone.utc).isoformat()})
+    record.save()

@@ -1,0 +1,101 @@
+"""The experiments page's generated tables, the report over several runs, one colour per backend."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.results import docs
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE, EXAMPLES = ROOT / "docs" / "experiments.md", ROOT / "results" / "examples"
+
+
+def test_page_agrees_with_the_committed_runs():
+    result = CliRunner().invoke(app, ["docs", "--check", "--page", str(PAGE), "--examples", str(EXAMPLES)])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_hand_edited_number_fails_the_check_and_docs_restores_it(tmp_path):
+    page = tmp_path / "experiments.md"
+    text = PAGE.read_text()
+    row = "| elman D=1 H=32 T=64 B=1 float32 | 1 (314 us) | 0.23x [0.23, 0.23] |"
+    assert row in text
+    page.write_text(text.replace(row, row.replace("0.23x [0.23", "0.25x [0.23")))
+    result = CliRunner().invoke(app, ["docs", "--check", "--page", str(page), "--examples", str(EXAMPLES)])
+    assert result.exit_code == 1
+    assert "table 'speedups sobel' differs from its runs" in result.output
+    result = CliRunner().invoke(app, ["docs", "--page", str(page), "--examples", str(EXAMPLES)])
+    assert result.exit_code == 0 and page.read_text() == text
+
+
+def test_a_table_without_its_run_says_how_to_make_it(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("intro\n<!-- table: speedups lstm_gpu -->\n| old |\n<!-- /table -->\nafter\n")
+    assert [s.text for s in docs.write_page(page, tmp_path)] == ["speedups lstm_gpu"]
+    assert "harness reproduce --only lstm_gpu" in page.read_text() and page.read_text().endswith("after\n")
+    assert docs.check_page(page, tmp_path) == []
+    page.write_text("<!-- table: speedups x -->\nno end\n")
+    with pytest.raises(docs.HarnessError, match="no closing"):
+        docs.check_page(page, tmp_path)
+
+
+def _gpu_copy(tmp_path) -> Path:
+    """The committed CPU run of lstm_cpu_gpu as if a GPU machine had run its GPU cells (3x faster than its CPU)."""
+    gpu = tmp_path / "gpu-run"
+    shutil.copytree(EXAMPLES / "lstm_cpu_gpu", gpu, ignore=shutil.ignore_patterns("plots", "report.*"))
+    t = pd.read_parquet(gpu / "timings.parquet")
+    cpu = t[t["device"] == "cpu"].set_index(["backend", "variant", "batch", "peephole"])["median_s"]
+    g = (t["device"] == "gpu") & t["backend"].isin(["torch", "jax"])
+    t.loc[g, "status"] = "ok"
+    t.loc[g, "median_s"] = [cpu[(r.backend, r.variant, r.batch, r.peephole)] / 3 for r in t[g].itertuples()]
+    t = t[(t["device"] == "gpu")]
+    t.to_parquet(gpu / "timings.parquet")
+    meta = json.loads((gpu / "run.json").read_text())
+    meta["machine"] = {**meta["machine"], "hostname": "gpu-box", "cores": 16, "gpus": ["NVIDIA H100, 580, 80 GB"]}
+    meta["run_id"] = "lstm-cpu-gpu-gpu"
+    (gpu / "run.json").write_text(json.dumps(meta))
+    return gpu
+
+
+def test_report_over_runs_of_two_machines_draws_the_crossover_from_both(tmp_path):
+    gpu = _gpu_copy(tmp_path)
+    out = tmp_path / "report"
+    result = CliRunner().invoke(app, ["report", str(EXAMPLES / "lstm_cpu_gpu"), str(gpu), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    md = (out / "report.md").read_text()
+    assert "| problem | machine | device | backend |" in md
+    assert "gpu-box (Intel(R) Xeon(R) Processor, 16 cores, NVIDIA H100)" in md
+    assert (out / "plots" / "crossover.png").exists()
+    assert "CPU cells from lstm-cpu-gpu-20261122-161700 (vm (" in md and "GPU cells from lstm-cpu-gpu-gpu (gpu-box" in md
+    result = CliRunner().invoke(app, ["report", str(EXAMPLES / "lstm_cpu_gpu"), str(gpu)])
+    assert result.exit_code == 2 and "needs --out" in result.output
+
+
+def test_a_backend_has_one_colour_whatever_else_a_plot_shows():
+    from harness.results.plots import _palette, backend_colour
+
+    quick = ["numpy", "numpy:wildml", "torch", "torch:fused", "jax", "numba", "native"]
+    assert _palette(None, quick)["torch"] == _palette(None, ["torch", "native"])["torch"] == backend_colour("torch")
+    assert backend_colour("torch:autograd") == backend_colour("torch")  # its default variant
+    assert len({backend_colour(l) for l in quick}) == len(quick)
+
+
+def test_dask_local_says_before_the_run_which_workers_would_hold_its_threads(monkeypatch):
+    from types import SimpleNamespace
+
+    from harness.run import distributed
+
+    monkeypatch.setattr(distributed, "_usable_cpus", lambda: 16)
+    monkeypatch.setattr(distributed, "cpu_slices", lambda n: [[0]] * n)
+    cells = [SimpleNamespace(threads=t) for t in (1, 2, 8)]
+    distributed.DaskExecutor(n_workers=2).check_cells(cells)  # 8 cores each: fits
+    with pytest.raises(distributed.HarnessError, match=r"--workers 4: each worker holds 4 of this machine's 16 cores, "
+                                                       r"and cells of this run need 8 threads; --workers 2 would"):
+        distributed.DaskExecutor(n_workers=4).check_cells(cells)
+    with pytest.raises(distributed.HarnessError, match="no --workers would"):
+        distributed.DaskExecutor(n_workers=1).check_cells([SimpleNamespace(threads=32)])
