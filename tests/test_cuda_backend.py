@@ -19,7 +19,7 @@ if importlib.util.find_spec("torch") is None or importlib.util.find_spec("triton
 import torch  # noqa: E402
 
 import backends  # noqa: E402
-from harness.verify.check import Case, one_direction_elman_lstm, representative_cases, run_case  # noqa: E402
+from harness.verify.check import Case, all_cases, gru_or_bidirectional, representative_cases, run_case  # noqa: E402
 from harness.spec.model import ModelSpec, Problem  # noqa: E402
 
 DTYPES = (torch.float64, torch.float32)
@@ -371,6 +371,21 @@ VARIANT_CASES = [
     ("persistent", _small({"kind": "lstm", "peephole": True, "bptt": {"tail": 3}}, "lstm-peephole L=2 tail", "float64", B=3)),
     ("persistent", _small({"kind": "elman", "activation": "relu", "head": "mse"}, "elman-relu L=1", "float32", layers=1)),
 ]
+# GRU in both forms and bidirectional layers, on what each variant does differently: per-gate GEMMs and
+# op-by-op kernels (naive), the grouped GEMMs' gate maps (grouped), the wavefront over GRU layers and
+# bidirectional layers in sequence (streams, graph), the persistent GRU kernels (persistent)
+GRU_BI_CASES = [
+    ("naive", _small({"kind": "gru", "bptt": {"truncated": 1}}, "gru trunc tokens", "float32", tokens=True, layers=1, T=3)),
+    ("naive", _small({"kind": "gru", "reset_after": False, "bidirectional": True, "head": "mse"}, "gru-before-bi", "float64", layers=1, T=3)),
+    ("grouped", _small({"kind": "gru", "reset_after": False, "bptt": {"tail": 2}, "clip": 0.5}, "gru-before tail clip", "float32", layers=1)),
+    ("grouped", _small({"kind": "gru", "bidirectional": True, "bias": False}, "gru-bi nobias tokens", "float64", tokens=True, layers=1, T=3)),
+    ("streams", _small({"kind": "gru", "reset_after": False, "head": "mse", "output_act": "tanh"}, "gru-before L=3 full", "float64", layers=3)),
+    ("streams", _small({"kind": "elman", "activation": "relu", "bidirectional": True}, "elman-relu-bi L=2", "float32")),
+    ("graph", _small({"kind": "gru", "bptt": {"truncated": 2}}, "gru L=2 trunc tokens", "float64", tokens=True)),
+    ("graph", _small({"kind": "lstm", "peephole": True, "bidirectional": True}, "lstm-peephole-bi L=2", "float32", T=3)),
+    ("persistent", _small({"kind": "gru", "bptt": {"tail": 3}}, "gru L=2 tail", "float64", B=3)),
+    ("persistent", _small({"kind": "gru", "reset_after": False, "bidirectional": True}, "gru-before-bi L=2 tokens", "float32", tokens=True, T=3)),
+]
 
 
 def _passes(name, case):
@@ -378,13 +393,23 @@ def _passes(name, case):
     assert res.status == "pass", f"{res.status}: {res.reason}\n{res.details.get('traceback', '')}"
 
 
-@pytest.mark.parametrize("case", one_direction_elman_lstm(representative_cases()), ids=lambda c: f"{c.label} {c.dtype}")
+@pytest.mark.parametrize("case", representative_cases(), ids=lambda c: f"{c.label} {c.dtype}")
 def test_fused_conformance_representative(K, case):
     _passes("cuda:fused", case)
 
 
-@pytest.mark.parametrize("variant, case", VARIANT_CASES, ids=lambda v: v if isinstance(v, str) else v.label)
+@pytest.mark.parametrize("variant, case", VARIANT_CASES + GRU_BI_CASES,
+                         ids=lambda v: v if isinstance(v, str) else v.label)
 def test_each_variant_conforms(K, variant, case):
+    _passes(f"cuda:{variant}", case)
+
+
+@pytest.mark.fullmatrix
+@pytest.mark.parametrize("variant", ["naive", "grouped", "fused", "streams", "graph", "persistent"])
+@pytest.mark.parametrize("case", [c for c in all_cases(quick=True) if gru_or_bidirectional(c)],
+                         ids=lambda c: f"{c.label} {c.dtype}")
+def test_every_variant_on_the_quick_gru_and_bidirectional_matrix(K, variant, case):
+    """Each variant on the quick matrix's GRU and bidirectional cases, the realistic ones included."""
     _passes(f"cuda:{variant}", case)
 
 
@@ -411,6 +436,14 @@ def test_variants_default_and_unsupported_reason():
     ok, why = backends.create("cuda:persistent").supports(big)
     assert not ok and why.startswith("unsupported: ") and "registers" in why
     assert backends.create("cuda:fused").supports(big) == (True, "")
+    for model in ({"kind": "gru", "reset_after": False, "hidden": 64, "layers": 2},
+                  {"kind": "lstm", "bidirectional": True, "hidden": 64}):
+        problem = Problem(ModelSpec.from_mapping(model), 8, 8, False, device="gpu")
+        for variant in cls.variants:
+            assert backends.create(f"cuda:{variant}").supports(problem) == (True, ""), (variant, model)
+    big_gru = Problem(ModelSpec.from_mapping({"kind": "gru", "hidden": 2048}), 8, 8, False, device="gpu")
+    ok, why = backends.create("cuda:persistent").supports(big_gru)
+    assert not ok and "registers" in why
 
 
 def test_truncated_depths_match_per_output_windows(K):
@@ -432,4 +465,5 @@ def test_kernels_compile_for_a_gpu_without_one():
     proc = subprocess.run([sys.executable, "-m", "backends.cuda.compile_check", "--arch", "90"], env=env,
                           cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("compiled ") == 9 and "_persistent_kernel" in proc.stdout
+    assert proc.stdout.count("compiled ") == 17 and "_persistent_kernel" in proc.stdout
+    assert proc.stdout.count("_persistent_gru_kernel") == 2 and "_gru_bwd_reset_kernel" in proc.stdout
