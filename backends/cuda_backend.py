@@ -3,9 +3,10 @@
 The static optimisations of NVIDIA's cuDNN 5 LSTM write-up (its public sample's ``PERFOPTS``), each
 variant switching one more on, so the harness can measure what each buys::
 
-    naive       per-gate GEMMs (8 per LSTM step, 6 per GRU step), weights in the spec's layout, one Triton kernel per
-                element-wise operation; backward likewise, weight gradients per gate and per step
-    grouped     + the gates' GEMMs combined (4H wide), the input GEMM hoisted out of the recurrence
+    naive       per-gate GEMMs (8 per LSTM step, 6 per GRU step), weights in the spec's layout, one
+                Triton kernel per element-wise operation; backward likewise, weight gradients per
+                gate and per step
+    grouped     + the gates' GEMMs combined (4H wide, GRU 3H), the input GEMM hoisted out of the recurrence
                 (one GEMM over all steps of a layer), weights pre-transposed once (stored (4H, H), the
                 layout nn.Linear hands cuBLAS); backward: combined weight-gradient GEMMs over all steps
     fused       + all element-wise maths of a step in one kernel (backward: one kernel per step too)
@@ -25,10 +26,10 @@ input GEMM over all steps for the three gates, one recurrent GEMM per step); res
 al.) needs ``(r * h_prev) W_hn`` after ``r`` is known, so its step is two kernels around that GEMM
 (backward likewise, around ``da_n W_hn^T``). A bidirectional layer runs its reverse direction over
 the time-reversed input with the same machinery; the two directions and the layers then run one
-after another (no wavefront exists: a reverse direction reads the layer below's last step first). Truncated K runs its per-output windows side by
-side: at backward depth j every output's window is at step t-j, so the K+1 depths are K+1 batched
-steps over (T-j)*B rows, with the same kernels and GEMMs. Token input is a row gather of the
-layer-0 input weight, its gradient an index_add.
+after another (no wavefront exists: a reverse direction reads the layer below's last step first).
+Truncated K runs its per-output windows side by side: at backward depth j every output's window is
+at step t-j, so the K+1 depths are K+1 batched steps over (T-j)*B rows, with the same kernels and
+GEMMs. Token input is a row gather of the layer-0 input weights, their gradient an index_add.
 
 Without a GPU, ``TRITON_INTERPRET=1`` runs the same kernels on CPU tensors through Triton's
 interpreter, on device ``cpu``, for conformance checks only (``harness check``). There the streams
