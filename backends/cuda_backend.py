@@ -3,9 +3,10 @@
 The static optimisations of NVIDIA's cuDNN 5 LSTM write-up (its public sample's ``PERFOPTS``), each
 variant switching one more on, so the harness can measure what each buys::
 
-    naive       per-gate GEMMs (8 per LSTM step), weights in the spec's layout, one Triton kernel per
-                element-wise operation; backward likewise, weight gradients per gate and per step
-    grouped     + the gates' GEMMs combined (4H wide), the input GEMM hoisted out of the recurrence
+    naive       per-gate GEMMs (8 per LSTM step, 6 per GRU step), weights in the spec's layout, one
+                Triton kernel per element-wise operation; backward likewise, weight gradients per
+                gate and per step
+    grouped     + the gates' GEMMs combined (4H wide, GRU 3H), the input GEMM hoisted out of the recurrence
                 (one GEMM over all steps of a layer), weights pre-transposed once (stored (4H, H), the
                 layout nn.Linear hands cuBLAS); backward: combined weight-gradient GEMMs over all steps
     fused       + all element-wise maths of a step in one kernel (backward: one kernel per step too)
@@ -15,13 +16,20 @@ variant switching one more on, so the harness can measure what each buys::
                 replayed (launch overhead gone); the default: the fastest full variant expected
     persistent  fused, with each layer's forward recurrence as one persistent kernel keeping its W_hh
                 columns on chip for all steps (Diamos et al. 2016); training runs that forward (it
-                stores the gates) and the fused backward
+                stores the gates) and the fused backward; the reset-before GRU's kernel passes a
+                second grid barrier inside each step (every unit's r before any unit's n)
 
-Every variant implements the whole spec (Elman with each activation, LSTM with peepholes, both heads,
-bptt full / truncated:K / tail:K, SGD with clipping). Truncated K runs its per-output windows side by
-side: at backward depth j every output's window is at step t-j, so the K+1 depths are K+1 batched
-steps over (T-j)*B rows, with the same kernels and GEMMs. Token input is a row gather of the
-layer-0 input weight, its gradient an index_add.
+Every variant implements the whole spec (Elman with each activation, LSTM with peepholes, GRU with
+the reset applied after or before the recurrent product, bidirectional layers of each, every head,
+bptt full / truncated:K / tail:K, SGD with clipping). The GRU groups its GEMMs as the LSTM does (one
+input GEMM over all steps for the three gates, one recurrent GEMM per step); reset before (Cho et
+al.) needs ``(r * h_prev) W_hn`` after ``r`` is known, so its step is two kernels around that GEMM
+(backward likewise, around ``da_n W_hn^T``). A bidirectional layer runs its reverse direction over
+the time-reversed input with the same machinery; the two directions and the layers then run one
+after another (no wavefront exists: a reverse direction reads the layer below's last step first).
+Truncated K runs its per-output windows side by side: at backward depth j every output's window is
+at step t-j, so the K+1 depths are K+1 batched steps over (T-j)*B rows, with the same kernels and
+GEMMs. Token input is a row gather of the layer-0 input weights, their gradient an index_add.
 
 Without a GPU, ``TRITON_INTERPRET=1`` runs the same kernels on CPU tensors through Triton's
 interpreter, on device ``cpu``, for conformance checks only (``harness check``). There the streams
@@ -41,7 +49,7 @@ import numpy as np
 
 from backends.base import Backend, unsupported
 from harness.spec.errors import HarnessError
-from harness.spec.model import Problem
+from harness.spec.model import Problem, layer_suffix
 
 _NOT_INSTALLED = "unavailable: the cuda backend needs torch and triton (pip install 'rnn-harness[cuda]')"
 _NO_GPU = ("unavailable: no NVIDIA GPU here (the cuda backend's kernels need one; TRITON_INTERPRET=1 runs them "
@@ -110,10 +118,6 @@ class CudaBackend(Backend):
         ok, why = self.supports_device(problem.device)
         if not ok:
             return ok, why
-        if problem.model.kind == "gru":
-            return unsupported(f"{self.full_name}: its Triton kernels implement the elman and lstm steps only, not gru")
-        if problem.model.bidirectional:
-            return unsupported(f"{self.full_name}: its kernels run one direction per layer, not bidirectional layers")
         if self.variant == "persistent" and problem.model.hidden > PERSISTENT_MAX_HIDDEN:
             return unsupported(f"cuda:persistent keeps each program's W_hh columns in registers across steps; "
                                f"hidden {problem.model.hidden} > {PERSISTENT_MAX_HIDDEN} would spill them")
@@ -187,7 +191,9 @@ class CudaBackend(Backend):
 
 
 class _Cache:
-    """One layer's forward record: ``hs``/``cs`` (T+1, B, H) with the zero start at 0, ``gates`` (T, B, 4H)."""
+    """One direction of one layer's forward record: ``inp`` the input it reads (time-reversed for a
+    reverse direction), ``hs``/``cs`` (T+1, B, H) with the zero start at 0, ``gates`` (T, B, 4H): the
+    LSTM's i, f, g, o, or the GRU's r, z, n and ``un`` (reset after) or ``r * h_prev`` (reset before)."""
 
     def __init__(self, inp, hs, cs, gates):
         self.inp, self.hs, self.cs, self.gates = inp, hs, cs, gates
@@ -197,48 +203,82 @@ class _Back:
     """One layer's backward carry between stages and what it leaves for the combined GEMMs."""
 
     def __init__(self, da_all=None):
-        self.da_all = da_all  # full / tail: every step's da in one (T, B, G) buffer
+        self.da_all = da_all  # full / tail: every step's da in one (T, B, GB) buffer
         self.n_stages = 0
         self.dh_rec = None
-        self.dc = None
+        self.dc = None  # LSTM: dL/dc; GRU: the part of dL/dh_prev outside the dh_rec GEMM
         self.segments: list[tuple[int, int, object]] = []  # (first step, end step, da rows)
         self.dx: dict[int, object] = {}  # stage -> gradient w.r.t. the layer's input rows (wavefront)
 
 
+def _runs(pairs, split: bool):
+    """Gate pairs ``(weight gate, da gate)`` as ``(weight gates, da gates)`` ranges: maximal runs where
+    both advance together (one GEMM each), or one per gate when ``split`` (cuda:naive)."""
+    runs: list[list[int]] = []
+    for k, j in pairs:
+        if runs and not split and runs[-1][1] == k and runs[-1][3] == j:
+            runs[-1][1] += 1
+            runs[-1][3] += 1
+        else:
+            runs.append([k, k + 1, j, j + 1])
+    return [((a, b), (c, d)) for a, b, c, d in runs]
+
+
 class _Net:
-    """Parameters on the device and the step, forward and backward, for one variant."""
+    """Parameters on the device and the step, forward and backward, for one variant.
+
+    A layer's direction is a unit ``u = (layer, direction)``: its parameters are the names with
+    ``layer_suffix(layer, direction)``; every per-unit function takes ``u``."""
 
     def __init__(self, problem: Problem, params: dict[str, np.ndarray], device, variant: str):
         import torch
 
-        from backends.cuda import elementwise, elman, lstm, persistent
+        from backends.cuda import elementwise, elman, gru, lstm, persistent
 
-        self.torch, self.E, self.k_lstm, self.k_elman, self.k_pers = torch, elementwise, lstm, elman, persistent
+        self.torch, self.E, self.k_lstm, self.k_elman, self.k_gru, self.k_pers = \
+            torch, elementwise, lstm, elman, gru, persistent
         self.problem, self.spec, self.device, self.variant = problem, problem.model, device, variant
         spec = self.spec
         self.dtype = getattr(torch, problem.dtype)
         self.H, self.L = spec.hidden, spec.layers
+        H = self.H
         self.is_lstm = spec.kind == "lstm"
-        self.G = 4 * self.H if self.is_lstm else self.H
+        self.is_gru = spec.kind == "gru"
+        self.reset_after = self.is_gru and spec.reset_after
+        self.dirs = spec.directions
+        self.G = spec.gates * H  # the input and recurrent products' width
+        # the width of da (the backward's pre-activation gradients): the GRU's reset after keeps dun too
+        self.GB = 4 * H if self.reset_after else self.G
+        self.GS = 4 * H  # stored gates (LSTM, GRU)
+        # which weight gate each da gate multiplies: input weights, and W_hh against h_prev
+        ident = [(k, k) for k in range(spec.gates)]
+        if self.reset_after:
+            self.in_map, self.rec_map = [(0, 0), (1, 1), (2, 3)], [(0, 0), (1, 1), (2, 2)]
+        elif self.is_gru:
+            self.in_map, self.rec_map = ident, [(0, 0), (1, 1)]  # W_hn meets r * h_prev, not h_prev
+        else:
+            self.in_map = self.rec_map = ident
         self.tokens = problem.tokens
         self.naive = variant == "naive"
         self.fused = variant in ("fused", "streams", "graph", "persistent")
-        self.wavefront = variant in ("streams", "graph") and self.L > 1
+        # a (layer, step) wavefront needs layer l step t to read layer l-1 at step t only; a reverse
+        # direction reads layer l-1's last step first, so bidirectional layers run one after another
+        self.wavefront = variant in ("streams", "graph") and self.L > 1 and self.dirs == 1
         self.persistent = variant == "persistent"
         self.on_gpu = device.type == "cuda"
-        self.w_in = "W_ih" if self.is_lstm else "W_xh"
-        self.b_in = "b" if self.is_lstm else "b_h"
+        self.w_in = spec.input_weight
+        self.b_in = spec.bias_name
         self.names = spec.param_names()
-        self.table = self.w_in if self.tokens else None
         # Pre-transposed (stored (G, D) / (G, H), nn.Linear's layout) for every variant past naive;
-        # the token table stays (V, G) (its rows are gathered).
+        # the token tables stay (V, G) (their rows are gathered).
         self.transposed = set()
         if not self.naive:
             for layer in range(self.L):
-                s = self._sfx(layer)
-                self.transposed.add("W_hh" + s)
-                if not (layer == 0 and self.tokens):
-                    self.transposed.add(self.w_in + s)
+                for d in range(self.dirs):
+                    s = layer_suffix(layer, d)
+                    self.transposed.add("W_hh" + s)
+                    if not (layer == 0 and self.tokens):
+                        self.transposed.add(self.w_in + s)
         self.p = {}
         for k in self.names:
             a = np.asarray(params[k])
@@ -252,16 +292,20 @@ class _Net:
 
     # -- small helpers ---------------------------------------------------------------
     @staticmethod
-    def _sfx(layer: int) -> str:
-        return "" if layer == 0 else f"_{layer}"
+    def _sfx(u) -> str:
+        return layer_suffix(*u)
 
-    def P(self, name: str, layer: int):
-        return self.p.get(name + self._sfx(layer))
+    def P(self, name: str, u):
+        return self.p.get(name + self._sfx(u))
 
-    def _peep(self, layer: int):
+    def _is_table(self, u) -> bool:
+        """Whether unit ``u``'s input weights are a token table (rows gathered, not multiplied)."""
+        return u[0] == 0 and self.tokens
+
+    def _peep(self, u):
         if not self.spec.peephole:
             return None
-        return tuple(self.P(k, layer) for k in ("p_i", "p_f", "p_o"))
+        return tuple(self.P(k, u) for k in ("p_i", "p_f", "p_o"))
 
     def _x(self, x):
         return self.torch.as_tensor(self.problem.cast_inputs(x, np.int64), device=self.device)
@@ -269,31 +313,73 @@ class _Net:
     def _y(self, y):
         return self.torch.as_tensor(self.problem.cast_targets(y, np.int64), device=self.device)
 
-    def _times_w(self, name: str, layer: int, a, cols=None):
+    def _gates(self, lo: int, hi: int):
+        """Gate blocks ``lo..hi`` as a column slice, or None for all of a product's ``G`` columns."""
+        return None if (lo, hi) == (0, self.G // self.H) else slice(lo * self.H, hi * self.H)
+
+    def _times_w(self, name: str, u, a, cols=None):
         """``a @ W`` (or of W's columns ``cols``), whichever layout W is stored in."""
-        W = self.P(name, layer)
-        if name + self._sfx(layer) in self.transposed:
+        W = self.P(name, u)
+        if name + self._sfx(u) in self.transposed:
             W = W if cols is None else W[cols]
             return self.torch.mm(a, W.t())
         return self.torch.mm(a, W if cols is None else W[:, cols])
 
-    def _times_wt(self, name: str, layer: int, da, cols=None):
+    def _times_wt(self, name: str, u, da, cols=None):
         """``da @ W^T`` (or with W's columns ``cols`` only)."""
-        W = self.P(name, layer)
-        if name + self._sfx(layer) in self.transposed:
+        W = self.P(name, u)
+        if name + self._sfx(u) in self.transposed:
             return self.torch.mm(da, W if cols is None else W[cols])
         return self.torch.mm(da, (W if cols is None else W[:, cols]).t())
 
-    def _project(self, layer: int, inp):
+    def _times_wt_map(self, name: str, u, da, pairs):
+        """``sum over gate pairs of da[:, da gate] @ W[:, weight gate]^T``: one GEMM per run of gates
+        (cuda:naive: one per gate, summed by element-wise kernels)."""
+        H, out = self.H, None
+        for (k0, k1), (j0, j1) in _runs(pairs, self.naive):
+            part = self._times_wt(name, u, da[:, j0 * H:j1 * H], self._gates(k0, k1))
+            if out is None:
+                out = part
+            else:
+                out = self.E.binary("add", out, part) if self.naive else out.add_(part)
+        return out
+
+    def _dx(self, u, da):
+        """The gradient reaching the unit's input: ``da`` through the input weights."""
+        return self._times_wt_map(self.w_in, u, da, self.in_map)
+
+    def _dh_rec(self, u, da):
+        """The gradient reaching ``h_prev`` through the recurrent GEMM."""
+        return self._times_wt_map("W_hh", u, da, self.rec_map)
+
+    def _acc_w(self, grads, name: str, left, da, pairs):
+        """``dW[:, weight gate] += left^T da[:, da gate]`` over the gate runs (stored layout)."""
+        H = self.H
+        runs = _runs(pairs, self.naive)
+        (k0, k1), (j0, j1) = runs[0]
+        if len(runs) == 1 and self._gates(k0, k1) is None and (j0, j1) == (0, da.shape[1] // H):
+            value = self.torch.mm(da.t(), left) if name in self.transposed else self.torch.mm(left.t(), da)
+            self._accumulate(grads, name, value)
+            return
+        if name not in grads:
+            grads[name] = self.torch.zeros_like(self.p[name])
+        for (k0, k1), (j0, j1) in runs:
+            part = da[:, j0 * H:j1 * H]
+            if name in self.transposed:
+                grads[name][k0 * H:k1 * H] += self.torch.mm(part.t(), left)
+            else:
+                grads[name][:, k0 * H:k1 * H] += self.torch.mm(left.t(), part)
+
+    def _project(self, u, inp):
         """The hoisted input GEMM over steps: (S, B, D) (token ids (S, B)) -> (S, B, G) with the bias."""
         torch = self.torch
-        b = self.P(self.b_in, layer)
-        if layer == 0 and self.tokens:
-            rows = self.p[self.table][inp]
+        b = self.P(self.b_in, u)
+        if self._is_table(u):
+            rows = self.P(self.w_in, u)[inp]
             return rows if b is None else rows + b
         S, B = inp.shape[:2]
         flat = inp.reshape(S * B, -1)
-        W = self.P(self.w_in, layer)
+        W = self.P(self.w_in, u)
         out = torch.mm(flat, W.t()) if b is None else torch.addmm(b, flat, W.t())
         return out.view(S, B, self.G)
 
@@ -327,40 +413,65 @@ class _Net:
                 main.wait_stream(s)
 
     # -- forward ---------------------------------------------------------------------
+    def _new_cache(self, inp, T: int, B: int, train: bool) -> _Cache:
+        torch = self.torch
+        hs = torch.zeros((T + 1, B, self.H), dtype=self.dtype, device=self.device)
+        cs = torch.zeros_like(hs) if self.is_lstm else None
+        # the reset-before GRU passes z and r * h_prev through its gates between the step's two halves
+        keep = (self.is_lstm and train) or (self.is_gru and (train or not self.reset_after))
+        gates = torch.empty((T, B, self.GS), dtype=self.dtype, device=self.device) if keep else None
+        return _Cache(inp, hs, cs, gates)
+
     def _forward(self, xt, train: bool):
-        """Every layer over all steps; returns the layers' caches."""
+        """Every layer over all steps; returns the caches (per layer, per direction) and the top
+        layer's output (T, B, directions * H)."""
         torch = self.torch
         T, B = xt.shape[:2]
-        caches = []
+        if self.dirs == 1:
+            caches = []
+            for layer in range(self.L):
+                inp = xt if layer == 0 else caches[-1][0].hs[1:]
+                caches.append([self._new_cache(inp, T, B, train)])
+            if self.wavefront:
+                self._forward_wavefront([c[0] for c in caches], T)
+            else:
+                for layer, (c,) in enumerate(caches):
+                    self._run_unit((layer, 0), c, T)
+            return caches, caches[-1][0].hs[1:]
+        caches, inp = [], xt
         for layer in range(self.L):
-            inp = xt if layer == 0 else caches[-1].hs[1:]
-            hs = torch.zeros((T + 1, B, self.H), dtype=self.dtype, device=self.device)
-            cs = torch.zeros_like(hs) if self.is_lstm else None
-            gates = torch.empty((T, B, self.G), dtype=self.dtype, device=self.device) if self.is_lstm and train else None
-            caches.append(_Cache(inp, hs, cs, gates))
-        if self.wavefront:
-            self._forward_wavefront(caches, T)
-        else:
-            for layer, c in enumerate(caches):
-                if self.naive:
-                    for t in range(T):
-                        self._naive_step(layer, c, t)
-                    continue
-                pre = self._project(layer, c.inp)
-                if self.persistent:
-                    w = self.P("W_hh", layer)
-                    self._barriers.append(self.k_pers.run_layer(pre, w, c.hs, c.cs, c.gates, self._peep(layer),
-                                                                self.is_lstm, self.spec.activation))
-                    continue
-                for t in range(T):
-                    self._step(layer, c, t, pre[t])
-        return caches
+            dirs = [self._new_cache(inp if d == 0 else torch.flip(inp, (0,)), T, B, train) for d in range(2)]
+            for d, c in enumerate(dirs):
+                self._run_unit((layer, d), c, T)
+            caches.append(dirs)
+            # the layer's output at t: [h_t, h_t of the reverse run, its step T-1-t]
+            inp = torch.cat([dirs[0].hs[1:], torch.flip(dirs[1].hs[1:], (0,))], dim=-1)
+        return caches, inp
+
+    def _run_unit(self, u, c: _Cache, T: int):
+        """Every step of one direction of one layer."""
+        if self.naive:
+            for t in range(T):
+                self._naive_step(u, c, t)
+            return
+        pre = self._project(u, c.inp)
+        if self.persistent:
+            w = self.P("W_hh", u)
+            if self.is_gru:
+                bar = self.k_pers.run_gru_layer(pre, w, self.P("b_hn", u), c.hs, c.gates, self.reset_after)
+            else:
+                bar = self.k_pers.run_layer(pre, w, c.hs, c.cs, c.gates, self._peep(u), self.is_lstm,
+                                            self.spec.activation)
+            self._barriers.append(bar)
+            return
+        for t in range(T):
+            self._step(u, c, t, pre[t])
 
     def _forward_wavefront(self, caches, T: int):
         """Layer l step t on layer l's stream after layer l-1 step t: the diagonals of (layer, step)."""
         self._fork()
         with self._stream(0):
-            pre0 = self._project(0, caches[0].inp)
+            pre0 = self._project((0, 0), caches[0].inp)
         for d in range(T + self.L - 1):
             for layer in range(self.L):
                 t = d - layer
@@ -371,21 +482,24 @@ class _Net:
                         ev = self._event(("f", layer - 1, t))
                         if ev is not None:
                             self.torch.cuda.current_stream(self.device).wait_event(ev)
-                        pre = self._project(layer, caches[layer].inp[t: t + 1])[0]
+                        pre = self._project((layer, 0), caches[layer].inp[t: t + 1])[0]
                     else:
                         pre = pre0[t]
-                    self._step(layer, caches[layer], t, pre)
+                    self._step((layer, 0), caches[layer], t, pre)
                     ev = self._event(("f", layer, t))
                     if ev is not None:
                         ev.record()
         self._join()
 
-    def _step(self, layer: int, c: _Cache, t: int, pre):
-        """One step of one layer, combined gates (grouped: element-wise op by op; fused: one kernel)."""
-        rec = self._times_w("W_hh", layer, c.hs[t]) if t > 0 else None
+    def _step(self, u, c: _Cache, t: int, pre):
+        """One step of one unit, combined gates (grouped: element-wise op by op; fused: one kernel)."""
+        if self.is_gru:
+            self._gru_step(u, c, t, pre)
+            return
+        rec = self._times_w("W_hh", u, c.hs[t]) if t > 0 else None
         if self.fused:
             if self.is_lstm:
-                self.k_lstm.forward_step(pre, rec, c.cs[t], self._peep(layer), c.hs[t + 1], c.cs[t + 1],
+                self.k_lstm.forward_step(pre, rec, c.cs[t], self._peep(u), c.hs[t + 1], c.cs[t + 1],
                                          c.gates[t] if c.gates is not None else None)
             else:
                 self.k_elman.forward_step(pre, rec, c.hs[t + 1], self.spec.activation)
@@ -397,37 +511,72 @@ class _Net:
             return
         H = self.H
         cols = [a[:, k * H:(k + 1) * H] for k in range(4)]
-        outs = [c.gates[t][:, k * H:(k + 1) * H] for k in range(4)] if c.gates is not None else [None] * 4
-        self._unfused_lstm(layer, cols, c.cs[t], c.hs[t + 1], c.cs[t + 1], outs)
+        self._unfused_lstm(u, cols, c.cs[t], c.hs[t + 1], c.cs[t + 1], self._gate_outs(c, t))
 
-    def _naive_step(self, layer: int, c: _Cache, t: int):
+    def _gate_outs(self, c: _Cache, t: int):
+        H = self.H
+        return [c.gates[t][:, k * H:(k + 1) * H] for k in range(4)] if c.gates is not None else [None] * 4
+
+    def _gru_step(self, u, c: _Cache, t: int, pre):
+        """One GRU step: the recurrent GEMM of r, z (and n, reset after) at once; reset before, the GEMM
+        of ``r * h_prev`` with ``W_hn`` between the two halves of the step."""
+        H = self.H
+        hp, g = c.hs[t], (c.gates[t] if c.gates is not None else None)
+        rn = slice(2 * H, 3 * H)
+        if self.reset_after:
+            rec = self._times_w("W_hh", u, hp) if t > 0 else None
+            if self.fused:
+                self.k_gru.forward_step(pre, rec, self.P("b_hn", u), hp, c.hs[t + 1], g)
+                return
+            rec_cols = None if rec is None else [rec[:, k * H:(k + 1) * H] for k in range(3)]
+            self._unfused_gru(u, [pre[:, k * H:(k + 1) * H] for k in range(3)], rec_cols, None, hp, c.hs[t + 1],
+                              self._gate_outs(c, t))
+            return
+        rec = self._times_w("W_hh", u, hp, slice(0, 2 * H)) if t > 0 else None
+        if self.fused:
+            self.k_gru.reset_gate_step(pre, rec, hp, g)
+            rec_n = self._times_w("W_hh", u, g[:, 3 * H:], rn) if t > 0 else None
+            self.k_gru.new_gate_step(pre, rec_n, hp, g, c.hs[t + 1])
+            return
+        rec_cols = None if rec is None else [rec[:, :H], rec[:, H:]]
+        rn_fn = (lambda rh: self._times_w("W_hh", u, rh, rn)) if t > 0 else None
+        self._unfused_gru(u, [pre[:, k * H:(k + 1) * H] for k in range(3)], rec_cols, rn_fn, hp, c.hs[t + 1],
+                          self._gate_outs(c, t))
+
+    def _naive_step(self, u, c: _Cache, t: int):
         """Per-gate GEMMs on the spec's layouts, then one kernel per element-wise operation."""
         E, H = self.E, self.H
-        n_gates = 4 if self.is_lstm else 1
-        b = self.P(self.b_in, layer)
+        b = self.P(self.b_in, u)
+        hp = c.hs[t]
         cols = []
-        for k in range(n_gates):
+        for k in range(self.G // H):
             sl = slice(k * H, (k + 1) * H)
-            if layer == 0 and self.tokens:
-                a = self.p[self.table][c.inp[t], sl].contiguous()  # the row gather, one gate's columns
+            if self._is_table(u):
+                a = self.P(self.w_in, u)[c.inp[t], sl].contiguous()  # the row gather, one gate's columns
             else:
-                a = self._times_w(self.w_in, layer, c.inp[t], sl)
-            if t > 0:
-                a = E.binary("add", a, self._times_w("W_hh", layer, c.hs[t], sl))
+                a = self._times_w(self.w_in, u, c.inp[t], sl)
+            if t > 0 and not self.is_gru:
+                a = E.binary("add", a, self._times_w("W_hh", u, hp, sl))
             if b is not None:
                 a = E.binary("add", a, b[sl], row=True)
             cols.append(a)
+        if self.is_gru:
+            rec_gates = 3 if self.reset_after else 2
+            rec = [self._times_w("W_hh", u, hp, slice(k * H, (k + 1) * H)) for k in range(rec_gates)] if t > 0 else None
+            rn = slice(2 * H, 3 * H)
+            rn_fn = (lambda rh: self._times_w("W_hh", u, rh, rn)) if t > 0 and not self.reset_after else None
+            self._unfused_gru(u, cols, rec, rn_fn, hp, c.hs[t + 1], self._gate_outs(c, t))
+            return
         if not self.is_lstm:
             E.unary(_ACT_OP[self.spec.activation], cols[0], out=c.hs[t + 1])
             return
-        outs = [c.gates[t][:, k * H:(k + 1) * H] for k in range(4)] if c.gates is not None else [None] * 4
-        self._unfused_lstm(layer, cols, c.cs[t], c.hs[t + 1], c.cs[t + 1], outs)
+        self._unfused_lstm(u, cols, c.cs[t], c.hs[t + 1], c.cs[t + 1], self._gate_outs(c, t))
 
-    def _unfused_lstm(self, layer, cols, c_prev, h_out, c_out, outs):
+    def _unfused_lstm(self, u, cols, c_prev, h_out, c_out, outs):
         """The LSTM cell from the gates' pre-activations, one kernel per operation."""
         E = self.E
         ai, af, ag, ao = cols
-        peep = self._peep(layer)
+        peep = self._peep(u)
         if peep is not None:
             ai = E.binary("add", ai, E.binary("mul", c_prev, peep[0], row=True))
             af = E.binary("add", af, E.binary("mul", c_prev, peep[1], row=True))
@@ -440,23 +589,49 @@ class _Net:
         o = E.unary("sigmoid", ao, out=outs[3])
         E.binary("mul", o, E.unary("tanh", c_out), out=h_out)
 
+    def _unfused_gru(self, u, cols, rec, rn_fn, h_prev, h_out, outs):
+        """The GRU cell, one kernel per operation: ``cols`` the input side's ``a_r, a_z, a_n`` (bias
+        included), ``rec`` the recurrent products ``u_r, u_z`` (and ``u_n``, reset after; None at the
+        first step), ``rn_fn(rh)`` the product ``rh W_hn`` (reset before; None at the first step);
+        ``outs`` the stored gates r, z, n, un | rh (None: scratch)."""
+        E = self.E
+        ar, az, an = cols
+        if rec is not None:
+            ar = E.binary("add", ar, rec[0])
+            az = E.binary("add", az, rec[1])
+        r = E.unary("sigmoid", ar, out=outs[0])
+        z = E.unary("sigmoid", az, out=outs[1])
+        if self.reset_after:
+            un = rec[2] if rec is not None else self.torch.zeros_like(h_prev)
+            b_hn = self.P("b_hn", u)
+            if b_hn is not None:
+                un = E.binary("add", un, b_hn, row=True, out=outs[3])
+            elif outs[3] is not None:
+                outs[3].copy_(un)
+            n_pre = E.binary("add", an, E.binary("mul", r, un))
+        else:
+            rh = E.binary("mul", r, h_prev, out=outs[3])
+            n_pre = an if rn_fn is None else E.binary("add", an, rn_fn(rh))
+        n = E.unary("tanh", n_pre, out=outs[2])
+        E.binary("add", n, E.binary("mul", z, E.binary("sub", h_prev, n)), out=h_out)  # (1 - z) n + z h_prev
+
     # -- the head --------------------------------------------------------------------
-    def _logits(self, hs_top):
-        flat = hs_top.reshape(-1, self.H)
+    def _logits(self, top):
+        flat = top.reshape(-1, self.dirs * self.H)
         b = self.p.get("b_y")
         return self.torch.mm(flat, self.p["W_hy"]) if b is None else self.torch.addmm(b, flat, self.p["W_hy"])
 
     def _outputs_dev(self, xt):
-        caches = self._forward(xt, train=False)
-        z = self._logits(caches[-1].hs[1:]).view(xt.shape[0], xt.shape[1], -1)
+        _, top = self._forward(xt, train=False)
+        z = self._logits(top).view(xt.shape[0], xt.shape[1], -1)
         if self.spec.head == "softmax_xent":
             return self.torch.softmax(z, dim=-1)
         return self.torch.tanh(z) if self.spec.output_act == "tanh" else z
 
-    def _head(self, hs_top, yt, T: int, B: int):
+    def _head(self, top, yt, T: int, B: int):
         """``(loss, dz)``: the reported loss (a device scalar) and dL/dz (T*B, O), tail steps masked."""
         torch = self.torch
-        z = self._logits(hs_top)
+        z = self._logits(top)
         if self.spec.head == "softmax_xent":
             y = yt.reshape(-1, 1)
             lse = torch.logsumexp(z, dim=1, keepdim=True)
@@ -489,14 +664,18 @@ class _Net:
         """Loss and gradients (device tensors, in the stored layouts): forward, head, BPTT."""
         torch = self.torch
         T, B = xt.shape[:2]
-        caches = self._forward(xt, train=True)
-        loss, dz = self._head(caches[-1].hs[1:], yt, T, B)
-        top = caches[-1].hs[1:].reshape(-1, self.H)
-        grads = {"W_hy": torch.mm(top.t(), dz)}
+        caches, top = self._forward(xt, train=True)
+        loss, dz = self._head(top, yt, T, B)
+        width = self.dirs * self.H
+        grads = {"W_hy": torch.mm(top.reshape(-1, width).t(), dz)}
         if "b_y" in self.p:
             grads["b_y"] = dz.sum(0)
-        dh_top = torch.mm(dz, self.p["W_hy"].t()).view(T, B, self.H)
+        dh_top = torch.mm(dz, self.p["W_hy"].t()).view(T, B, width)
         stages = self._stages(T)
+        if self.dirs == 2:
+            self._backward_bidirectional(caches, stages, dh_top, grads)
+            return loss, grads
+        caches = [c[0] for c in caches]
         truncated = self.spec.bptt.mode == "truncated"
         # the top layer's dh_out per stage: every output at its own step (full/tail), or at depth 0 only
         dh_top_stage = [dh_top if u == 0 else None for u in range(len(stages))] if truncated else \
@@ -506,19 +685,47 @@ class _Net:
         else:
             dh_out = dh_top_stage
             for layer in reversed(range(self.L)):
+                u = (layer, 0)
                 back = self._new_back(T, B)
-                for u in range(len(stages)):
-                    self._bwd_stage(layer, caches[layer], back, stages, u, dh_out[u], grads, want_dx=False)
+                for s in range(len(stages)):
+                    self._bwd_stage(u, caches[layer], back, stages, s, dh_out[s], grads, want_dx=False)
                 if not self.naive:
-                    self._weight_grads(layer, caches[layer], back, grads)
+                    self._weight_grads(u, caches[layer], back, grads)
                 if layer > 0:
-                    dh_out = self._dx_per_stage(layer, back, caches[layer], stages)
+                    dh_out = self._dx_per_stage(u, back, caches[layer], stages)
         return loss, grads
+
+    def _backward_bidirectional(self, caches, stages, dh_top, grads):
+        """Full BPTT through bidirectional layers, top layer first: each direction takes its half of
+        the gradient reaching the layer's output (the reverse one time-reversed) and gives back the
+        gradient reaching the layer's input, which the directions add."""
+        torch, H = self.torch, self.H
+        T, B = dh_top.shape[:2]
+        dh = dh_top
+        for layer in reversed(range(self.L)):
+            dx = None
+            for d, c in enumerate(caches[layer]):
+                u = (layer, d)
+                dh_d = dh[..., d * H:(d + 1) * H]
+                dh_d = torch.flip(dh_d, (0,)) if d else dh_d.contiguous()
+                back = self._new_back(T, B)
+                for s, (a, _) in enumerate(stages):
+                    self._bwd_stage(u, c, back, stages, s, dh_d[a], grads, want_dx=False)
+                if not self.naive:
+                    self._weight_grads(u, c, back, grads)
+                if layer > 0:
+                    if back.da_all is not None:
+                        g = self._dx(u, back.da_all.reshape(-1, self.GB)).view(T, B, -1)
+                    else:  # cuda:naive: stage s is step T-1-s
+                        g = torch.cat(self._dx_per_stage(u, back, c, stages)[::-1], 0)
+                    g = torch.flip(g, (0,)) if d else g
+                    dx = g if dx is None else dx + g
+            dh = dx
 
     def _new_back(self, T: int, B: int) -> _Back:
         if self.naive or self.spec.bptt.mode == "truncated":
             return _Back()
-        return _Back(self.torch.empty((T, B, self.G), dtype=self.dtype, device=self.device))
+        return _Back(self.torch.empty((T, B, self.GB), dtype=self.dtype, device=self.device))
 
     def _backward_wavefront(self, caches, stages, dh_top_stage, grads):
         """Layer l stage u on layer l's stream after layer l+1 stage u (top layer first)."""
@@ -529,24 +736,25 @@ class _Net:
         n = len(stages)
         for d in range(n + self.L - 1):
             for layer in reversed(range(self.L)):
-                u = d - (self.L - 1 - layer)
-                if not 0 <= u < n:
+                s = d - (self.L - 1 - layer)
+                if not 0 <= s < n:
                     continue
                 with self._stream(layer):
                     if layer == self.L - 1:
-                        dho = dh_top_stage[u]
+                        dho = dh_top_stage[s]
                     else:
-                        ev = self._event(("b", layer + 1, u))
+                        ev = self._event(("b", layer + 1, s))
                         if ev is not None:
                             torch.cuda.current_stream(self.device).wait_event(ev)
-                        dho = backs[layer + 1].dx[u]  # kept alive until the join: no cross-stream reuse
-                    self._bwd_stage(layer, caches[layer], backs[layer], stages, u, dho, grads, want_dx=layer > 0)
-                    ev = self._event(("b", layer, u))
+                        dho = backs[layer + 1].dx[s]  # kept alive until the join: no cross-stream reuse
+                    self._bwd_stage((layer, 0), caches[layer], backs[layer], stages, s, dho, grads,
+                                    want_dx=layer > 0)
+                    ev = self._event(("b", layer, s))
                     if ev is not None:
                         ev.record()
         for layer in range(self.L):
             with self._stream(layer):
-                self._weight_grads(layer, caches[layer], backs[layer], grads)
+                self._weight_grads((layer, 0), caches[layer], backs[layer], grads)
         self._join()
 
     def _segments(self, back: _Back, c: _Cache):
@@ -556,94 +764,97 @@ class _Net:
             return back.segments
         T = c.hs.shape[0] - 1
         t0 = T - back.n_stages
-        return [(t0, T, back.da_all[t0:].reshape(-1, self.G))]
+        return [(t0, T, back.da_all[t0:].reshape(-1, self.GB))]
 
-    def _dx_per_stage(self, layer: int, back: _Back, c: _Cache, stages):
+    def _dx_per_stage(self, u, back: _Back, c: _Cache, stages):
         """The gradient reaching layer-1's outputs per stage: one GEMM over every step of this layer's da."""
         if self.naive:
-            return [back.dx[u] for u in range(len(stages))]
+            return [back.dx[s] for s in range(len(stages))]
         B = c.hs.shape[1]
         out = []
         for a, b, da in self._segments(back, c):
-            out.append(self._times_wt(self.w_in, layer, da).view(b - a, B, self.H))
-        if back.da_all is not None:  # one segment of single steps: stage u is step stages[u][0]
+            out.append(self._dx(u, da).view(b - a, B, -1))
+        if back.da_all is not None:  # one segment of single steps: stage s is step stages[s][0]
             return [out[0][s0 - stages[-1][0]] for s0, _ in stages]
         return out
 
-    def _bwd_stage(self, layer, c: _Cache, back: _Back, stages, u, dh_out, grads, want_dx: bool):
-        """One backward stage of one layer: da of its rows, the carries to the next stage."""
+    def _bwd_stage(self, u, c: _Cache, back: _Back, stages, s, dh_out, grads, want_dx: bool):
+        """One backward stage of one unit: da of its rows, the carries to the next stage."""
         torch = self.torch
-        a, b = stages[u]
-        R = (b - a) * c.hs.shape[1]
-        H, G = self.H, self.G
-        last = u == len(stages) - 1
-        back.n_stages = u + 1
+        a, b = stages[s]
+        B = c.hs.shape[1]
+        R = (b - a) * B
+        H = self.H
+        last = s == len(stages) - 1
+        back.n_stages = s + 1
         dho = None if dh_out is None else dh_out.reshape(R, H)
         if back.da_all is not None:
             da = back.da_all[a]  # full / tail: one step's rows, in place for the combined GEMMs
         else:
-            da = torch.empty((R, G), dtype=self.dtype, device=self.device)
+            da = torch.empty((R, self.GB), dtype=self.dtype, device=self.device)
         if self.naive or not self.fused:
-            self._unfused_bwd(layer, c, back, a, b, dho, da)
-        else:
-            if self.is_lstm:
-                dc = torch.empty((R, H), dtype=self.dtype, device=self.device)
-                self.k_lstm.backward_step(dho, back.dh_rec, back.dc, c.gates[a:b].reshape(R, G),
-                                          c.cs[a:b].reshape(R, H), c.cs[a + 1:b + 1].reshape(R, H),
-                                          self._peep(layer), da, dc)
-                back.dc = dc
+            self._unfused_bwd(u, c, back, a, b, dho, da)
+        elif self.is_lstm:
+            dc = torch.empty((R, H), dtype=self.dtype, device=self.device)
+            self.k_lstm.backward_step(dho, back.dh_rec, back.dc, c.gates[a:b].reshape(R, self.GS),
+                                      c.cs[a:b].reshape(R, H), c.cs[a + 1:b + 1].reshape(R, H),
+                                      self._peep(u), da, dc)
+            back.dc = dc
+        elif self.is_gru:
+            dc = torch.empty((R, H), dtype=self.dtype, device=self.device)
+            gates, h_prev = c.gates[a:b].reshape(R, self.GS), c.hs[a:b].reshape(R, H)
+            if self.reset_after:
+                self.k_gru.backward_step(dho, back.dh_rec, back.dc, gates, h_prev, da, dc)
             else:
-                self.k_elman.backward_step(dho, back.dh_rec, c.hs[a + 1:b + 1].reshape(R, H), da, self.spec.activation)
+                self.k_gru.new_gate_backward(dho, back.dh_rec, back.dc, gates, h_prev, da, dc)
+                drh = self._times_wt("W_hh", u, da[:, 2 * H:], slice(2 * H, 3 * H))
+                self.k_gru.reset_gate_backward(drh, gates, h_prev, da, dc)
+            back.dc = dc
+        else:
+            self.k_elman.backward_step(dho, back.dh_rec, c.hs[a + 1:b + 1].reshape(R, H), da, self.spec.activation)
         if self.naive:
-            self._naive_weight_grads(layer, c, a, b, da, grads)
-            if layer > 0:
-                back.dx[u] = self._naive_times_wt(self.w_in, layer, da).view(b - a, -1, H)
-            dh_rec = None if last else self._naive_times_wt("W_hh", layer, da)
+            self._segment_weight_grads(u, c, a, b, da, grads)
+            if u[0] > 0:
+                back.dx[s] = self._dx(u, da).view(b - a, B, -1)
         else:
             if back.da_all is None:
                 back.segments.append((a, b, da))
             if want_dx:
-                back.dx[u] = self._times_wt(self.w_in, layer, da).view(b - a, -1, H)
-            dh_rec = None if last else self._times_wt("W_hh", layer, da)
+                back.dx[s] = self._dx(u, da).view(b - a, B, -1)
+        dh_rec = None if last else self._dh_rec(u, da)
         if self.spec.bptt.mode == "truncated" and not last:
             # truncated: the next depth has one window fewer (the earliest one reached step 0)
-            B = c.hs.shape[1]
             back.dh_rec = dh_rec[B:]
             back.dc = back.dc[B:] if back.dc is not None else None
         else:
             back.dh_rec = dh_rec
 
-    def _naive_times_wt(self, name, layer, da):
-        """``da @ W^T`` gate by gate (per-gate GEMMs, summed with element-wise kernels)."""
-        H = self.H
-        n_gates = self.G // H
-        out = None
-        for k in range(n_gates):
-            sl = slice(k * H, (k + 1) * H)
-            part = self._times_wt(name, layer, da[:, sl], sl)
-            out = part if out is None else self.E.binary("add", out, part)
-        return out
-
-    def _unfused_bwd(self, layer, c: _Cache, back: _Back, a: int, b: int, dho, da):
-        """The cell's backward, one kernel per element-wise operation, into da (R, G)."""
+    def _unfused_bwd(self, u, c: _Cache, back: _Back, a: int, b: int, dho, da):
+        """The cell's backward, one kernel per element-wise operation, into da (R, GB)."""
         torch, E = self.torch, self.E
-        H, G = self.H, self.G
+        H = self.H
         R = (b - a) * c.hs.shape[1]
-        parts = [t for t in (dho, back.dh_rec) if t is not None]
+        # the GRU's carried dc is part of dh (the LSTM's is dL/dc, added below)
+        parts = [t for t in (dho, back.dh_rec, back.dc if self.is_gru else None) if t is not None]
         if not parts:
             dh = torch.zeros((R, H), dtype=self.dtype, device=self.device)
         else:
-            dh = parts[0] if len(parts) == 1 else E.binary("add", parts[0], parts[1])
+            dh = parts[0]
+            for p in parts[1:]:
+                dh = E.binary("add", dh, p)
+        if self.is_gru:
+            self._unfused_gru_bwd(u, c, back, a, b, dh, da)
+            return da
         if not self.is_lstm:
             h = c.hs[a + 1:b + 1].reshape(R, H)
             E.binary("mul", dh, E.unary(_ACT_GRAD_OP[self.spec.activation], h), out=da)
             return da
-        gates = c.gates[a:b].reshape(R, G)
+        gates = c.gates[a:b].reshape(R, self.GS)
         i, f, g, o = (gates[:, k * H:(k + 1) * H] for k in range(4))
         c_prev = c.cs[a:b].reshape(R, H)
         c_t = c.cs[a + 1:b + 1].reshape(R, H)
         dai, daf, dag, dao = (da[:, k * H:(k + 1) * H] for k in range(4))
-        peep = self._peep(layer)
+        peep = self._peep(u)
         tc = E.unary("tanh", c_t)
         E.binary("mul", E.binary("mul", dh, tc), E.unary("dsigmoid", o), out=dao)
         dc = E.binary("mul", E.binary("mul", dh, o), E.unary("dtanh", tc))
@@ -661,24 +872,56 @@ class _Net:
         back.dc = carry
         return da
 
+    def _unfused_gru_bwd(self, u, c: _Cache, back: _Back, a: int, b: int, dh, da):
+        """The GRU's backward from ``dh`` (all of dL/dh_t), one kernel per operation (da as in backends.cuda.gru)."""
+        E, H = self.E, self.H
+        R = dh.shape[0]
+        gates = c.gates[a:b].reshape(R, self.GS)
+        r, z, n, x = (gates[:, k * H:(k + 1) * H] for k in range(4))  # x: un (reset after) or r * h_prev
+        h_prev = c.hs[a:b].reshape(R, H)
+        dar, daz = da[:, :H], da[:, H:2 * H]
+        dan = da[:, 3 * H:] if self.reset_after else da[:, 2 * H:]
+        dhz = E.binary("mul", dh, z)
+        E.binary("mul", E.binary("sub", dh, dhz), E.unary("dtanh", n), out=dan)  # dh (1 - z) (1 - n^2)
+        E.binary("mul", E.binary("mul", dh, E.binary("sub", h_prev, n)), E.unary("dsigmoid", z), out=daz)
+        if self.reset_after:
+            E.binary("mul", dan, r, out=da[:, 2 * H:3 * H])  # dun
+            E.binary("mul", E.binary("mul", dan, x), E.unary("dsigmoid", r), out=dar)
+            back.dc = dhz
+        else:
+            drh = self._times_wt_map("W_hh", u, da, [(2, 2)])  # da_n W_hn^T: the gradient of r * h_prev
+            E.binary("mul", E.binary("mul", drh, h_prev), E.unary("dsigmoid", r), out=dar)
+            back.dc = E.binary("add", dhz, E.binary("mul", drh, r))
+
     def _accumulate(self, grads, name, value):
         if name in grads:
             grads[name].add_(value)
         else:
             grads[name] = value
 
-    def _table_grad(self, grads, ids, da):
-        W = self.p[self.table]
-        if self.table not in grads:
-            grads[self.table] = self.torch.zeros_like(W)
-        grads[self.table].index_add_(0, ids.reshape(-1), da)
+    def _table_grad(self, grads, u, ids, da):
+        """``dW[v, weight gate] += da[rows with token v, da gate]`` (an index_add per gate run)."""
+        name = self.w_in + self._sfx(u)
+        if name not in grads:
+            grads[name] = self.torch.zeros_like(self.p[name])
+        H, flat = self.H, ids.reshape(-1)
+        for (k0, k1), (j0, j1) in _runs(self.in_map, False):
+            grads[name][:, k0 * H:k1 * H].index_add_(0, flat, da[:, j0 * H:j1 * H])
 
-    def _small_grads(self, layer, c: _Cache, a, b, da, grads):
+    def _small_grads(self, u, c: _Cache, a, b, da, grads):
         """Bias and peephole gradients of one segment (reductions over its rows)."""
-        s = self._sfx(layer)
+        s = self._sfx(u)
         H = self.H
         if self.spec.bias:
-            self._accumulate(grads, self.b_in + s, da.sum(0))
+            name = self.b_in + s
+            if self.reset_after:
+                if name not in grads:
+                    grads[name] = self.torch.zeros_like(self.p[name])
+                grads[name][:2 * H] += da[:, :2 * H].sum(0)
+                grads[name][2 * H:] += da[:, 3 * H:].sum(0)
+                self._accumulate(grads, "b_hn" + s, da[:, 2 * H:3 * H].sum(0))
+            else:
+                self._accumulate(grads, name, da.sum(0))
         if self.spec.peephole:
             R = da.shape[0]
             c_prev = c.cs[a:b].reshape(R, H)
@@ -687,40 +930,25 @@ class _Net:
             self._accumulate(grads, "p_f" + s, (da[:, H:2 * H] * c_prev).sum(0))
             self._accumulate(grads, "p_o" + s, (da[:, 3 * H:] * c_t).sum(0))
 
-    def _weight_grads(self, layer, c: _Cache, back: _Back, grads):
+    def _weight_grads(self, u, c: _Cache, back: _Back, grads):
         """Combined weight-gradient GEMMs: one per weight over every step of a segment (full, tail: all
         the steps at once; truncated: one per depth, over every window)."""
-        torch = self.torch
-        s = self._sfx(layer)
         for a, b, da in self._segments(back, c):
-            R = da.shape[0]
-            h_prev = c.hs[a:b].reshape(R, self.H)
-            self._accumulate(grads, "W_hh" + s, torch.mm(da.t(), h_prev))
-            if layer == 0 and self.tokens:
-                self._table_grad(grads, c.inp[a:b], da)
-            else:
-                self._accumulate(grads, self.w_in + s, torch.mm(da.t(), c.inp[a:b].reshape(R, -1)))
-            self._small_grads(layer, c, a, b, da, grads)
+            self._segment_weight_grads(u, c, a, b, da, grads)
 
-    def _naive_weight_grads(self, layer, c: _Cache, a, b, da, grads):
-        """Per gate and per stage: ``dW[:, gate] += inp^T da_gate`` (spec layouts)."""
-        torch = self.torch
-        s = self._sfx(layer)
+    def _segment_weight_grads(self, u, c: _Cache, a, b, da, grads):
+        """Every weight gradient of the steps ``a..b-1`` (cuda:naive: per stage, per gate, spec layouts)."""
+        s = self._sfx(u)
         H = self.H
         R = da.shape[0]
-        h_prev = c.hs[a:b].reshape(R, H)
-        inp = None if (layer == 0 and self.tokens) else c.inp[a:b].reshape(R, -1)
-        for name, src in (("W_hh" + s, h_prev), (self.w_in + s, inp)):
-            if src is None:
-                continue
-            if name not in grads:
-                grads[name] = torch.zeros_like(self.p[name])
-            for k in range(self.G // H):
-                sl = slice(k * H, (k + 1) * H)
-                grads[name][:, sl] += torch.mm(src.t(), da[:, sl])
-        if inp is None:
-            self._table_grad(grads, c.inp[a:b], da)
-        self._small_grads(layer, c, a, b, da, grads)
+        self._acc_w(grads, "W_hh" + s, c.hs[a:b].reshape(R, H), da, self.rec_map)
+        if self.is_gru and not self.reset_after:  # W_hn meets r * h_prev
+            self._acc_w(grads, "W_hh" + s, c.gates[a:b, :, 3 * H:].reshape(R, H), da, [(2, 2)])
+        if self._is_table(u):
+            self._table_grad(grads, u, c.inp[a:b], da)
+        else:
+            self._acc_w(grads, self.w_in + s, c.inp[a:b].reshape(R, -1), da, self.in_map)
+        self._small_grads(u, c, a, b, da, grads)
 
     def _sgd(self, grads):
         """``p -= lr * clip(g)`` for every parameter (a gradient never formed is zero: no change)."""

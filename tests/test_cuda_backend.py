@@ -19,7 +19,7 @@ if importlib.util.find_spec("torch") is None or importlib.util.find_spec("triton
 import torch  # noqa: E402
 
 import backends  # noqa: E402
-from harness.verify.check import Case, one_direction_elman_lstm, representative_cases, run_case  # noqa: E402
+from harness.verify.check import Case, all_cases, gru_or_bidirectional, representative_cases, run_case  # noqa: E402
 from harness.spec.model import ModelSpec, Problem  # noqa: E402
 
 DTYPES = (torch.float64, torch.float32)
@@ -44,7 +44,7 @@ def K(interpreter):
     """The kernel modules, imported with the interpreter on."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    mods = {m: importlib.import_module(f"backends.cuda.{m}") for m in ("elementwise", "lstm", "elman", "persistent")}
+    mods = {m: importlib.import_module(f"backends.cuda.{m}") for m in ("elementwise", "lstm", "elman", "gru", "persistent")}
     if not isinstance(mods["lstm"]._lstm_fwd_kernel, InterpretedFunction):
         pytest.skip("the cuda kernels were imported compiled before this module (on a GPU machine): "
                     "run this file on its own to check them under the interpreter")
@@ -165,6 +165,82 @@ def test_fused_elman_step_forward_and_backward(K, dtype, activation):
     _close(da, a.grad, dtype)
 
 
+def _gru_cell(pre, rec, b_hn, h_prev, w_n=None):
+    """The spec's GRU step from ``pre = x W_ih + b`` and the recurrent product: reset after, ``rec`` is
+    ``h_prev W_hh`` (3H); reset before (``w_n`` = W_hh[:, 2H:]), ``rec`` is ``h_prev W_hh[:, :2H]``.
+    Returns ``h`` and the stored gates r, z, n, un | r * h_prev."""
+    ar, az, an = pre.chunk(3, -1)
+    r, z = torch.sigmoid(ar + rec[:, :ar.shape[1]]), torch.sigmoid(az + rec[:, ar.shape[1]:2 * ar.shape[1]])
+    if w_n is None:
+        x = rec[:, 2 * ar.shape[1]:] + (0 if b_hn is None else b_hn)
+        n = torch.tanh(an + r * x)
+    else:
+        x = r * h_prev
+        n = torch.tanh(an + x @ w_n)
+    return (1 - z) * n + z * h_prev, torch.cat([r, z, n, x], -1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("R, H", [(1, 1), (3, 4), (5, 17)])
+@pytest.mark.parametrize("reset_after", [True, False])
+def test_fused_gru_step_forward_and_backward(K, dtype, R, H, reset_after):
+    G = K["gru"]
+    g = torch.Generator().manual_seed(R * 17 + H)
+    rnd = lambda *s: torch.randn(*s, dtype=dtype, generator=g)  # noqa: E731
+    pre, h_prev, b_hn = rnd(R, 3 * H), rnd(R, H), rnd(H)
+    rec = rnd(R, 3 * H) if reset_after else rnd(R, 2 * H)
+    w_n = None if reset_after else 0.5 * rnd(H, H)
+
+    def fused_forward(rec_or_none):
+        h, gates = torch.empty(R, H, dtype=dtype), torch.full((R, 4 * H), float("nan"), dtype=dtype)
+        if reset_after:
+            G.forward_step(pre, rec_or_none, b_hn, h_prev, h, gates)
+        else:
+            G.reset_gate_step(pre, rec_or_none, h_prev, gates)
+            G.new_gate_step(pre, gates[:, 3 * H:] @ w_n, h_prev, gates, h)
+        return h, gates
+
+    for r in (rec, None):  # None: the first step's absent product is zero
+        h, gates = fused_forward(r)
+        wh, wg = _gru_cell(pre, torch.zeros_like(rec) if r is None else r, b_hn, h_prev, w_n)
+        _close(h, wh, dtype)
+        _close(gates, wg, dtype)
+    if reset_after:
+        h_nob = torch.empty(R, H, dtype=dtype)
+        G.forward_step(pre, rec, None, h_prev, h_nob)  # no bias, no stored gates
+        _close(h_nob, _gru_cell(pre, rec, None, h_prev)[0], dtype)
+    # backward against autograd: da (pre-activations, as backends.cuda.gru lays it out) and the carry dc,
+    # the gradient reaching h_prev outside the recurrent GEMM (rec a separate leaf)
+    pre_l, rec_l, hp_l = (t.clone().requires_grad_(True) for t in (pre, rec, h_prev))
+    wh, _ = _gru_cell(pre_l, rec_l, b_hn, hp_l, w_n)
+    dh_out, dh_rec, dc_next = rnd(R, H), rnd(R, H), rnd(R, H)
+    wh.backward(dh_out + dh_rec + dc_next)
+    _, gates = fused_forward(rec)
+    da = torch.full((R, 4 * H if reset_after else 3 * H), float("nan"), dtype=dtype)
+    dc = torch.empty(R, H, dtype=dtype)
+    if reset_after:
+        G.backward_step(dh_out, dh_rec, dc_next, gates, h_prev, da, dc)
+        _close(torch.cat([da[:, :2 * H], da[:, 3 * H:]], -1), pre_l.grad, dtype)
+        _close(da[:, :3 * H], rec_l.grad, dtype)  # dar, daz, dun: what W_hh's GEMMs read
+    else:
+        G.new_gate_backward(dh_out, dh_rec, dc_next, gates, h_prev, da, dc)
+        G.reset_gate_backward(da[:, 2 * H:] @ w_n.t(), gates, h_prev, da, dc)
+        _close(da, pre_l.grad, dtype)
+        _close(da[:, :2 * H], rec_l.grad, dtype)
+    _close(dc, hp_l.grad, dtype)
+    # absent inputs are zeros
+    pre_l.grad, rec_l.grad, hp_l.grad = None, None, None
+    wh, _ = _gru_cell(pre_l, rec_l, b_hn, hp_l, w_n)
+    wh.backward(dh_rec)
+    if reset_after:
+        G.backward_step(None, dh_rec, None, gates, h_prev, da, dc)
+    else:
+        G.new_gate_backward(None, dh_rec, None, gates, h_prev, da, dc)
+        G.reset_gate_backward(da[:, 2 * H:] @ w_n.t(), gates, h_prev, da, dc)
+    _close(dc, hp_l.grad, dtype)
+    _close(da[:, :2 * H], pre_l.grad[:, :2 * H], dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("T, B, H, block_b", [(1, 1, 1, None), (4, 3, 5, None), (3, 5, 6, 2)])
 @pytest.mark.parametrize("cell", ["lstm", "lstm-peephole", "elman-relu"])
@@ -225,6 +301,57 @@ def test_persistent_programs_split_the_hidden_units(K, dtype, cell):
                     cs.repeat(2, 1, 1)[:3].contiguous(), None, peep, lstm, "tanh", block_h=2)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T, B, H, block_b", [(1, 1, 1, None), (4, 3, 5, None), (3, 5, 6, 2)])
+@pytest.mark.parametrize("reset_after", [True, False])
+def test_persistent_gru_layer_matches_step_by_step(K, dtype, T, B, H, block_b, reset_after):
+    P = K["persistent"]
+    g = torch.Generator().manual_seed(T * 100 + B * 10 + H + 1)
+    pre = torch.randn(T, B, 3 * H, dtype=dtype, generator=g)
+    w_t = 0.5 * torch.randn(3 * H, H, dtype=dtype, generator=g)  # W_hh^T
+    b_hn = torch.randn(H, dtype=dtype, generator=g)
+    hs = torch.zeros(T + 1, B, H, dtype=dtype)
+    hs[0] = torch.randn(B, H, dtype=dtype, generator=g)  # a non-zero start exercises every product
+    gates = torch.empty(T, B, 4 * H, dtype=dtype)
+    P.raise_on_barrier_timeout(P.run_gru_layer(pre, w_t, b_hn, hs, gates, reset_after, block_b=block_b))
+    h = hs[0]
+    for t in range(T):
+        if reset_after:
+            h, gt = _gru_cell(pre[t], h @ w_t.t(), b_hn, h)
+        else:
+            h, gt = _gru_cell(pre[t], h @ w_t[:2 * H].t(), None, h, w_t[2 * H:].t())
+        _close(gates[t], gt, dtype)
+        _close(hs[t + 1], h, dtype)
+    if reset_after:  # inference: nothing stored, the same h
+        hs2 = hs.clone()
+        hs2[1:] = 0
+        P.raise_on_barrier_timeout(P.run_gru_layer(pre, w_t, b_hn, hs2, None, True))
+        _close(hs2, hs, dtype)
+    else:
+        with pytest.raises(ValueError, match="through gates"):
+            P.run_gru_layer(pre, w_t, None, hs, None, False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_persistent_gru_programs_split_the_hidden_units(K, dtype):
+    """Reset after, several programs each owning 2 of 5 units, one step (as for the LSTM above); reset
+    before has a barrier inside every step, so under the interpreter it runs one program only."""
+    P = K["persistent"]
+    g = torch.Generator().manual_seed(12)
+    B, H = 3, 5
+    pre = torch.randn(1, B, 3 * H, dtype=dtype, generator=g)
+    w_t = 0.5 * torch.randn(3 * H, H, dtype=dtype, generator=g)
+    hs = torch.zeros(2, B, H, dtype=dtype)
+    hs[0] = torch.randn(B, H, dtype=dtype, generator=g)
+    gates = torch.empty(1, B, 4 * H, dtype=dtype)
+    P.raise_on_barrier_timeout(P.run_gru_layer(pre, w_t, None, hs, gates, True, block_h=2))
+    h, gt = _gru_cell(pre[0], hs[0] @ w_t.t(), None, hs[0])
+    _close(gates[0], gt, dtype)
+    _close(hs[1], h, dtype)
+    with pytest.raises(ValueError, match="T == 1"):
+        P.run_gru_layer(pre, w_t, None, hs, gates, False, block_h=2)
+
+
 # -- the backend ----------------------------------------------------------------------
 def _small(kind: dict, label: str, dtype: str, tokens=False, layers=2, T=4, B=2) -> Case:
     spec = ModelSpec.from_mapping({"hidden": 3, "layers": layers, **kind})
@@ -244,6 +371,21 @@ VARIANT_CASES = [
     ("persistent", _small({"kind": "lstm", "peephole": True, "bptt": {"tail": 3}}, "lstm-peephole L=2 tail", "float64", B=3)),
     ("persistent", _small({"kind": "elman", "activation": "relu", "head": "mse"}, "elman-relu L=1", "float32", layers=1)),
 ]
+# GRU in both forms and bidirectional layers, on what each variant does differently: per-gate GEMMs and
+# op-by-op kernels (naive), the grouped GEMMs' gate maps (grouped), the wavefront over GRU layers and
+# bidirectional layers in sequence (streams, graph), the persistent GRU kernels (persistent)
+GRU_BI_CASES = [
+    ("naive", _small({"kind": "gru", "bptt": {"truncated": 1}}, "gru trunc tokens", "float32", tokens=True, layers=1, T=3)),
+    ("naive", _small({"kind": "gru", "reset_after": False, "bidirectional": True, "head": "mse"}, "gru-before-bi", "float64", layers=1, T=3)),
+    ("grouped", _small({"kind": "gru", "reset_after": False, "bptt": {"tail": 2}, "clip": 0.5}, "gru-before tail clip", "float32", layers=1)),
+    ("grouped", _small({"kind": "gru", "bidirectional": True, "bias": False}, "gru-bi nobias tokens", "float64", tokens=True, layers=1, T=3)),
+    ("streams", _small({"kind": "gru", "reset_after": False, "head": "mse", "output_act": "tanh"}, "gru-before L=3 full", "float64", layers=3)),
+    ("streams", _small({"kind": "elman", "activation": "relu", "bidirectional": True}, "elman-relu-bi L=2", "float32")),
+    ("graph", _small({"kind": "gru", "bptt": {"truncated": 2}}, "gru L=2 trunc tokens", "float64", tokens=True)),
+    ("graph", _small({"kind": "lstm", "peephole": True, "bidirectional": True}, "lstm-peephole-bi L=2", "float32", T=3)),
+    ("persistent", _small({"kind": "gru", "bptt": {"tail": 3}}, "gru L=2 tail", "float64", B=3)),
+    ("persistent", _small({"kind": "gru", "reset_after": False, "bidirectional": True}, "gru-before-bi L=2 tokens", "float32", tokens=True, T=3)),
+]
 
 
 def _passes(name, case):
@@ -251,13 +393,23 @@ def _passes(name, case):
     assert res.status == "pass", f"{res.status}: {res.reason}\n{res.details.get('traceback', '')}"
 
 
-@pytest.mark.parametrize("case", one_direction_elman_lstm(representative_cases()), ids=lambda c: f"{c.label} {c.dtype}")
+@pytest.mark.parametrize("case", representative_cases(), ids=lambda c: f"{c.label} {c.dtype}")
 def test_fused_conformance_representative(K, case):
     _passes("cuda:fused", case)
 
 
-@pytest.mark.parametrize("variant, case", VARIANT_CASES, ids=lambda v: v if isinstance(v, str) else v.label)
+@pytest.mark.parametrize("variant, case", VARIANT_CASES + GRU_BI_CASES,
+                         ids=lambda v: v if isinstance(v, str) else v.label)
 def test_each_variant_conforms(K, variant, case):
+    _passes(f"cuda:{variant}", case)
+
+
+@pytest.mark.fullmatrix
+@pytest.mark.parametrize("variant", ["naive", "grouped", "fused", "streams", "graph", "persistent"])
+@pytest.mark.parametrize("case", [c for c in all_cases(quick=True) if gru_or_bidirectional(c)],
+                         ids=lambda c: f"{c.label} {c.dtype}")
+def test_every_variant_on_the_quick_gru_and_bidirectional_matrix(K, variant, case):
+    """Each variant on the quick matrix's GRU and bidirectional cases, the realistic ones included."""
     _passes(f"cuda:{variant}", case)
 
 
@@ -284,6 +436,14 @@ def test_variants_default_and_unsupported_reason():
     ok, why = backends.create("cuda:persistent").supports(big)
     assert not ok and why.startswith("unsupported: ") and "registers" in why
     assert backends.create("cuda:fused").supports(big) == (True, "")
+    for model in ({"kind": "gru", "reset_after": False, "hidden": 64, "layers": 2},
+                  {"kind": "lstm", "bidirectional": True, "hidden": 64}):
+        problem = Problem(ModelSpec.from_mapping(model), 8, 8, False, device="gpu")
+        for variant in cls.variants:
+            assert backends.create(f"cuda:{variant}").supports(problem) == (True, ""), (variant, model)
+    big_gru = Problem(ModelSpec.from_mapping({"kind": "gru", "hidden": 2048}), 8, 8, False, device="gpu")
+    ok, why = backends.create("cuda:persistent").supports(big_gru)
+    assert not ok and "registers" in why
 
 
 def test_truncated_depths_match_per_output_windows(K):
@@ -305,4 +465,5 @@ def test_kernels_compile_for_a_gpu_without_one():
     proc = subprocess.run([sys.executable, "-m", "backends.cuda.compile_check", "--arch", "90"], env=env,
                           cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("compiled ") == 9 and "_persistent_kernel" in proc.stdout
+    assert proc.stdout.count("compiled ") == 17 and "_persistent_kernel" in proc.stdout
+    assert proc.stdout.count("_persistent_gru_kernel") == 2 and "_gru_bwd_reset_kernel" in proc.stdout

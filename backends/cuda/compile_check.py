@@ -36,6 +36,7 @@ def compile_all(arch: int = 90, dtype: str = "fp32") -> list[str]:
 
     from backends.cuda import elementwise as E
     from backends.cuda import elman as M
+    from backends.cuda import gru as R
     from backends.cuda import interpreting
     from backends.cuda import lstm as L
     from backends.cuda import persistent as P
@@ -50,6 +51,18 @@ def compile_all(arch: int = 90, dtype: str = "fp32") -> list[str]:
          dict(num_warps=8, launch_cooperative_grid=True)),
         (P._persistent_kernel, dict(LSTM=False, ACT=1, PEEP=False, STORE=False, BLOCK_B=1, BLOCK_H=1, H_PAD=4,
                                     MAX_SPIN=P.MAX_SPIN), {"bar_ptr": "*i32", "err_ptr": "*i32"}, {}),
+        (P._persistent_gru_kernel, dict(RESET_AFTER=True, HAS_BHN=True, STORE=True, BLOCK_B=8, BLOCK_H=4, H_PAD=512,
+                                        MAX_SPIN=P.MAX_SPIN), {"bar_ptr": "*i32", "err_ptr": "*i32"},
+         dict(num_warps=8, launch_cooperative_grid=True)),
+        (P._persistent_gru_kernel, dict(RESET_AFTER=False, HAS_BHN=False, STORE=True, BLOCK_B=8, BLOCK_H=4,
+                                        H_PAD=512, MAX_SPIN=P.MAX_SPIN), {"bar_ptr": "*i32", "err_ptr": "*i32"},
+         dict(num_warps=8, launch_cooperative_grid=True)),
+        (R._gru_fwd_kernel, dict(HAS_REC=True, HAS_BHN=True, STORE=True, BLOCK=1024), None, {}),
+        (R._gru_reset_kernel, dict(HAS_REC=True, BLOCK=1024), None, {}),
+        (R._gru_new_kernel, dict(HAS_REC=True, BLOCK=1024), None, {}),
+        (R._gru_bwd_kernel, dict(HAS_DHO=True, HAS_DHR=True, HAS_DC=True, BLOCK=1024), None, {}),
+        (R._gru_bwd_new_kernel, dict(HAS_DHO=True, HAS_DHR=True, HAS_DC=True, BLOCK=1024), None, {}),
+        (R._gru_bwd_reset_kernel, dict(BLOCK=1024), None, {}),
         (L._lstm_fwd_kernel, dict(HAS_REC=True, PEEP=True, STORE=True, BLOCK=1024), None, {}),
         (L._lstm_bwd_kernel, dict(HAS_DHO=True, HAS_DHR=True, HAS_DC=True, PEEP=True, BLOCK=1024), None, {}),
         (M._elman_fwd_kernel, dict(HAS_REC=True, ACT=0, BLOCK=1024), None, {}),

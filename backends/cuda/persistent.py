@@ -13,6 +13,9 @@ program per multiprocessor and the launch is cooperative; a barrier that waits l
 Under Triton's interpreter programs run one after another, so the wrapper launches a single
 program owning every unit: the same code, the barrier trivially passed.
 
+The GRU has a kernel of its own (``run_gru_layer``): its reset-before form needs every unit's
+``r * h_prev`` before any unit's ``n``, a second grid barrier inside each step.
+
 Layouts: ``pre (T, B, G)`` the hoisted input projection with the bias (``G = 4H`` LSTM, ``H``
 Elman), ``w_t (G, H)`` the pre-transposed ``W_hh``, ``hs``/``cs (T+1, B, H)`` with the starting
 state at index 0, ``gates (T, B, 4H)`` written when ``STORE`` (training).
@@ -115,6 +118,76 @@ def _persistent_kernel(pre_ptr, w_ptr, hs_ptr, cs_ptr, gates_ptr, pi_ptr, pf_ptr
             spins = _grid_barrier(bar_ptr, err_ptr, (t + 1) * nprog, spins, MAX_SPIN)
 
 
+@triton.jit
+def _persistent_gru_kernel(pre_ptr, w_ptr, bhn_ptr, hs_ptr, gates_ptr, bar_ptr, err_ptr, T, B, H,
+                           RESET_AFTER: tl.constexpr, HAS_BHN: tl.constexpr, STORE: tl.constexpr,
+                           BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, H_PAD: tl.constexpr, MAX_SPIN: tl.constexpr):
+    """The GRU's recurrence (gates r, z, n; ``gates`` (T, B, 4H) as backends.cuda.gru lays it out).
+
+    Reset after: one pass per step, as the LSTM. Reset before: ``n`` needs ``(r * h_prev) W_hn`` over
+    every unit's ``r``, so a step is two passes with a grid barrier between them: r, z and
+    ``rh = r * h_prev`` into ``gates``, then ``n`` and ``h`` from the whole ``rh``."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    j = pid * BLOCK_H + tl.arange(0, BLOCK_H)
+    jm = j < H
+    k = tl.arange(0, H_PAD)
+    km = k < H
+    wmask = km[:, None] & jm[None, :]
+    wr = tl.load(w_ptr + (0 * H + j)[None, :] * H + k[:, None], mask=wmask, other=0.0)
+    wz = tl.load(w_ptr + (1 * H + j)[None, :] * H + k[:, None], mask=wmask, other=0.0)
+    wn = tl.load(w_ptr + (2 * H + j)[None, :] * H + k[:, None], mask=wmask, other=0.0)
+    if HAS_BHN:
+        bhn = tl.load(bhn_ptr + j, mask=jm, other=0.0)[None, :]
+    spins = 0
+    for t in range(T):
+        for b0 in range(0, B, BLOCK_B):
+            rb = b0 + tl.arange(0, BLOCK_B)
+            bm = rb < B
+            om = bm[:, None] & jm[None, :]
+            hprev = tl.load(hs_ptr + t * B * H + rb[:, None] * H + k[None, :], mask=bm[:, None] & km[None, :],
+                            other=0.0, volatile=True)
+            hp = tl.load(hs_ptr + t * B * H + rb[:, None] * H + j[None, :], mask=om, other=0.0)
+            pre = pre_ptr + t * B * 3 * H + rb[:, None] * 3 * H + j[None, :]
+            gout = gates_ptr + t * B * 4 * H + rb[:, None] * 4 * H + j[None, :]
+            r = sigmoid(tl.load(pre, mask=om, other=0.0) + _matvec(hprev, wr))
+            z = sigmoid(tl.load(pre + H, mask=om, other=0.0) + _matvec(hprev, wz))
+            if RESET_AFTER:
+                un = _matvec(hprev, wn)
+                if HAS_BHN:
+                    un += bhn
+                n = tanh(tl.load(pre + 2 * H, mask=om, other=0.0) + r * un)
+                tl.store(hs_ptr + (t + 1) * B * H + rb[:, None] * H + j[None, :], (1.0 - z) * n + z * hp, mask=om)
+                if STORE:
+                    tl.store(gout, r, mask=om)
+                    tl.store(gout + H, z, mask=om)
+                    tl.store(gout + 2 * H, n, mask=om)
+                    tl.store(gout + 3 * H, un, mask=om)
+            else:
+                tl.store(gout, r, mask=om)
+                tl.store(gout + H, z, mask=om)
+                tl.store(gout + 3 * H, r * hp, mask=om)
+        if not RESET_AFTER:
+            spins = _grid_barrier(bar_ptr, err_ptr, (2 * t + 1) * nprog, spins, MAX_SPIN)  # two per step
+            for b0 in range(0, B, BLOCK_B):
+                rb = b0 + tl.arange(0, BLOCK_B)
+                bm = rb < B
+                om = bm[:, None] & jm[None, :]
+                gin = gates_ptr + t * B * 4 * H + rb[:, None] * 4 * H
+                rh = tl.load(gin + 3 * H + k[None, :], mask=bm[:, None] & km[None, :], other=0.0, volatile=True)
+                z = tl.load(gin + H + j[None, :], mask=om, other=0.0)
+                hp = tl.load(hs_ptr + t * B * H + rb[:, None] * H + j[None, :], mask=om, other=0.0)
+                pre = pre_ptr + t * B * 3 * H + rb[:, None] * 3 * H + j[None, :]
+                n = tanh(tl.load(pre + 2 * H, mask=om, other=0.0) + _matvec(rh, wn))
+                tl.store(gin + 2 * H + j[None, :], n, mask=om)
+                tl.store(hs_ptr + (t + 1) * B * H + rb[:, None] * H + j[None, :], (1.0 - z) * n + z * hp, mask=om)
+        if t + 1 < T:
+            if RESET_AFTER:
+                spins = _grid_barrier(bar_ptr, err_ptr, (t + 1) * nprog, spins, MAX_SPIN)
+            else:
+                spins = _grid_barrier(bar_ptr, err_ptr, (2 * t + 2) * nprog, spins, MAX_SPIN)
+
+
 def plan(H: int, B: int, device) -> dict:
     """Block sizes and grid: one program per multiprocessor at most (co-residency for the barrier)."""
     h_pad = next_pow2(H)
@@ -153,6 +226,36 @@ def run_layer(pre, w_t, hs, cs, gates, peep, lstm: bool, activation: str = "tanh
     _persistent_kernel[(p["programs"],)](
         pre, w_t, hs, cs if cs is not None else hs, gates if gates is not None else pre, pi, pf, po, bar, bar[1:],
         T, B, H, LSTM=lstm, ACT=ACT_CODES[activation], PEEP=peep is not None, STORE=gates is not None,
+        BLOCK_B=p["BLOCK_B"], BLOCK_H=p["BLOCK_H"], H_PAD=p["H_PAD"], MAX_SPIN=MAX_SPIN, **extra)
+    return bar
+
+
+def run_gru_layer(pre, w_t, b_hn, hs, gates, reset_after: bool, num_warps: int = 8, block_b: int | None = None,
+                  block_h: int | None = None):
+    """Every step of one GRU layer: fills ``hs[1:]`` from ``hs[0]``; ``pre (T, B, 3H)``, ``w_t (3H, H)``,
+    ``b_hn`` None without bias. ``gates (T, B, 4H)`` is written for training; reset before needs it
+    always (its ``z`` and ``rh`` cross the mid-step barrier through it), reset after takes None for
+    inference. Returns the barrier pair, as :func:`run_layer`."""
+    import torch
+
+    T, B, H = hs.shape[0] - 1, hs.shape[1], hs.shape[2]
+    if gates is None and not reset_after:
+        raise ValueError("a reset-before GRU layer passes r * h_prev between its programs through gates")
+    for t in (pre, w_t, b_hn, hs, gates):
+        assert t is None or t.is_contiguous()
+    p = plan(H, B, hs.device)
+    if block_b is not None:
+        p["BLOCK_B"] = block_b
+    if block_h is not None:
+        p["BLOCK_H"], p["programs"] = block_h, triton.cdiv(H, block_h)
+        if interpreting() and p["programs"] > 1 and (T > 1 or not reset_after):
+            raise ValueError("under the interpreter programs run one after another: several need T == 1 "
+                             "and no barrier inside a step (reset after)")
+    bar = torch.zeros(2, dtype=torch.int32, device=hs.device)
+    extra = {"num_warps": num_warps, "launch_cooperative_grid": True} if p["cooperative"] else {}
+    _persistent_gru_kernel[(p["programs"],)](
+        pre, w_t, b_hn if b_hn is not None else hs, hs, gates if gates is not None else pre, bar, bar[1:], T, B, H,
+        RESET_AFTER=reset_after, HAS_BHN=b_hn is not None, STORE=gates is not None,
         BLOCK_B=p["BLOCK_B"], BLOCK_H=p["BLOCK_H"], H_PAD=p["H_PAD"], MAX_SPIN=MAX_SPIN, **extra)
     return bar
 
