@@ -76,7 +76,10 @@ class Backend:
 
     @classmethod
     def environment_variables(cls, variant: str, threads: int, device: str, dtype: str) -> dict[str, str]:
-        """Variables the worker must set before importing this backend's library."""
+        """Variables the worker must set before importing this backend's library, beyond the thread
+        counts: the harness sets every thread variable of BLAS and OpenMP (``OMP_NUM_THREADS``,
+        ``OPENBLAS_NUM_THREADS``, ...) to the cell's ``threads`` for every backend, and hands the
+        count to :meth:`prepare` for libraries that take it at run time."""
         return {}
 
     def versions(self) -> dict[str, str]:

@@ -748,12 +748,6 @@ class NumpyBackend(Backend):
             return _WildML.supports(problem)
         return True, ""
 
-    @classmethod
-    def environment_variables(cls, variant: str, threads: int, device: str, dtype: str) -> dict[str, str]:
-        """NumPy's BLAS reads its thread count when it loads."""
-        n = str(threads)
-        return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n}
-
     def prepare(self, problem: Problem, params: dict[str, np.ndarray], device: str = "cpu", threads: int = 1) -> None:
         """Copy the parameters in the problem's dtype; buffers follow on the first batch."""
         self.problem = problem

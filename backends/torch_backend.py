@@ -75,11 +75,6 @@ class TorchBackend(Backend):
             return unsupported("torch:fused: nn.LSTM has no peephole connections")
         return True, ""
 
-    @classmethod
-    def environment_variables(cls, variant: str, threads: int, device: str, dtype: str) -> dict[str, str]:
-        """OpenMP reads its thread count once, at torch's import."""
-        return {"OMP_NUM_THREADS": str(threads)}
-
     def versions(self) -> dict[str, str]:
         """numpy, torch, and the CUDA / cuDNN / oneDNN builds torch carries."""
         out = super().versions()

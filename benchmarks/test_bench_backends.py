@@ -73,7 +73,7 @@ def test_backend(benchmark, cell_id):
         warm = state.warmup(cell.timing.warmup)  # compile / JIT (timed as compile_s), then warm-up calls
         columns = schema.cell_columns(cell)
         benchmark.group = benchmark_group(columns)
-        benchmark.extra_info.update(columns, baseline=cell.baseline, compile_s=warm["compile_s"])
+        benchmark.extra_info.update(columns, baseline=cell.baseline, compile_s=warm.compile_s)
 
         def call():
             state.call()

@@ -52,21 +52,21 @@ class FakeWorker:
             key = (self.label, req.problem["batch"])
             self.n_pass = sum(1 for k in FakeWorker.spawned if k == key)
             FakeWorker.spawned.append(key)
-            return protocol.Reply("ok", {"versions": {}, "data_meta": {}})
+            return protocol.Reply("ok", protocol.InitReply({}, "3", {}))
         if isinstance(req, protocol.WarmUp):
-            return protocol.Reply("ok", {"compile_s": 0.0}, peak_rss_mb=1.0)
+            return protocol.Reply("ok", protocol.WarmUpReply(0.0, 0.0), peak_rss_mb=1.0)
         if isinstance(req, protocol.Verify):
-            return protocol.Reply("ok", {"ok": True, "ratio": 0.1, "worst": "W_hh", "bound": "b"})
+            return protocol.Reply("ok", protocol.VerifyReply(True, "W_hh", 0.1, "b"))
         if isinstance(req, protocol.Calibrate):
-            return protocol.Reply("ok", {"inner": 1})
+            return protocol.Reply("ok", protocol.CalibrateReply(1, 1e-3))
         if isinstance(req, protocol.GemmPeak):
-            return protocol.Reply("ok", {"gflops": 1.0})
+            return protocol.Reply("ok", protocol.GemmPeakReply(1.0))
         if isinstance(req, protocol.Rounds):
             wobble = 1 + 0.001 * ((self.rounds * 7) % 5 - 2)  # a tiny, fixed pattern of noise
             t = BASE_S[self.label] * (1 + DRIFT[self.label] * (self.n_pass % 2)) * wobble
             self.rounds += 1
             FakeWorker.clock.ns += int(t * 1e9)
-            return protocol.Reply("ok", {"samples": [t]}, peak_rss_mb=1.0)
+            return protocol.Reply("ok", protocol.RoundsReply([t], 1.0), peak_rss_mb=1.0)
         raise AssertionError(f"unexpected request {req!r}")
 
     def pause(self):

@@ -256,7 +256,7 @@ class WorkerProcess:
         if reply.status != Status.OK:
             status = Status.OOM if any(m in reply.error for m in OOM_MARKERS) else Status.ERROR
             raise WorkerFailure(status, f"{reply.error}\n{reply.traceback}".strip())
-        return reply
+        return protocol.typed(req, reply)
 
     def _died(self) -> WorkerFailure:
         code = self._reap(10.0)

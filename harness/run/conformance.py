@@ -48,7 +48,7 @@ def _check_isolated(full_name: str, cases: list, quick: bool, device: str,
                 results.append(CaseResult(full_name, cases[i].label, cases[i].dtype, "error",
                                           f"check worker failed ({exc.status}): {exc}"))
                 break
-            got = [CaseResult(**r) for r in reply["results"]]
+            got = [CaseResult(**r) for r in reply.body.results]
             results += got
             if any(r.case == "*" for r in got):  # the backend or device is out: nothing per case
                 break

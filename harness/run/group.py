@@ -12,7 +12,7 @@ by the same rule.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from harness.run import envs, machine, measure, protocol
 from harness.run.client import WorkerFailure, WorkerProcess, worker_settings
@@ -200,11 +200,12 @@ class GroupRun:
             budget = cell.train.time_budget_s
             timeout = cell.timing.timeout_s + (3 * budget if budget else 0)
             result = worker.request(protocol.Train(protocol.TrainSettings.of(cell.train, cell.seed)), timeout)
-            outcome.train = result.body
-            outcome.samples = result["step_samples"]
+            trained = result.body
+            outcome.train = asdict(trained)  # kept in run.json between passes, made into rows and curves
+            outcome.samples = trained.step_samples
             outcome.peak_rss_mb = result.peak_rss_mb
-            if result["status"] != Status.OK:
-                outcome.status, outcome.error = result["status"], str(result["stop"])
+            if trained.status != Status.OK:
+                outcome.status, outcome.error = trained.status, str(trained.stop)
         except WorkerFailure as exc:
             outcome.status, outcome.error = exc.status, str(exc)
         finally:
@@ -241,7 +242,7 @@ class GroupRun:
                 if cid in inner:  # calibrated in an earlier pass: every pass runs the same rounds
                     continue
                 try:  # the processes of a cell run the same code on the same data: one calibration
-                    inner[cid] = alone(cid).request(protocol.Calibrate(policy.target_round_s), policy.timeout_s)["inner"]
+                    inner[cid] = alone(cid).request(protocol.Calibrate(policy.target_round_s), policy.timeout_s).body.inner
                 except WorkerFailure as exc:
                     fail(cid, exc)
             rule.start_pass(state.passes_done, {c: samples[c] for c in alive})
@@ -261,7 +262,7 @@ class GroupRun:
                 for cid in list(alive):
                     try:
                         reply = alone(cid, k).request(protocol.Rounds(1, inner[cid]), policy.timeout_s)
-                        samples[cid] += reply["samples"]
+                        samples[cid] += reply.body.samples
                         outcomes[cid].peak_rss_mb = max(outcomes[cid].peak_rss_mb or 0.0, reply.peak_rss_mb or 0.0)
                     except WorkerFailure as exc:
                         fail(cid, exc)
@@ -309,15 +310,15 @@ class GroupRun:
             describe(f"{cell.backend}: starting")
             init = worker.request(protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed,
                                                 cell.threads, cell.train.lr), timing.timeout_s)
-            outcome.versions, outcome.data_meta = init.get("versions"), init.get("data_meta")
+            outcome.versions, outcome.data_meta = init.body.versions, init.body.data_meta
             describe(f"{cell.backend}: compiling / warming up")
             # training must start from the shared initial parameters: compile only, no warm steps
             n_warm = 0 if p.workload == "train" else timing.warmup
             warm = worker.request(protocol.WarmUp(n_warm), timing.timeout_s)
-            outcome.compile_s, outcome.peak_rss_mb = warm["compile_s"], warm.peak_rss_mb
+            outcome.compile_s, outcome.peak_rss_mb = warm.body.compile_s, warm.peak_rss_mb
             if p.workload != "train" and timing.verify and verify:
                 describe(f"{cell.backend}: verifying against the reference")
-                outcome.verify = worker.request(protocol.Verify(), timing.timeout_s).body
+                outcome.verify = asdict(worker.request(protocol.Verify(), timing.timeout_s).body)
                 if not outcome.verify["ok"]:
                     v = outcome.verify
                     raise WorkerFailure(Status.MISMATCH, f"does not match the reference on this cell: {v['worst']} "

@@ -37,12 +37,82 @@ class TrainSettings:
         return cls(**{f.name: getattr(train, f.name) for f in fields(cls) if f.name != "seed"}, seed=seed)
 
 
+# -- reply bodies ---------------------------------------------------------------------
+# What each request is answered with, typed: the worker builds one, the client reads its fields
+# (:func:`typed` turns a reply's JSON body back into it).
+@dataclass
+class InitReply:
+    versions: dict  # the backend's library versions
+    python: str
+    data_meta: dict  # what the task's data says of itself (e.g. its loss floor)
+
+
+@dataclass
+class WarmUpReply:
+    compile_s: float  # the first call (compile, JIT, tuning)
+    warm_s: float  # the untimed calls after it, together
+
+
+@dataclass
+class VerifyReply:
+    ok: bool  # within the bound
+    worst: str  # the tensor furthest from the reference, relative to its bound
+    ratio: float  # its error over its bound (<= 1: within)
+    bound: str  # the bound, as the check describes it
+
+
+@dataclass
+class CalibrateReply:
+    inner: int  # calls per round
+    one_s: float  # the one call it was calibrated from
+
+
+@dataclass
+class RoundsReply:
+    samples: list  # seconds per call, one per round
+    loss: float | None  # the last call's loss
+
+
+@dataclass
+class TrainReply:
+    curve: list  # evaluation and training points: epoch, examples, wall_s, loss, split
+    step_samples: list  # seconds of each SGD step
+    train_s: float
+    eval_s: float
+    time_to_target_s: float | None
+    stop: str | None  # why training stopped (target, time_budget, epochs) or what diverged
+    status: str  # ok or diverged
+    examples: int
+    final_lr: float
+
+
+@dataclass
+class CheckReply:
+    results: list  # one CaseResult (as a mapping) per case
+
+
+@dataclass
+class GemmPeakReply:
+    gflops: float
+
+
+@dataclass
+class GpuRoofsReply:
+    rates: dict  # device name, GEMM GFLOP/s (fp32, tf32, fp64) and bandwidth GB/s
+
+
+@dataclass
+class QuitReply:
+    pass
+
+
 # -- requests ---------------------------------------------------------------------------
 @dataclass
 class Request:
     """A message to the worker; ``cmd`` names it on the wire."""
 
     cmd: ClassVar[str] = ""
+    Body: ClassVar[type] = dict  # the type of the reply's body
 
 
 @dataclass
@@ -50,6 +120,7 @@ class Init(Request):
     """Build the cell: its backend, data and initial parameters."""
 
     cmd: ClassVar[str] = "init"
+    Body: ClassVar[type] = InitReply
     backend: str
     problem: dict
     task: dict
@@ -63,6 +134,7 @@ class WarmUp(Request):
     """Compile (timed as ``compile_s``), then ``n`` untimed calls."""
 
     cmd: ClassVar[str] = "warmup"
+    Body: ClassVar[type] = WarmUpReply
     n: int
 
 
@@ -71,6 +143,7 @@ class Verify(Request):
     """This cell's own next step against the reference."""
 
     cmd: ClassVar[str] = "verify"
+    Body: ClassVar[type] = VerifyReply
 
 
 @dataclass
@@ -78,6 +151,7 @@ class Calibrate(Request):
     """Time one call; answer the inner loop count that makes a round last ``round_s``."""
 
     cmd: ClassVar[str] = "calibrate"
+    Body: ClassVar[type] = CalibrateReply
     round_s: float
 
 
@@ -86,6 +160,7 @@ class Rounds(Request):
     """``n`` timed rounds of ``inner`` calls each."""
 
     cmd: ClassVar[str] = "rounds"
+    Body: ClassVar[type] = RoundsReply
     n: int
     inner: int
 
@@ -95,6 +170,7 @@ class Train(Request):
     """SGD epochs from the shared initial parameters, with a loss curve."""
 
     cmd: ClassVar[str] = "train"
+    Body: ClassVar[type] = TrainReply
     settings: TrainSettings
 
     @classmethod
@@ -107,6 +183,7 @@ class Check(Request):
     """Conformance of one backend against the reference (``harness check``), in the worker's environment."""
 
     cmd: ClassVar[str] = "check"
+    Body: ClassVar[type] = CheckReply
     backend: str
     device: str = "cpu"
     quick: bool = False
@@ -119,6 +196,7 @@ class GemmPeak(Request):
     """The machine's best GFLOP/s of an ``n`` x ``n`` x ``n`` NumPy GEMM."""
 
     cmd: ClassVar[str] = "gemm_peak"
+    Body: ClassVar[type] = GemmPeakReply
     dtype: str
     n: int
 
@@ -128,6 +206,7 @@ class GpuRoofs(Request):
     """The GPU's measured roofs: GEMM rates (TF32 off and on, float64) and memory bandwidth."""
 
     cmd: ClassVar[str] = "gpu_roofs"
+    Body: ClassVar[type] = GpuRoofsReply
     n: int = 4096
 
 
@@ -136,10 +215,18 @@ class Quit(Request):
     """End the worker."""
 
     cmd: ClassVar[str] = "quit"
+    Body: ClassVar[type] = QuitReply
 
 
 REQUESTS: dict[str, type[Request]] = {c.cmd: c for c in (Init, WarmUp, Verify, Calibrate, Rounds, Train, Check, GemmPeak,
                                                              GpuRoofs, Quit)}
+
+
+def typed(req: Request, reply: "Reply") -> "Reply":
+    """The reply with its body as ``req``'s body type (an ok reply's; a failed one carries none)."""
+    if reply.status == "ok" and isinstance(reply.body, dict) and req.Body is not dict:
+        reply.body = req.Body(**reply.body)
+    return reply
 
 
 def _fields(obj) -> dict:
@@ -166,7 +253,9 @@ def decode_request(line: str) -> Request:
 @dataclass
 class Reply:
     """A worker's answer. ``status`` is ``ok``, ``error`` (with ``traceback``) or ``diverged``;
-    ``body`` holds the request's results; every reply carries the worker's peak RSS so far."""
+    ``body`` holds the request's results: its ``Body`` type (the worker builds it, and the client
+    reads it back with :func:`typed`), a mapping on the wire; every reply carries the worker's peak
+    RSS so far."""
 
     status: str
     body: dict = field(default_factory=dict)
@@ -184,7 +273,7 @@ class Reply:
 
 def encode_reply(reply: Reply) -> str:
     """The reply's framed line (without the newline)."""
-    return REPLY_PREFIX + json.dumps(reply.__dict__)
+    return REPLY_PREFIX + json.dumps(reply.__dict__, default=_fields)
 
 
 def decode_reply(line: str) -> Reply | None:

@@ -18,7 +18,7 @@ def gemm_peaks(cells, known: dict[str, float], say=None, record=None) -> dict[st
         _, env = worker_environment("numpy", "cpu", dtype, threads, extra)
         w = WorkerProcess(None, env, "gemm-peak", record=record)
         try:
-            found[key] = w.request(protocol.GemmPeak(dtype, 1024), 120)["gflops"]
+            found[key] = w.request(protocol.GemmPeak(dtype, 1024), 120).body.gflops
         except WorkerFailure as exc:
             if say is not None:
                 say(f"warning: GEMM peak measurement failed: {exc}")
@@ -36,7 +36,7 @@ def gpu_roofs(cells, say=None, record=None) -> dict | None:
     _, env = worker_environment("torch", "gpu", "float32", 1, gpu_cells[0].env)
     w = WorkerProcess(None, env, "gpu-roofs", record=record)
     try:
-        return dict(w.request(protocol.GpuRoofs(), 300).body)
+        return dict(w.request(protocol.GpuRoofs(), 300).body.rates)
     except WorkerFailure as exc:
         if say is not None:
             say(f"note: GPU roofs not measured: {str(exc).splitlines()[0]}")

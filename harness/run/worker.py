@@ -122,25 +122,26 @@ class CellState:
             if not math.isfinite(loss):
                 raise DivergedError(f"loss became {loss}")
 
-    def warmup(self, n: int) -> dict:
+    def warmup(self, n: int) -> protocol.WarmUpReply:
         """Compile (timed as ``compile_s``), then ``n`` untimed calls (timed together as ``warm_s``)."""
         compile_s, _ = measure.time_once(lambda: self.backend.warm_up((self.x, self.y)), self.backend.sync)
         warm_s = measure.time_rounds(self.call, self.backend.sync, 1, n)[0] * n if n else 0.0
         self.check_finite()
-        return {"compile_s": compile_s, "warm_s": warm_s}
+        return protocol.WarmUpReply(compile_s, warm_s)
 
     def verify(self) -> dict:
-        """This cell's own next step (or forward pass) against the reference, on its own data."""
+        """This cell's own next step (or forward pass) against the reference, on its own data
+        (the fields of :class:`protocol.VerifyReply`)."""
         return verify_step(self.problem, self.backend, self.x, self.y, self.lr)
 
     def rounds(self, n: int, inner: int) -> list[float]:
         """``n`` rounds of ``inner`` calls each; seconds per call of each round."""
         return measure.time_rounds(self.call, self.backend.sync, n, inner, after_round=self.check_finite)
 
-    def calibrate(self, round_s: float) -> dict:
+    def calibrate(self, round_s: float) -> protocol.CalibrateReply:
         """The inner loop count that makes one round last about ``round_s``."""
         one = self.rounds(1, 1)[0]
-        return {"inner": measure.calibrate(one, round_s), "one_s": one}
+        return protocol.CalibrateReply(measure.calibrate(one, round_s), one)
 
     def evaluate(self) -> float:
         """Loss on the fixed evaluation set, in minibatches of the training batch size."""
@@ -156,7 +157,7 @@ class CellState:
             count += B
         return total / count
 
-    def train(self, cfg: protocol.TrainSettings) -> dict:
+    def train(self, cfg: protocol.TrainSettings) -> protocol.TrainReply:
         """SGD epochs from the shared initial parameters; the clock counts training steps only."""
         B = self.problem.batch
         N = self.data.n_sequences
@@ -218,9 +219,9 @@ class CellState:
                 do_eval(cfg.epochs - 1 if stop == "epochs" else epoch)
         except DivergedError as exc:
             status, stop = Status.DIVERGED, str(exc)
-        return {"curve": curve, "step_samples": steps, "train_s": step_clock.total_s, "eval_s": eval_clock.total_s,
-                "time_to_target_s": time_to_target, "stop": stop, "status": status,
-                "examples": examples, "final_lr": lr}
+        return protocol.TrainReply(curve=curve, step_samples=steps, train_s=step_clock.total_s,
+                                   eval_s=eval_clock.total_s, time_to_target_s=time_to_target, stop=stop,
+                                   status=status, examples=examples, final_lr=lr)
 
 
 def gemm_peak(dtype: str, n: int = 1024, seconds: float = 0.5) -> float:
@@ -249,35 +250,35 @@ def check(req: protocol.Check) -> list[dict]:
     return [asdict(r) for r in check_backend(req.backend, device=req.device, cases=cases)]
 
 
-def _init(cell, req: protocol.Init) -> tuple[CellState, dict]:
+def _init(cell, req: protocol.Init) -> tuple[CellState, protocol.InitReply]:
     cell = CellState(req)
-    return cell, {"versions": cell.backend.versions(), "python": sys.version.split()[0], "data_meta": cell.data.meta}
+    return cell, protocol.InitReply(cell.backend.versions(), sys.version.split()[0], cell.data.meta)
 
 
-def _rounds(cell: CellState, req: protocol.Rounds) -> dict:
+def _rounds(cell: CellState, req: protocol.Rounds) -> protocol.RoundsReply:
     samples = cell.rounds(req.n, req.inner)
-    return {"samples": samples, "loss": None if cell.last_loss is None else float(cell.last_loss)}
+    return protocol.RoundsReply(samples, None if cell.last_loss is None else float(cell.last_loss))
 
 
 # requests that need no cell, and requests to the cell: cmd -> what answers it
 _SERVICES = {
     "init": _init,
-    "quit": lambda cell, req: (cell, {}),
-    "gemm_peak": lambda cell, req: (cell, {"gflops": gemm_peak(req.dtype, req.n)}),
-    "gpu_roofs": lambda cell, req: (cell, _gpu_roofs(req.n)),
-    "check": lambda cell, req: (cell, {"results": check(req)}),
+    "quit": lambda cell, req: (cell, protocol.QuitReply()),
+    "gemm_peak": lambda cell, req: (cell, protocol.GemmPeakReply(gemm_peak(req.dtype, req.n))),
+    "gpu_roofs": lambda cell, req: (cell, protocol.GpuRoofsReply(_gpu_roofs(req.n))),
+    "check": lambda cell, req: (cell, protocol.CheckReply(check(req))),
 }
 _CELL_REQUESTS = {
     "warmup": lambda cell, req: cell.warmup(req.n),
-    "verify": lambda cell, req: cell.verify(),
+    "verify": lambda cell, req: protocol.VerifyReply(**cell.verify()),
     "calibrate": lambda cell, req: cell.calibrate(req.round_s),
     "rounds": _rounds,
     "train": lambda cell, req: cell.train(req.settings),
 }
 
 
-def handle(cell: CellState | None, req: protocol.Request) -> tuple[CellState | None, dict]:
-    """Carry out one request; the (possibly new) cell state and the reply's body."""
+def handle(cell: CellState | None, req: protocol.Request) -> tuple[CellState | None, object]:
+    """Carry out one request; the (possibly new) cell state and the reply's body (of ``req.Body``)."""
     if req.cmd in _SERVICES:
         return _SERVICES[req.cmd](cell, req)
     if cell is None:
