@@ -243,7 +243,7 @@ def _step_bwd(n: _Net, W, ep, res, d_new):
     return jnp.concatenate([da_r, da_z, da_n], axis=-1), (d_prev,), {}
 
 
-def _weight_grads(n: _Net, W, ep, res, das):
+def _weight_grads(n: _Net, ep, res, das):
     """``(dL/dW, dL/d ep)`` from every step's residuals and ``dL/d a``: GEMMs over all steps' rows
     (the peepholes' gradients are summed inside the backward loop)."""
     import jax.numpy as jnp
@@ -323,7 +323,7 @@ def _recurrence(n: _Net, reverse: bool):
 
         (d_state0, d_ep), das = _loop(n, body, (ct_final, jax.tree.map(jnp.zeros_like, loop_ep)),
                                       (steps, ct_hs, restart), ct_hs.shape[0], reverse=not reverse)
-        d_W, d_ep_after = _weight_grads(n, W, ep, steps, das)
+        d_W, d_ep_after = _weight_grads(n, ep, steps, das)
         # layer 0's input projection is shared by all truncation lanes
         d_a_x = das.sum(axis=1) if das.ndim > a_x_ndim else das
         return d_W, (d_ep_after if n.gru else d_ep), d_a_x, d_state0, None
