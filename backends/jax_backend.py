@@ -6,8 +6,16 @@ Layout of the computation (per layer, then the head)::
     h_t = cell(a_x[t] + h_{t-1} W_hh)    lax.scan (or a Python loop) over t
     z   = h @ W_hy + b_y                 all T steps at once
 
+Every cell groups its gates in one GEMM per step: (H, 4H) for the LSTM, (H, 3H) for the GRU
+after the reset (gates r, z, n; ``r * (h W_hn + b_hn)``). The GRU before the reset needs ``r``
+before its candidate's product, so it takes two per step, ``h W_hh[:, :2H]`` then
+``(r * h) W_hh[:, 2H:]``, as every implementation of that form does. A bidirectional layer
+runs its reverse direction as a second scan with ``reverse=True`` (outputs stay in time
+order) and concatenates the two directions' outputs, (T, B, 2H).
+
 ``value_and_grad`` differentiates all of it; the recurrence alone has a custom VJP (a
-reverse scan that differentiates each step's elementwise part with ``jax.vjp``), so that
+reverse scan that differentiates each Elman or LSTM step's elementwise part with ``jax.vjp``;
+the GRU's step, split around its products, is differentiated by hand), so that
 ``dW_hh`` is one GEMM over all T*B rows after the loop instead of a thin product
 accumulated in every iteration: 11% less time per ``sgd_step`` at hidden 512 / batch 32,
 24% for an LSTM at hidden 256 / batch 16, unchanged at the WildML shape.
@@ -104,6 +112,7 @@ class _Net(NamedTuple):
     H: int
     dtype: Any  # jnp.dtype
     lstm: bool
+    gru: bool
     mode: str  # the effective bptt mode for T
     K: int | None
     n_lanes: int  # open truncation windows at once
@@ -111,7 +120,12 @@ class _Net(NamedTuple):
     in_name: str  # layer 0's input weights
     unroll: int
     python_loop: bool
-    recurrence: Any = None  # the layer recurrence with its hand-written VJP (see _recurrence)
+    recurrence: Any = None  # per direction, the layer recurrence with its hand-written VJP (see _recurrence)
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """Token input: each direction's layer-0 input weights, read as row tables (a gather)."""
+        return tuple(self.in_name + _sfx(0, d) for d in range(self.spec.directions)) if self.problem.tokens else ()
 
     @property
     def spec(self):
@@ -124,38 +138,41 @@ def _net(problem: Problem, unroll: int, python_loop: bool) -> _Net:
 
     spec, T = problem.model, problem.seq_len
     bptt = spec.bptt.effective(T)
-    lstm = spec.kind == "lstm"
     act = {"tanh": jnp.tanh, "relu": jax.nn.relu, "sigmoid": jax.nn.sigmoid}[spec.activation]
-    n = _Net(problem, T, problem.batch, spec.hidden, jnp.dtype(problem.dtype), lstm, bptt.mode, bptt.k,
-             bptt.k + 1 if bptt.mode == "truncated" else 1, act, "W_ih" if lstm else "W_xh", unroll, python_loop)
-    return n._replace(recurrence=_recurrence(n))
+    n = _Net(problem, T, problem.batch, spec.hidden, jnp.dtype(problem.dtype), spec.kind == "lstm",
+             spec.kind == "gru", bptt.mode, bptt.k, bptt.k + 1 if bptt.mode == "truncated" else 1, act,
+             spec.input_weight, unroll, python_loop)
+    return n._replace(recurrence=(_recurrence(n, False), _recurrence(n, True)))
 
 
-def _layer_params(n: _Net, p, layer):
-    s, spec = _sfx(layer), n.spec
+def _layer_params(n: _Net, p, layer, direction=0):
+    s, spec = _sfx(layer, direction), n.spec
     lp = {"W_hh": p["W_hh" + s]}
     if not (layer == 0 and n.problem.tokens):  # token rows arrive already gathered (``_embed``)
         lp["W_in"] = p[n.in_name + s]
     if spec.bias:
-        lp["b"] = p[("b" if n.lstm else "b_h") + s]
+        lp["b"] = p[spec.bias_name + s]
+        if n.gru and spec.reset_after:
+            lp["b_hn"] = p["b_hn" + s]
     if spec.peephole:
         lp.update(p_i=p["p_i" + s], p_f=p["p_f" + s], p_o=p["p_o" + s])
     return lp
 
 
 def _embed(n: _Net, p, x):
-    """Layer 0's ``x_t W_in`` rows for token ids (a gather, never one-hot); dense rows as they are."""
-    return p[n.in_name][x] if n.problem.tokens else x
+    """Layer 0's ``x_t W_in`` rows for token ids, one tuple entry per direction (a gather, never one-hot);
+    dense rows as they are."""
+    return tuple(p[t][x] for t in n.tables) if n.problem.tokens else x
 
 
-def _in_proj(n: _Net, lp, inp, layer):
+def _in_proj(n: _Net, lp, inp, layer, direction=0):
     """``x_t W_in (+ b)`` for every step at once: one GEMM, or the embedded token rows."""
-    a = inp if (layer == 0 and n.problem.tokens) else inp @ lp["W_in"]
+    a = inp[direction] if (layer == 0 and n.problem.tokens) else inp @ lp["W_in"]
     return a + lp["b"] if n.spec.bias else a
 
 
 def _point(n: _Net, peep, a, state_prev):
-    """The elementwise part of a step: pre-activation ``a`` -> new state ``(h,)`` or ``(h, c)``."""
+    """The elementwise part of an Elman or LSTM step: pre-activation ``a`` -> new state ``(h,)`` or ``(h, c)``."""
     import jax
     import jax.numpy as jnp
 
@@ -169,6 +186,80 @@ def _point(n: _Net, peep, a, state_prev):
     c = f * c + i * g
     o = jax.nn.sigmoid(ao + peep["p_o"] * c if n.spec.peephole else ao)
     return (o * jnp.tanh(c), c)
+
+
+def _step(n: _Net, W, ep, a_t, state):
+    """One step from the input pre-activation ``a_t``: ``(new state, what the backward step reads)``.
+
+    ``W`` is ``W_hh``, or for a reset-before GRU its pair ``(W_hh[:, :2H], W_hh[:, 2H:])``: the reset
+    gate comes between the two products. ``ep`` holds the elementwise parameters (peepholes, ``b_hn``)."""
+    import jax
+    import jax.numpy as jnp
+
+    h = state[0]
+    if not n.gru:
+        a = a_t + h @ W
+        return _point(n, ep, a, state), (a, state)
+    H2 = 2 * n.H
+    if n.spec.reset_after:  # gates r, z, n from one product h W_hh
+        u = h @ W
+        rz = jax.nn.sigmoid(a_t[..., :H2] + u[..., :H2])
+        un = u[..., H2:] + ep["b_hn"] if "b_hn" in ep else u[..., H2:]
+        r, z = rz[..., :n.H], rz[..., n.H:]
+        cand = jnp.tanh(a_t[..., H2:] + r * un)
+        res = (r, z, cand, h, un)
+    else:  # r before the second product: (r * h) W_hh[:, 2H:]
+        W_rz, W_n = W
+        rz = jax.nn.sigmoid(a_t[..., :H2] + h @ W_rz)
+        r, z = rz[..., :n.H], rz[..., n.H:]
+        cand = jnp.tanh(a_t[..., H2:] + (r * h) @ W_n)
+        res = (r, z, cand, h)
+    return (cand + z * (h - cand),), res
+
+
+def _step_bwd(n: _Net, W, ep, res, d_new):
+    """The step backwards: ``(dL/d a_t, dL/d previous state, dL/d ep)`` from ``dL/d new state``."""
+    import jax
+    import jax.numpy as jnp
+
+    if not n.gru:
+        a, state_prev = res
+        _, vjp = jax.vjp(lambda a_, s_, p_: _point(n, p_, a_, s_), a, state_prev, ep)
+        da, d_prev, dp = vjp(d_new)
+        return da, (d_prev[0] + da @ W.T,) + tuple(d_prev[1:]), dp
+    dh = d_new[0]
+    r, z, cand, h = res[:4]
+    da_n = dh * (1 - z) * (1 - cand * cand)
+    da_z = dh * (h - cand) * (z * (1 - z))
+    if n.spec.reset_after:
+        da_r = da_n * res[4] * (r * (1 - r))
+        du = jnp.concatenate([da_r, da_z, da_n * r], axis=-1)
+        d_prev = dh * z + du @ W.T
+    else:
+        W_rz, W_n = W
+        d_rh = da_n @ W_n.T
+        da_r = d_rh * h * (r * (1 - r))
+        d_prev = dh * z + d_rh * r + jnp.concatenate([da_r, da_z], axis=-1) @ W_rz.T
+    return jnp.concatenate([da_r, da_z, da_n], axis=-1), (d_prev,), {}
+
+
+def _weight_grads(n: _Net, ep, res, das):
+    """``(dL/dW, dL/d ep)`` from every step's residuals and ``dL/d a``: GEMMs over all steps' rows
+    (the peepholes' gradients are summed inside the backward loop)."""
+    import jax.numpy as jnp
+
+    def gemm(left, right):  # sum over steps (and lanes, rows) of left^T right
+        return left.reshape(-1, left.shape[-1]).T @ right.reshape(-1, right.shape[-1])
+
+    if not n.gru:
+        return gemm(res[1][0], das), None
+    H2 = 2 * n.H
+    r, h = res[0], res[3]
+    if n.spec.reset_after:
+        du_n = das[..., H2:] * r
+        d_W = gemm(h, jnp.concatenate([das[..., :H2], du_n], axis=-1))
+        return d_W, ({"b_hn": du_n.reshape(-1, n.H).sum(axis=0)} if "b_hn" in ep else {})
+    return (gemm(h, das[..., :H2]), gemm(r * h, das[..., H2:])), {}  # the pair W_hh was split into
 
 
 def _loop(n: _Net, body, carry, xs, length, reverse=False):
@@ -185,67 +276,69 @@ def _loop(n: _Net, body, carry, xs, length, reverse=False):
     return carry, jax.tree.map(lambda *v: jnp.stack(v), *ys)
 
 
-def _run_layer(n: _Net, W_hh, peep, a_x, state0, restart, keep: bool):
-    """Forward over the steps of ``a_x``: ``(final state, hs)``, plus the residuals when ``keep``."""
+def _run_layer(n: _Net, W, ep, a_x, state0, restart, keep: bool, reverse: bool):
+    """Forward over the steps of ``a_x`` (from the last one when ``reverse``): ``(final state, hs)``,
+    plus the residuals when ``keep``."""
 
     def body(state, xs):
         a_t, _ = xs
-        a = a_t + state[0] @ W_hh
-        new = _point(n, peep, a, state)
-        return new, ((new[0], a, state) if keep else new[0])
+        new, res = _step(n, W, ep, a_t, state)
+        return new, ((new[0], res) if keep else new[0])
 
-    final, ys = _loop(n, body, state0, (a_x, restart), a_x.shape[0])
-    return ((final, ys[0]), (W_hh, peep, ys[1], ys[2], restart, a_x.ndim)) if keep else (final, ys)
+    final, ys = _loop(n, body, state0, (a_x, restart), a_x.shape[0], reverse)
+    return ((final, ys[0]), (W, ep, ys[1], restart, a_x.ndim)) if keep else (final, ys)
 
 
-def _recurrence(n: _Net):
-    """One layer's recurrence ``(W_hh, peep, a_x, state0, restart) -> (final state, hs)``.
+def _recurrence(n: _Net, reverse: bool):
+    """One layer's recurrence ``(W, ep, a_x, state0, restart) -> (final state, hs)``, run from the last
+    step to the first when ``reverse`` (a bidirectional layer's reverse direction; hs stay in time order).
 
     It gets a hand-written VJP for one reason: the weight gradient dW_hh = sum_t h_{t-1}^T da_t
     becomes one GEMM over all T*B rows after the loop, where AD of the scan would accumulate a
-    thin (H, G) product in every iteration. Each step's elementwise part is still differentiated
-    by jax.vjp."""
+    thin (H, G) product in every iteration. Each Elman or LSTM step's elementwise part is still
+    differentiated by jax.vjp; the GRU's step (two products before the reset) is written out."""
     import jax
     import jax.numpy as jnp
 
     @jax.custom_vjp
-    def recurrence(W_hh, peep, a_x, state0, restart):
-        return _run_layer(n, W_hh, peep, a_x, state0, restart, keep=False)
+    def recurrence(W, ep, a_x, state0, restart):
+        return _run_layer(n, W, ep, a_x, state0, restart, False, reverse)
 
-    def recurrence_fwd(W_hh, peep, a_x, state0, restart):
-        return _run_layer(n, W_hh, peep, a_x, state0, restart, keep=True)
+    def recurrence_fwd(W, ep, a_x, state0, restart):
+        return _run_layer(n, W, ep, a_x, state0, restart, True, reverse)
 
     def recurrence_bwd(res, cts):
-        W_hh, peep, pre, prev, restart, a_x_ndim = res
+        W, ep, steps, restart, a_x_ndim = res
         ct_final, ct_hs = cts
+        loop_ep = {} if n.gru else ep  # the GRU's b_hn gradient is a sum after the loop
 
         def body(carry, xs):
-            d_state, d_peep = carry
-            a, state_prev, ct_h, r_t = xs
+            d_state, d_ep = carry
+            res_t, ct_h, r_t = xs
             d_new = (d_state[0] + ct_h,) + tuple(d_state[1:])
-            _, vjp = jax.vjp(lambda a_, s_, p_: _point(n, p_, a_, s_), a, state_prev, peep)
-            da, d_prev, dp = vjp(d_new)
-            d_prev = (d_prev[0] + da @ W_hh.T,) + tuple(d_prev[1:])
+            da, d_prev, dp = _step_bwd(n, W, ep, res_t, d_new)
             if r_t is not None:  # a lane that restarts here saw its incoming state as a constant
                 d_prev = tuple(jnp.where(r_t[:, None, None], jnp.zeros_like(d), d) for d in d_prev)
-            return (d_prev, jax.tree.map(jnp.add, d_peep, dp)), da
+            return (d_prev, jax.tree.map(jnp.add, d_ep, dp)), da
 
-        (d_state0, d_peep), das = _loop(n, body, (ct_final, jax.tree.map(jnp.zeros_like, peep)),
-                                        (pre, prev, ct_hs, restart), pre.shape[0], reverse=True)
-        h_prev = prev[0]
-        d_W_hh = h_prev.reshape(-1, h_prev.shape[-1]).T @ das.reshape(-1, das.shape[-1])
+        (d_state0, d_ep), das = _loop(n, body, (ct_final, jax.tree.map(jnp.zeros_like, loop_ep)),
+                                      (steps, ct_hs, restart), ct_hs.shape[0], reverse=not reverse)
+        d_W, d_ep_after = _weight_grads(n, ep, steps, das)
         # layer 0's input projection is shared by all truncation lanes
         d_a_x = das.sum(axis=1) if das.ndim > a_x_ndim else das
-        return d_W_hh, d_peep, d_a_x, d_state0, None
+        return d_W, (d_ep_after if n.gru else d_ep), d_a_x, d_state0, None
 
     recurrence.defvjp(recurrence_fwd, recurrence_bwd)
     return recurrence
 
 
-def _recur(n: _Net, lp, state, a_x, restart):
+def _recur(n: _Net, lp, state, a_x, restart, reverse=False):
     """Run the layer over the leading axis of ``a_x``; ``restart`` (steps, lanes) marks stop-gradients."""
-    peep = {k: lp[k] for k in ("p_i", "p_f", "p_o") if k in lp}
-    return n.recurrence(lp["W_hh"], peep, a_x, state, restart)
+    ep = {k: lp[k] for k in ("p_i", "p_f", "p_o", "b_hn") if k in lp}
+    W = lp["W_hh"]
+    if n.gru and not n.spec.reset_after:  # split once, outside the loop
+        W = (W[:, :2 * n.H], W[:, 2 * n.H:])
+    return n.recurrence[int(reverse)](W, ep, a_x, state, restart)
 
 
 def _zeros_state(n: _Net, lanes: int):
@@ -255,16 +348,28 @@ def _zeros_state(n: _Net, lanes: int):
     return tuple(jnp.zeros(shape, n.dtype) for _ in range(2 if n.lstm else 1))
 
 
+def _layer(n: _Net, p, layer, inp, lanes=1, restart=None):
+    """One layer over every step from zero states; a bidirectional layer's outputs are ``[h_t, h_t_rev]``."""
+    import jax.numpy as jnp
+
+    hs = []
+    for d in range(n.spec.directions):
+        lp = _layer_params(n, p, layer, d)
+        hs.append(_recur(n, lp, _zeros_state(n, lanes), _in_proj(n, lp, inp, layer, d), restart, d == 1)[1])
+    return hs[0] if len(hs) == 1 else jnp.concatenate(hs, axis=-1)
+
+
 def _top_hidden(n: _Net, p, inp, mode):
-    """Top layer's h, (T, B, H), from the embedded input, with the stop-gradients of ``mode`` in place."""
+    """Top layer's h, (T, B, H) (bidirectional: (T, B, 2H)), from the embedded input, with the
+    stop-gradients of ``mode`` in place."""
     import jax
     import jax.numpy as jnp
     from jax import lax
 
     sg, T = lax.stop_gradient, n.T
-    if mode == "tail":
+    if mode == "tail":  # one direction (SPEC.md: bidirectional layers need full BPTT)
         cut = T - n.K
-        inp_pre, inp_suf = sg(inp[:cut]), inp[cut:]
+        inp_pre, inp_suf = jax.tree.map(lambda v: sg(v[:cut]), inp), jax.tree.map(lambda v: v[cut:], inp)
         for layer in range(n.spec.layers):
             lp = _layer_params(n, p, layer)
             frozen = jax.tree.map(sg, lp)
@@ -278,8 +383,7 @@ def _top_hidden(n: _Net, p, inp, mode):
     if lanes > 1:
         restart = jnp.asarray(np.arange(T)[:, None] % lanes == np.arange(lanes)[None, :])
     for layer in range(n.spec.layers):
-        lp = _layer_params(n, p, layer)
-        _, inp = _recur(n, lp, _zeros_state(n, lanes), _in_proj(n, lp, inp, layer), restart)
+        inp = _layer(n, p, layer, inp, lanes, restart)
     if lanes > 1:  # output t reads the lane that restarted at t-K
         inp = inp[np.arange(T), (np.arange(T) + 1) % lanes]
     return inp
@@ -322,7 +426,7 @@ def _build(problem: Problem, unroll: int, python_loop: bool):
     import jax.numpy as jnp
 
     n = _net(problem, unroll, python_loop)
-    spec, T, in_name = n.spec, n.T, n.in_name
+    spec, T, tables = n.spec, n.T, n.tables
 
     def forward(p, x):
         z = _logits(n, p, _top_hidden(n, p, _embed(n, p, x), "full"))
@@ -331,7 +435,7 @@ def _build(problem: Problem, unroll: int, python_loop: bool):
         return jnp.tanh(z) if spec.output_act == "tanh" else z
 
     value_and_grad = jax.value_and_grad(lambda p, x, y: _objective(n, p, _embed(n, p, x), y))
-    # gradients w.r.t. the other parameters and the gathered token rows
+    # gradients w.r.t. the other parameters and the gathered token rows (one array per direction)
     value_and_row_grads = jax.value_and_grad(lambda p, inp, y: _objective(n, p, inp, y), argnums=(0, 1))
 
     def loss_and_grads(p, x, y):
@@ -342,11 +446,11 @@ def _build(problem: Problem, unroll: int, python_loop: bool):
         if problem.tokens and spec.clip is None:
             # Only the rows of W_in that x names change: scatter -lr * their gradients in place
             # instead of building and subtracting a dense (D, G) gradient.
-            W_in = p[in_name]
-            rest = {k: v for k, v in p.items() if k != in_name}
-            L, (g, g_rows) = value_and_row_grads(rest, W_in[x], y)
+            rest = {k: v for k, v in p.items() if k not in tables}
+            L, (g, g_rows) = value_and_row_grads(rest, tuple(p[t][x] for t in tables), y)
             new = jax.tree.map(lambda v, d: v - lr * d, rest, g)
-            new[in_name] = W_in.at[x].add(-lr * g_rows)
+            for t, d in zip(tables, g_rows):
+                new[t] = p[t].at[x].add(-lr * d)
             return new, L / T
         L, g = value_and_grad(p, x, y)
         if spec.clip is not None:
@@ -409,13 +513,10 @@ class JaxBackend(Backend):
         return True, ""
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
-        """Every model, head, bptt mode, input kind, dtype and device of SPEC.md (``autotune``: GPU only)."""
+        """Every model (elman, lstm, gru, bidirectional layers), head, bptt mode, input kind, dtype and device
+        of SPEC.md (``autotune``: GPU only)."""
         if self.variant == "autotune" and problem.device != "gpu":
             return unsupported("jax:autotune differs from jax only in XLA's GPU autotuning; on the CPU it is jax")
-        if problem.model.kind == "gru":
-            return unsupported(f"{self.full_name} implements the elman and lstm cells only, not gru")
-        if problem.model.bidirectional:
-            return unsupported(f"{self.full_name} implements one direction per layer only, not bidirectional layers")
         return True, ""
 
     @classmethod

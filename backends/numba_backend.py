@@ -1,17 +1,25 @@
 """SPEC.md as Numba kernels: fused per-step loops around BLAS products, one compiled graph per dtype.
 
 The whole step (forward, head, BPTT, SGD update) runs in one ``@njit`` call. Model
-choices (cell, activation, head, bptt mode, bias, peepholes, layers, token or dense
-input) are small integers read at run time, so every model of the conformance matrix
+choices (cell, activation, reset form, head, bptt mode, bias, peepholes, layers, directions,
+token or dense input) are small integers read at run time, so every model of the conformance matrix
 shares the same two compiled specialisations (float32 and float64), and
 ``cache=True`` keeps them on disk for the next process.
 
-Layout of the state the kernels share (``G = H`` for Elman, ``4H`` for the LSTM)::
+Layout of the state the kernels share (``G = H`` for Elman, ``4H`` for the LSTM, ``3H`` for the
+GRU; a layer's directions are units ``u = l * dirs + d``, ``dirs`` 2 for bidirectional layers)::
 
-    W0 (D, G)  layer 0 input weights      Wr (L-1, H, G)  input weights of layers 1..L-1
-    Whh (L, H, G)   bb (L, G)   P (L, 3, H) peepholes i, f, o   Why (H, O)   by (O)
-    Hs, Cs (L, T+1, B, H)  index 0 the zero start state;  Gs (L, T, B, 4H) gates i, f, g, o;
-    TCs (L, T, B, H) tanh(c_t);  Z, dZ (T*B, O)
+    W0 (dirs, D, G)  layer 0 input weights     Wr ((L-1)*dirs, dirs*H, G)  input weights above it
+    Whh (U, H, G)   bb (U, G)   P (U, 3, H) peepholes i, f, o   bhn (U, H)   Why (dirs*H, O)   by (O)
+    Hs, Cs (U, T+1, B, H)  index 0 the zero start state;  Gs (U, T, B, G) gates (i, f, g, o / r, z, n);
+    TCs (U, T, B, H) tanh(c_t), or the GRU's h W_hn + b_hn (reset after) / r * h_{t-1} (before);
+    Hc (L, T, B, 2H) a bidirectional layer's outputs [h_t, h_t_rev];  Z, dZ (T*B, O)
+
+The GRU after the reset takes one (B, H) x (H, 3H) product per step, forward and backward, as
+the LSTM does; before the reset it takes two (``r`` comes between them), and keeps ``W_hh`` as
+``W_hh[:, :2H]`` and ``W_hh[:, 2H:]`` one after the other in the same buffer (``_pack``) so that
+both products read contiguous matrices. A reverse direction runs the same kernels on its inputs
+reversed in time; its outputs are reversed back into ``Hc``, its gradients flipped back once.
 
 Missing biases and peepholes are zero arrays that are read but never updated, which is
 exactly what the reference computes with (it adds ``0`` for them).
@@ -35,13 +43,13 @@ from backends.base import Backend, unsupported
 from harness.spec.model import layer_suffix
 
 # codes the kernels branch on (module-level ints are compile-time constants for Numba)
-_ELMAN, _LSTM = 0, 1
+_ELMAN, _LSTM, _GRU = 0, 1, 2
 _TANH, _RELU, _SIGMOID = 0, 1, 2
 _SOFTMAX, _MSE, _MSE_TANH = 0, 1, 2
 _OUTPUTS, _GRADS, _STEP = 0, 1, 2
 # slots of the int64 ``cfg`` vector
-_KIND, _ACT, _HEAD, _TOKENS, _LAYERS, _BIAS, _PEEP, _CLIP, _LO, _LANES, _RESET = range(11)
-_N_CFG = 11
+_KIND, _ACT, _HEAD, _TOKENS, _LAYERS, _BIAS, _PEEP, _CLIP, _LO, _LANES, _RESET, _DIRS, _RAFTER = range(13)
+_N_CFG = 13
 
 
 # -- elementwise maths ------------------------------------------------------------------------------------
@@ -319,6 +327,140 @@ def _lstm_backward(lo, reset, lanes_in, Hl, Cl, Gl, TCl, Whh_l, P_l, dH, dHl, DA
             np.dot(DAl[s].reshape(nl * B, 4 * H), Whh_l.T, dhn.reshape(nl * B, H))
 
 
+def _gru_forward(after, gather, x_tok, XP, W0, Whh_l, b_l, bhn_l, Hl, Gl, TCl, tmp):
+    """One GRU layer over all steps; stores h, the gates (r, z, n) and, for BPTT, ``h W_hn + b_hn``
+    (reset after) or ``r * h_{t-1}`` (reset before) in ``TCl``.
+
+    After the reset the gates are one product ``h W_hh`` (H, 3H) per step. Before it, ``Whh_l``
+    holds ``W_hh[:, :2H]`` and ``W_hh[:, 2H:]`` one after the other (see ``_pack``), so that both
+    products read contiguous matrices: ``h W_rz``, then ``(r * h) W_n``.
+    """
+    T, B, H = Hl.shape[0] - 1, Hl.shape[1], Hl.shape[2]
+    H2 = 2 * H
+    one = Hl.dtype.type(1)
+    flat = Whh_l.reshape(3 * H * H)
+    W_rz, W_n = flat[:2 * H * H].reshape(H, H2), flat[2 * H * H:].reshape(H, H)
+    tflat = tmp.reshape(tmp.size)
+    u_rz, v = tflat[:B * H2].reshape(B, H2), tflat[B * H2:].reshape(B, H)
+    b_rz, b_n = b_l[:H2], b_l[H2:]
+    for t in range(T):
+        if after:
+            np.dot(Hl[t], Whh_l, tmp)
+        else:
+            np.dot(Hl[t], W_rz, u_rz)
+        for b in range(B):
+            src = W0[x_tok[t, b]] if gather else XP[t, b]
+            gates = Gl[t, b]
+            u = tmp[b] if after else u_rz[b]
+            rz = gates[:H2]
+            for k in range(H2):
+                rz[k] = one / (one + _exp(-(src[k] + u[k] + b_rz[k])))
+            if after:
+                r, un, cand, s_n = gates[:H], TCl[t, b], gates[H2:], src[H2:]
+                for j in range(H):
+                    un[j] = u[H2 + j] + bhn_l[j]
+                for j in range(H):
+                    cand[j] = _tanh(s_n[j] + b_n[j] + r[j] * un[j])
+            else:
+                r, rh, hp = gates[:H], TCl[t, b], Hl[t, b]
+                for j in range(H):
+                    rh[j] = r[j] * hp[j]
+        if not after:
+            np.dot(TCl[t], W_n, v)
+            for b in range(B):
+                src = W0[x_tok[t, b]] if gather else XP[t, b]
+                cand, s_n, vb = Gl[t, b, H2:], src[H2:], v[b]
+                for j in range(H):
+                    cand[j] = _tanh(s_n[j] + b_n[j] + vb[j])
+        for b in range(B):
+            z, cand, hp, hn = Gl[t, b, H:H2], Gl[t, b, H2:], Hl[t, b], Hl[t + 1, b]
+            for j in range(H):
+                hn[j] = cand[j] + z[j] * (hp[j] - cand[j])
+
+
+def _gru_backward(after, lo, reset, lanes_in, Hl, Gl, TCl, Whh_l, dH, dHl, DAl, dhn, dus, dan, drh):
+    """BPTT through one GRU layer for steps T-1..lo with lanes as in :func:`_elman_backward`.
+
+    ``DAl`` gets dL/d(gate pre-activations) (r, z, n); the recurrent side's products read ``dus``:
+    after the reset ``(da_r, da_z, da_n r)`` against ``W_hh``, before it ``(da_r, da_z)`` against
+    ``W_rz`` and ``da_n`` (in ``dan``) against ``W_n``, whose product ``d(r h)`` also feeds ``da_r``.
+    """
+    T, B, H = Hl.shape[0] - 1, Hl.shape[1], Hl.shape[2]
+    H2 = 2 * H
+    nl = dhn.shape[0]
+    one = Hl.dtype.type(1)
+    zero = Hl.dtype.type(0)
+    flat = Whh_l.reshape(3 * H * H)
+    W_rz, W_n = flat[:2 * H * H].reshape(H, H2), flat[2 * H * H:].reshape(H, H)
+    drz = dus.reshape(dus.size)[:nl * B * H2].reshape(nl * B, H2)
+    dhn[:] = zero
+    for s in range(T - 1, lo - 1, -1):
+        own = s % nl
+        if reset:
+            dhn[own] = zero
+        for r in range(nl):
+            for b in range(B):
+                dh, da = dhn[r, b], DAl[s, r, b]
+                gates, hp = Gl[s, b], Hl[s, b]
+                if lanes_in:
+                    src = dHl[s, r, b]
+                    for j in range(H):
+                        dh[j] += src[j]
+                elif r == own:
+                    src = dH[s, b]
+                    for j in range(H):
+                        dh[j] += src[j]
+                rg, z, cand = gates[:H], gates[H:H2], gates[H2:]
+                da_r, da_z, da_n = da[:H], da[H:H2], da[H2:]
+                for j in range(H):
+                    da_n[j] = dh[j] * (one - z[j]) * (one - cand[j] * cand[j])
+                for j in range(H):
+                    da_z[j] = dh[j] * (hp[j] - cand[j]) * (z[j] * (one - z[j]))
+                if after:
+                    un, du = TCl[s, b], dus[r, b]
+                    for j in range(H):
+                        da_r[j] = da_n[j] * un[j] * (rg[j] * (one - rg[j]))
+                    for k in range(H2):
+                        du[k] = da[k]
+                    for j in range(H):
+                        du[H2 + j] = da_n[j] * rg[j]
+                else:
+                    dn = dan[r, b]
+                    for j in range(H):
+                        dn[j] = da_n[j]
+                for j in range(H):
+                    dh[j] = dh[j] * z[j]
+        if after:
+            if s > lo:
+                np.dot(dus.reshape(nl * B, 3 * H), Whh_l.T, drh.reshape(nl * B, H))
+                for r in range(nl):
+                    for b in range(B):
+                        dh, d_in = dhn[r, b], drh[r, b]
+                        for j in range(H):
+                            dh[j] += d_in[j]
+            continue
+        np.dot(dan.reshape(nl * B, H), W_n.T, drh.reshape(nl * B, H))  # dL/d(r h_{t-1})
+        for r in range(nl):
+            for b in range(B):
+                dh, d_rh, rg, hp = dhn[r, b], drh[r, b], Gl[s, b, :H], Hl[s, b]
+                da_r, dz, d_rz = DAl[s, r, b, :H], DAl[s, r, b, H:H2], drz[r * B + b]
+                for j in range(H):
+                    da_r[j] = d_rh[j] * hp[j] * (rg[j] * (one - rg[j]))
+                for j in range(H):
+                    d_rz[j] = da_r[j]
+                for j in range(H):
+                    d_rz[H + j] = dz[j]
+                for j in range(H):
+                    dh[j] += d_rh[j] * rg[j]
+        if s > lo:
+            np.dot(drz, W_rz.T, drh.reshape(nl * B, H))
+            for r in range(nl):
+                for b in range(B):
+                    dh, d_in = dhn[r, b], drh[r, b]
+                    for j in range(H):
+                        dh[j] += d_in[j]
+
+
 def _sgd(p, g, lr, clip, do_clip):
     """``p -= lr * clip(g)`` elementwise, in the parameters' dtype."""
     pf = p.reshape(p.size)
@@ -420,37 +562,79 @@ def _head(cfg, T, B, y_tok, y_dense, Z, dZ):
     return total
 
 
+def _flip_time(a):
+    """Reverse the leading (time) axis of ``a`` in place: a reverse direction runs on, and hands back,
+    its steps in its own order."""
+    T = a.shape[0]
+    for t in range(T // 2):
+        x, y = a[t].reshape(a[t].size), a[T - 1 - t].reshape(a[t].size)
+        for k in range(x.size):
+            v = x[k]
+            x[k] = y[k]
+            y[k] = v
+
+
 def _run(mode, cfg, T, B, x_tok, x_dense, y_tok, y_dense, lr, clip,
-         W0, Wr, Whh, bb, P, Why, by, gW0, gWr, gWhh, gb, gP, gWhy, gby,
-         Hs, Cs, Gs, TCs, XP, tmp, Z, dZ, dH, dHl, DAs, DAl, dhn, dcn, mark, rows):
+         W0, Wr, Whh, bb, P, Why, by, bhn, gW0, gWr, gWhh, gb, gP, gWhy, gby, gbhn,
+         Hs, Cs, Gs, TCs, XP, tmp, Z, dZ, dH, dHl, DAs, DAl, dhn, dcn, mark, rows,
+         Hc, dHc, x_rev, DUs, dus, dan, drh):
     """One call: outputs (mode 0, into Z), loss and gradients (1), or a full SGD step (2).
 
     The arrays come flat, in the order of ``NumbaBackend``'s ``_weights``, ``_grads`` and a
     workspace's ``arrays`` (which name them): passed as three tuples instead, numba's dispatcher
-    types the tuples on every call, measured 0.3 us (3-6%) slower per step at a tiny shape."""
+    types the tuples on every call, measured 0.3 us (3-6%) slower per step at a tiny shape.
+
+    Layer ``l``'s direction ``d`` is unit ``u = l * dirs + d`` of the stacked arrays. A reverse
+    direction runs the same kernels on its inputs reversed in time (token ids through ``x_rev``,
+    projections flipped in place), so its ``Hs`` rows are in its own order; its outputs are
+    reversed back into the layer's ``[h_t, h_t_rev]`` rows ``Hc[l]``, and its ``dL/da`` is
+    flipped back to time order before the input weights' gradients."""
     kind, act, tokens, L = cfg[_KIND], cfg[_ACT], cfg[_TOKENS] != 0, cfg[_LAYERS]
     lo, nl, reset = cfg[_LO], cfg[_LANES], cfg[_RESET] != 0
+    dirs, after = cfg[_DIRS], cfg[_RAFTER] != 0
     bias = cfg[_BIAS] != 0  # without biases bb and by stay zero, so adding them is skipped
-    D, G = W0.shape[0], W0.shape[1]
-    H, O = Why.shape[0], Why.shape[1]
+    D, G = W0.shape[1], W0.shape[2]
+    H, O = Whh.shape[1], Why.shape[1]
+    HD = dirs * H  # width of a layer's output
     zero = Z.dtype.type(0)
     if tokens and not _ids_in_range(x_tok, D):
         raise ValueError("token id out of range for the input size")
     if mode != _OUTPUTS and cfg[_HEAD] == _SOFTMAX and not _ids_in_range(y_tok, O):
         raise ValueError("class id out of range for the output size")
+    if tokens and dirs == 2:
+        for t in range(T):
+            for b in range(B):
+                x_rev[t, b] = x_tok[T - 1 - t, b]
 
     # forward, layer by layer: the input projection of all steps is one GEMM
     for l in range(L):
         gather = tokens and l == 0
-        if l > 0:
-            np.dot(Hs[l - 1, 1:].reshape(T * B, H), Wr[l - 1], XP.reshape(T * B, G))
-        elif not tokens:
-            np.dot(x_dense.reshape(T * B, D), W0, XP.reshape(T * B, G))
-        if kind == _ELMAN:
-            _elman_forward(act, gather, x_tok, XP, W0, Whh[l], bb[l], Hs[l], tmp)
-        else:
-            _lstm_forward(gather, x_tok, XP, W0, Whh[l], bb[l], P[l], Hs[l], Cs[l], Gs[l], TCs[l], tmp)
-    np.dot(Hs[L - 1, 1:].reshape(T * B, H), Why, Z)
+        for d in range(dirs):
+            u = l * dirs + d
+            if l > 0:
+                below = Hs[l - 1, 1:].reshape(T * B, H) if dirs == 1 else Hc[l - 1].reshape(T * B, HD)
+                np.dot(below, Wr[u - dirs], XP.reshape(T * B, G))
+            elif not tokens:
+                np.dot(x_dense.reshape(T * B, D), W0[d], XP.reshape(T * B, G))
+            if d == 1 and not gather:
+                _flip_time(XP)
+            ids = x_rev if d == 1 else x_tok
+            if kind == _ELMAN:
+                _elman_forward(act, gather, ids, XP, W0[d], Whh[u], bb[u], Hs[u], tmp)
+            elif kind == _LSTM:
+                _lstm_forward(gather, ids, XP, W0[d], Whh[u], bb[u], P[u], Hs[u], Cs[u], Gs[u], TCs[u], tmp)
+            else:
+                _gru_forward(after, gather, ids, XP, W0[d], Whh[u], bb[u], bhn[u], Hs[u], Gs[u], TCs[u], tmp)
+        if dirs == 2:
+            for t in range(T):
+                for b in range(B):
+                    out, hf, hr = Hc[l, t, b], Hs[2 * l, t + 1, b], Hs[2 * l + 1, T - t, b]
+                    for j in range(H):
+                        out[j] = hf[j]
+                    for j in range(H):
+                        out[H + j] = hr[j]
+    top = Hs[L - 1, 1:].reshape(T * B, H) if dirs == 1 else Hc[L - 1].reshape(T * B, HD)
+    np.dot(top, Why, Z)
     if bias:
         for r in range(T * B):
             for k in range(O):
@@ -476,80 +660,139 @@ def _run(mode, cfg, T, B, x_tok, x_dense, y_tok, y_dense, lr, clip,
     # output layer, over the steps that carry gradient
     n = T - lo
     dZr = dZ[lo * B:]
-    np.dot(Hs[L - 1, 1 + lo:].reshape(n * B, H).T, dZr, gWhy)
+    np.dot(top[lo * B:].T, dZr, gWhy)
     gby[:] = zero
     if bias:
         for r in range(n * B):
             for k in range(O):
                 gby[k] += dZr[r, k]
-    np.dot(dZr, Why.T, dH[lo:].reshape(n * B, H))
+    if dirs == 1:
+        np.dot(dZr, Why.T, dH[0, lo:].reshape(n * B, H))
+    else:
+        np.dot(dZr, Why.T, dHc[0].reshape(T * B, HD))
 
-    # layers top-down; lanes exist only for truncated windows
+    # layers top-down; lanes exist only for truncated windows (one direction)
     gb[:] = zero
     gP[:] = zero
+    gbhn[:] = zero
     lanes = DAs.reshape(T, 1, B, G) if nl == 1 else DAl
+    H2 = 2 * H
     for l in range(L - 1, -1, -1):
         lanes_in = nl > 1 and l < L - 1
-        if kind == _ELMAN:
-            _elman_backward(act, lo, reset, lanes_in, Hs[l], Whh[l], dH, dHl, lanes, dhn)
-        else:
-            _lstm_backward(lo, reset, lanes_in, Hs[l], Cs[l], Gs[l], TCs[l], Whh[l], P[l], dH, dHl, lanes, dhn, dcn)
-        if nl > 1:
-            for s in range(lo, T):
+        if dirs == 2:  # each direction's share of dL/d output, the reverse one in its own order
+            for t in range(T):
                 for b in range(B):
-                    acc = DAs[s, b]
-                    acc[:] = zero
-                    for r in range(nl):
-                        src = DAl[s, r, b]
-                        for j in range(G):
-                            acc[j] += src[j]
-        DAr = DAs[lo:].reshape(n * B, G)
-        np.dot(Hs[l, lo:T].reshape(n * B, H).T, DAr, gWhh[l])
-        if bias:
-            for r in range(n * B):
-                for j in range(G):
-                    gb[l, j] += DAr[r, j]
-        if kind == _LSTM and cfg[_PEEP] != 0:
-            for s in range(lo, T):
-                for b in range(B):
+                    src, df, dr = dHc[0, t, b], dH[0, t, b], dH[1, T - 1 - t, b]
                     for j in range(H):
-                        gP[l, 0, j] += DAs[s, b, j] * Cs[l, s, b, j]
-                        gP[l, 1, j] += DAs[s, b, H + j] * Cs[l, s, b, j]
-                        gP[l, 2, j] += DAs[s, b, 3 * H + j] * Cs[l, s + 1, b, j]
-        if l > 0:
-            np.dot(Hs[l - 1, 1 + lo:].reshape(n * B, H).T, DAr, gWr[l - 1])
-            if nl == 1:
-                np.dot(DAr, Wr[l - 1].T, dH[lo:].reshape(n * B, H))
+                        df[j] = src[j]
+                    for j in range(H):
+                        dr[j] = src[H + j]
+        for d in range(dirs):
+            u = l * dirs + d
+            if kind == _ELMAN:
+                _elman_backward(act, lo, reset, lanes_in, Hs[u], Whh[u], dH[d], dHl, lanes, dhn)
+            elif kind == _LSTM:
+                _lstm_backward(lo, reset, lanes_in, Hs[u], Cs[u], Gs[u], TCs[u], Whh[u], P[u], dH[d], dHl, lanes,
+                               dhn, dcn)
             else:
-                np.dot(DAl[lo:].reshape(n * nl * B, G), Wr[l - 1].T, dHl[lo:].reshape(n * nl * B, H))
-        elif tokens:
-            # gW0 is all zeros on entry; the step below zeroes the rows it touched
-            count = 0
-            for s in range(lo, T):
-                for b in range(B):
-                    row = x_tok[s, b]
-                    if mark[row] == 0:
-                        mark[row] = 1
-                        rows[count] = row
-                        count += 1
-                    g_row = gW0[row]
-                    src = DAs[s, b]
+                _gru_backward(after, lo, reset, lanes_in, Hs[u], Gs[u], TCs[u], Whh[u], dH[d], dHl, lanes, dhn,
+                              dus, dan, drh)
+            if nl > 1:
+                for s in range(lo, T):
+                    for b in range(B):
+                        acc = DAs[s, b]
+                        acc[:] = zero
+                        for r in range(nl):
+                            src = DAl[s, r, b]
+                            for j in range(G):
+                                acc[j] += src[j]
+            DAr = DAs[lo:].reshape(n * B, G)
+            h_prev = Hs[u, lo:T].reshape(n * B, H)
+            if kind != _GRU:
+                np.dot(h_prev.T, DAr, gWhh[u])
+            elif after:  # the recurrent side saw (da_r, da_z, da_n r); b_hn gets da_n r
+                DUr = DUs[lo:].reshape(n * B, G)
+                for s in range(lo, T):
+                    for b in range(B):
+                        du, da, rg = DUs[s, b], DAs[s, b], Gs[u, s, b]
+                        for k in range(H2):
+                            du[k] = da[k]
+                        for j in range(H):
+                            du[H2 + j] = da[H2 + j] * rg[j]
+                np.dot(h_prev.T, DUr, gWhh[u])
+                if bias:
+                    for r in range(n * B):
+                        for j in range(H):
+                            gbhn[u, j] += DUr[r, H2 + j]
+            else:  # W_rz against h_{t-1}, W_n against r h_{t-1}, into the packed halves
+                flat = DUs.reshape(DUs.size)
+                d_rz, d_n = flat[:n * B * H2].reshape(n * B, H2), flat[n * B * H2:n * B * G].reshape(n * B, H)
+                for r in range(n * B):
+                    da, a_rz, a_n = DAr[r], d_rz[r], d_n[r]
+                    for k in range(H2):
+                        a_rz[k] = da[k]
+                    for j in range(H):
+                        a_n[j] = da[H2 + j]
+                g_flat = gWhh[u].reshape(3 * H * H)
+                np.dot(h_prev.T, d_rz, g_flat[:2 * H * H].reshape(H, H2))
+                np.dot(TCs[u, lo:].reshape(n * B, H).T, d_n, g_flat[2 * H * H:].reshape(H, H))
+            if bias:
+                for r in range(n * B):
                     for j in range(G):
-                        g_row[j] += src[j]
-            for k in range(count):
-                mark[rows[k]] = 0
-            rows[T * B] = count
-        else:
-            np.dot(x_dense[lo:].reshape(n * B, D).T, DAr, gW0)
+                        gb[u, j] += DAr[r, j]
+            if kind == _LSTM and cfg[_PEEP] != 0:
+                for s in range(lo, T):
+                    for b in range(B):
+                        for j in range(H):
+                            gP[u, 0, j] += DAs[s, b, j] * Cs[u, s, b, j]
+                            gP[u, 1, j] += DAs[s, b, H + j] * Cs[u, s, b, j]
+                            gP[u, 2, j] += DAs[s, b, 3 * H + j] * Cs[u, s + 1, b, j]
+            if d == 1:  # back to time order for the input side
+                _flip_time(DAs)
+            if l > 0:
+                below = Hs[l - 1, 1 + lo:].reshape(n * B, H) if dirs == 1 else Hc[l - 1].reshape(T * B, HD)
+                np.dot(below.T, DAr, gWr[u - dirs])
+                if dirs == 2:  # both directions add into dL/d(layer below's output)
+                    np.dot(DAr, Wr[u - dirs].T, dHc[d].reshape(T * B, HD))
+                    if d == 1:
+                        a, c = dHc[0].reshape(T * B * HD), dHc[1].reshape(T * B * HD)
+                        for k in range(a.size):
+                            a[k] += c[k]
+                elif nl == 1:
+                    np.dot(DAr, Wr[l - 1].T, dH[0, lo:].reshape(n * B, H))
+                else:
+                    np.dot(DAl[lo:].reshape(n * nl * B, G), Wr[l - 1].T, dHl[lo:].reshape(n * nl * B, H))
+            elif tokens:
+                # gW0 is all zeros on entry; the step below zeroes the rows it touched
+                count = rows[T * B] if d == 1 else 0
+                g0 = gW0[d]
+                for s in range(lo, T):
+                    for b in range(B):
+                        row = x_tok[s, b]
+                        if mark[row] == 0:
+                            mark[row] = 1
+                            rows[count] = row
+                            count += 1
+                        g_row = g0[row]
+                        src = DAs[s, b]
+                        for j in range(G):
+                            g_row[j] += src[j]
+                rows[T * B] = count
+                if d == dirs - 1:
+                    for k in range(count):
+                        mark[rows[k]] = 0
+            else:
+                np.dot(x_dense[lo:].reshape(n * B, D).T, DAr, gW0[d])
 
     if mode == _STEP:
         do_clip = cfg[_CLIP] != 0
         if tokens:
             # rows never gathered have zero gradient, so p - lr * 0 leaves them as they are
-            for k in range(rows[T * B]):
-                row = rows[k]
-                _sgd(W0[row], gW0[row], lr, clip, do_clip)
-                gW0[row] = zero
+            for d in range(dirs):
+                for k in range(rows[T * B]):
+                    row = rows[k]
+                    _sgd(W0[d, row], gW0[d, row], lr, clip, do_clip)
+                    gW0[d, row] = zero
         else:
             _sgd(W0, gW0, lr, clip, do_clip)
         _sgd(Wr, gWr, lr, clip, do_clip)
@@ -558,14 +801,16 @@ def _run(mode, cfg, T, B, x_tok, x_dense, y_tok, y_dense, lr, clip,
         if bias:
             _sgd(bb, gb, lr, clip, do_clip)
             _sgd(by, gby, lr, clip, do_clip)
+            if kind == _GRU and after:
+                _sgd(bhn, gbhn, lr, clip, do_clip)
         if kind == _LSTM and cfg[_PEEP] != 0:
             _sgd(P, gP, lr, clip, do_clip)
     return loss
 
 
 _FASTMATH = {"_rowsum": {"reassoc"}, "_sqdist": {"reassoc"}}
-_KERNELS = ("_ids_in_range", "_elman_forward", "_lstm_forward", "_elman_backward", "_lstm_backward",
-            "_sgd", "_rowsum", "_rowmax", "_sqdist", "_head", "_run")
+_KERNELS = ("_ids_in_range", "_elman_forward", "_lstm_forward", "_gru_forward", "_elman_backward",
+            "_lstm_backward", "_gru_backward", "_flip_time", "_sgd", "_rowsum", "_rowmax", "_sqdist", "_head", "_run")
 
 
 def _compiled():
@@ -632,46 +877,54 @@ class NumbaBackend(Backend):
                 "scipy": scipy.__version__}
 
     def supports(self, problem) -> tuple[bool, str]:
-        """Every SPEC.md model, head, bptt mode and dtype, on the CPU."""
-        ok, why = self.supports_device(problem.device)
-        if ok and problem.model.kind == "gru":
-            return unsupported(f"{self.full_name}: its kernels implement the elman and lstm cells only, not gru")
-        if ok and problem.model.bidirectional:
-            return unsupported(f"{self.full_name}: its kernels run one direction per layer, not bidirectional layers")
-        return ok, why
+        """Every SPEC.md model (elman, lstm, gru, bidirectional layers), head, bptt mode and dtype, on the CPU."""
+        return self.supports_device(problem.device)
 
     def prepare(self, problem, params, device="cpu", threads=1) -> None:
-        """Copy the parameters into layer-stacked arrays; BLAS threads come from the worker's environment."""
+        """Copy the parameters into unit-stacked arrays; BLAS threads come from the worker's environment."""
         self._run = _compiled()
         self.problem = problem
         spec = problem.model
         dt = np.dtype(problem.dtype)
-        L, H = spec.layers, spec.hidden
-        G = 4 * H if spec.kind == "lstm" else H
-        win, bias = ("W_xh", "b_h") if spec.kind == "elman" else ("W_ih", "b")
+        L, H, dirs = spec.layers, spec.hidden, spec.directions
+        G = spec.gates * H
+        self._packed = spec.kind == "gru" and not spec.reset_after  # W_hh kept as (W_rz, W_n), see _pack
+        names = self._name_map(spec)
+        shapes = spec.param_shapes(problem.input_size, problem.output_size)
 
-        def get(name, shape):
-            return np.array(params[name], dtype=dt, order="C") if name in params else np.zeros(shape, dt)
+        def stacked(i, shape):
+            """The stacked array ``i`` of ``_weights``, filled from the parameters that live in it."""
+            a = np.zeros(shape, dt)
+            for name, (j, idx) in names.items():
+                if j == i:
+                    v = np.asarray(params[name], dt).reshape(shapes[name])
+                    a[idx] = _pack(v) if self._packed and name.startswith("W_hh") else v
+            return a
 
-        sfx = [layer_suffix(l) for l in range(L)]
-        self._W0 = get(win, None)
-        self._Wr = np.stack([get(win + s, None) for s in sfx[1:]]) if L > 1 else np.zeros((0, H, G), dt)
-        self._Whh = np.stack([get("W_hh" + s, None) for s in sfx])
-        self._bb = np.stack([get(bias + s, (G,)) for s in sfx])
-        self._P = np.stack([np.stack([get(p + s, (H,)) for p in ("p_i", "p_f", "p_o")]) for s in sfx])
-        self._Why = get("W_hy", None)
-        self._by = get("b_y", (self._Why.shape[1],))
-        self._weights = (self._W0, self._Wr, self._Whh, self._bb, self._P, self._Why, self._by)
+        D = problem.input_size
+        U = L * dirs  # units: a layer's directions
+        self._weights = (
+            stacked(0, (dirs, D, G)),  # W0
+            stacked(1, ((L - 1) * dirs, dirs * H, G)),  # Wr
+            stacked(2, (U, H, G)),  # Whh
+            stacked(3, (U, G)),  # bb
+            stacked(4, (U, 3, H)),  # P
+            stacked(5, (dirs * H, problem.output_size)),  # Why
+            stacked(6, (problem.output_size,)),  # by
+            stacked(7, (U, H)),  # bhn
+        )
+        self._W0, self._Why = self._weights[0], self._weights[5]
         self._grads = tuple(np.zeros_like(w) for w in self._weights)
-        self._names = self._name_map(spec, win, bias)
+        self._names = names
         self._dtype = dt
         self._clip = dt.type(spec.clip if spec.clip is not None else 0)
         head = _SOFTMAX if spec.head == "softmax_xent" else (_MSE_TANH if spec.output_act == "tanh" else _MSE)
         self._cfg = {
-            _KIND: _LSTM if spec.kind == "lstm" else _ELMAN,
+            _KIND: {"elman": _ELMAN, "lstm": _LSTM, "gru": _GRU}[spec.kind],
             _ACT: {"tanh": _TANH, "relu": _RELU, "sigmoid": _SIGMOID}[spec.activation],
             _HEAD: head, _TOKENS: int(problem.tokens), _LAYERS: L, _BIAS: int(spec.bias),
             _PEEP: int(spec.peephole), _CLIP: int(spec.clip is not None),
+            _DIRS: dirs, _RAFTER: int(spec.reset_after),
         }
         self._work: dict[tuple[int, int], _Workspace] = {}
         # the kernels keep one zero-size stand-in per unused input so the signature never changes
@@ -679,16 +932,18 @@ class NumbaBackend(Backend):
         self._no_dense = np.zeros((0, 0, 0), dt)
 
     @staticmethod
-    def _name_map(spec, win, bias) -> dict[str, tuple[int, tuple]]:
-        """Parameter name -> (index into the stacked arrays, index within it)."""
-        names = {}
+    def _name_map(spec) -> dict[str, tuple[int, tuple]]:
+        """Parameter name -> (index into the stacked arrays, index within it); unit ``l * dirs + d``."""
+        names, dirs = {}, spec.directions
         for l in range(spec.layers):
-            s = layer_suffix(l)
-            names[win + s] = (0, ()) if l == 0 else (1, (l - 1,))
-            names["W_hh" + s] = (2, (l,))
-            names[bias + s] = (3, (l,))
-            for k, p in enumerate(("p_i", "p_f", "p_o")):
-                names[p + s] = (4, (l, k))
+            for d in range(dirs):
+                s, u = layer_suffix(l, d), l * dirs + d
+                names[spec.input_weight + s] = (0, (d,)) if l == 0 else (1, (u - dirs,))
+                names["W_hh" + s] = (2, (u,))
+                names[spec.bias_name + s] = (3, (u,))
+                for k, p in enumerate(("p_i", "p_f", "p_o")):
+                    names[p + s] = (4, (u, k))
+                names["b_hn" + s] = (7, (u,))
         names["W_hy"], names["b_y"] = (5, ()), (6, ())
         return {k: names[k] for k in spec.param_names()}
 
@@ -700,32 +955,41 @@ class NumbaBackend(Backend):
         if len(self._work) >= _MAX_SHAPES:
             del self._work[next(iter(self._work))]
         spec, dt = self.problem.model, self._dtype
-        L, H = spec.layers, spec.hidden
-        D, G = self._W0.shape
+        L, H, dirs = spec.layers, spec.hidden, spec.directions
+        U = L * dirs
+        _, D, G = self._W0.shape
         O = self._Why.shape[1]
         lo, nl, reset = _lanes(spec.bptt, T)
-        lstm = spec.kind == "lstm"
+        lstm, gru, bi = spec.kind == "lstm", spec.kind == "gru", dirs == 2
         cfg = np.zeros(_N_CFG, np.int64)
         for k, v in self._cfg.items():
             cfg[k] = v
         cfg[_LO], cfg[_LANES], cfg[_RESET] = lo, nl, reset
+        none4 = (0, 0, 0, 0)
         arrays = (
-            np.zeros((L, T + 1, B, H), dt),  # Hs
-            np.zeros((L, T + 1, B, H) if lstm else (0, 0, 0, 0), dt),  # Cs
-            np.zeros((L, T, B, G) if lstm else (0, 0, 0, 0), dt),  # Gs
-            np.zeros((L, T, B, H) if lstm else (0, 0, 0, 0), dt),  # TCs
+            np.zeros((U, T + 1, B, H), dt),  # Hs
+            np.zeros((U, T + 1, B, H) if lstm else none4, dt),  # Cs
+            np.zeros((U, T, B, G) if lstm or gru else none4, dt),  # Gs: gates (lstm i, f, g, o; gru r, z, n)
+            np.zeros((U, T, B, H) if lstm or gru else none4, dt),  # TCs: tanh(c); gru h W_hn + b_hn or r h
             np.zeros((T, B, G), dt),  # XP
             np.zeros((B, G), dt),  # tmp
             np.zeros((T * B, O), dt),  # Z
             np.zeros((T * B, O), dt),  # dZ
-            np.zeros((T, B, H), dt),  # dH
-            np.zeros((T, nl, B, H) if nl > 1 and L > 1 else (0, 0, 0, 0), dt),  # dHl
+            np.zeros((dirs, T, B, H), dt),  # dH
+            np.zeros((T, nl, B, H) if nl > 1 and L > 1 else none4, dt),  # dHl
             np.zeros((T, B, G), dt),  # DAs
-            np.zeros((T, nl, B, G) if nl > 1 else (0, 0, 0, 0), dt),  # DAl
+            np.zeros((T, nl, B, G) if nl > 1 else none4, dt),  # DAl
             np.zeros((nl, B, H), dt),  # dhn
             np.zeros((nl, B, H) if lstm else (0, 0, 0), dt),  # dcn
             np.zeros(D if self.problem.tokens else 0, np.int8),  # mark
             np.zeros(T * B + 1, np.int64),  # rows (+ their count)
+            np.zeros((L, T, B, 2 * H) if bi else none4, dt),  # Hc: a bidirectional layer's [h_t, h_t_rev]
+            np.zeros((2, T, B, 2 * H) if bi else none4, dt),  # dHc: dL/d those rows (and a second buffer)
+            np.zeros((T, B) if bi and self.problem.tokens else (0, 0), np.int64),  # x_rev
+            np.zeros((T, B, G) if gru else (0, 0, 0), dt),  # DUs: the recurrent side's dL/du
+            np.zeros((nl, B, G) if gru else (0, 0, 0), dt),  # dus: one step's of it, per lane
+            np.zeros((nl, B, H) if gru else (0, 0, 0), dt),  # dan
+            np.zeros((nl, B, H) if gru else (0, 0, 0), dt),  # drh
         )
         ws = self._work[(T, B)] = _Workspace(cfg, arrays)
         return ws
@@ -737,8 +1001,8 @@ class NumbaBackend(Backend):
             if x.ndim != 2 or x.dtype.kind not in "iu":
                 raise ValueError(f"expected token ids of shape (T, B), got {x.dtype} {x.shape}")
             return _writable(x, np.int64), self._no_dense, x.shape[0], x.shape[1]
-        if x.ndim != 3 or x.shape[2] != self._W0.shape[0]:
-            raise ValueError(f"expected dense inputs of shape (T, B, {self._W0.shape[0]}), got {x.shape}")
+        if x.ndim != 3 or x.shape[2] != self._W0.shape[1]:
+            raise ValueError(f"expected dense inputs of shape (T, B, {self._W0.shape[1]}), got {x.shape}")
         return self._no_tokens, _writable(x, self._dtype), x.shape[0], x.shape[1]
 
     def _targets(self, y, T, B):
@@ -792,7 +1056,10 @@ class NumbaBackend(Backend):
         return float(loss)
 
     def _named(self, arrays) -> dict[str, np.ndarray]:
-        return {name: arrays[i][idx].copy() for name, (i, idx) in self._names.items()}
+        out = {name: arrays[i][idx].copy() for name, (i, idx) in self._names.items()}
+        if self._packed:
+            out.update({k: _unpack(v) for k, v in out.items() if k.startswith("W_hh")})
+        return out
 
     def get_params(self) -> dict[str, np.ndarray]:
         """Copies of the parameters under SPEC.md's names."""
@@ -801,6 +1068,20 @@ class NumbaBackend(Backend):
     def close(self) -> None:
         """Drop the buffers."""
         self._work = {}
+
+
+def _pack(W: np.ndarray) -> np.ndarray:
+    """A reset-before GRU's ``W_hh`` (H, 3H) as the kernels keep it: ``W_hh[:, :2H]`` then ``W_hh[:, 2H:]``,
+    each row-major, in the same (H, 3H) buffer, so that both of a step's products read contiguous matrices."""
+    H = W.shape[0]
+    return np.concatenate([W[:, :2 * H].ravel(), W[:, 2 * H:].ravel()]).reshape(W.shape)
+
+
+def _unpack(W: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`_pack`."""
+    H = W.shape[0]
+    flat = W.ravel()
+    return np.concatenate([flat[:2 * H * H].reshape(H, 2 * H), flat[2 * H * H:].reshape(H, H)], axis=1)
 
 
 def _writable(a: np.ndarray, dtype) -> np.ndarray:
