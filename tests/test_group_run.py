@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from harness.results import schema
 from harness.results.store import RunStore
 from harness.run import distributed, group as group_module, measure, protocol, roofs
 from harness.run.config import load_config
@@ -105,6 +106,8 @@ def _local(cfg, tmp_path):
 def test_local_resumed_and_dask_passes_stop_alike(fakes, write_config, tmp_path):
     cfg = load_config(write_config(CONFIG))
     local = _local(cfg, tmp_path)
+    rows = RunStore.open(tmp_path / "local").timings
+    assert rows and all(set(row) <= set(schema.TIMING_COLUMNS) for row in rows)  # every column declared once
     assert any(n > 2 for g in local for _, n, _ in g)  # the target asked for more passes than the floor
     assert {reason for g in local for _, _, reason in g} >= {"target", "cap"}
 

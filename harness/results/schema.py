@@ -30,7 +30,8 @@ def cell_columns(cell, host: str | None = None) -> dict:
         "batch": p.batch, "seq_len": p.seq_len, "input_size": p.input_size, "hidden_size": m.hidden,
         "output_size": p.output_size, "threads": cell.threads, "bptt": str(m.bptt), "layers": m.layers,
         "activation": m.activation if m.kind == "elman" else m.kind, "head": m.head, "output_act": m.output_act,
-        "peephole": m.peephole, "bias": m.bias, "tokens": p.tokens, "sweep": json.dumps(cell.point, default=str),
+        "peephole": m.peephole, "bias": m.bias, "tokens": p.tokens,
+        "reset_after": m.reset_after if m.kind == "gru" else None, "bidirectional": m.bidirectional, "sweep": json.dumps(cell.point, default=str),
         "host": host,  # a run spread over a cluster names where each cell ran
     }
 
@@ -45,3 +46,20 @@ def cell_columns(cell, host: str | None = None) -> dict:
 PRECISION_COLUMNS = ("speedup_precision", "speedup_half_width", "precision_met", "stop_reason",
                      "n_disturbed_rounds", "n_disturbed_shared", "n_disturbed_one_sided", "n_processes",
                      "n_passes")
+
+
+# Every column of ``timings.parquet``, in its order: a row (harness.results.rows) has no other.
+TIMING_COLUMNS = [
+    "cell_id", "group", "backend", "variant", "device", "model", "task", "workload", "dtype", "batch",
+    "seq_len", "input_size", "hidden_size", "output_size", "threads", "bptt", "layers", "activation",
+    "head", "output_act", "peephole", "bias", "tokens", "sweep", "status", "error", "compile_s",
+    "median_s", "iqr_s", "min_s", "mean_s", "stdev_s", "n_samples", "peak_rss_mb", "gflops",
+    "gemm_peak_gflops", "baseline", "speedup", "speedup_lo", "speedup_hi", "time_to_target_s",
+    "train_s", "eval_s", "final_loss", "loss_floor", "verified_ratio", "samples_s",
+    "samples_block",
+    # the cell's host, the GPU roofs its GFLOP/s is read against, what its speedup is over (the
+    # baseline, or the fastest verified cell when the baseline failed) and how the baseline ended
+    "host", "gpu_tf32_gflops", "gpu_bandwidth_gbs", "speedup_over", "baseline_status",
+    "reset_after", "bidirectional",
+    *PRECISION_COLUMNS,
+]

@@ -18,17 +18,9 @@ from pathlib import Path
 import pandas as pd
 
 from harness.spec.errors import HarnessError
+from harness.results.schema import TIMING_COLUMNS
 from harness.spec.status import CELL_FINAL
 
-TIMING_COLUMNS = [
-    "cell_id", "group", "backend", "variant", "device", "model", "task", "workload", "dtype", "batch",
-    "seq_len", "input_size", "hidden_size", "output_size", "threads", "bptt", "layers", "activation",
-    "head", "output_act", "peephole", "bias", "tokens", "sweep", "status", "error", "compile_s",
-    "median_s", "iqr_s", "min_s", "mean_s", "stdev_s", "n_samples", "peak_rss_mb", "gflops",
-    "gemm_peak_gflops", "baseline", "speedup", "speedup_lo", "speedup_hi", "time_to_target_s",
-    "train_s", "eval_s", "final_loss", "loss_floor", "verified_ratio", "samples_s",
-    "samples_block",
-]
 # mismatch: the backend's own step on this cell disagreed with the reference, so it was not timed
 
 
