@@ -74,7 +74,7 @@ def test_representative_conformance_in_the_environment(theano_env):
     quick = all_cases(quick=True)
     chosen = scan_graph_ci_cases()
     where = {(c.label, c.dtype): i for i, c in enumerate(quick)}
-    results = _check_isolated("theano", "theano", quick, True, "cpu",
+    results = _check_isolated("theano", environment="theano", cases=quick, quick=True, device="cpu",
                               indices=[where[(c.label, c.dtype)] for c in chosen])
     broken = [f"{r.status} {r.case} [{r.dtype}]: {r.reason}" for r in results if r.status != "pass"]
     assert not broken, "\n".join(broken)
