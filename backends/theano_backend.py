@@ -16,6 +16,12 @@ after the forward scans, every output t > K gets its own window, steps t-K..t st
 from the forward state after step t-K-1 with its gradient cut (``disconnected_grad``),
 and all T-K-1 windows run as one scan of K+1 steps over (T-K-1)*B rows; outputs t <= K
 reach back to the start, so their gradient is the forward scan's own.
+
+The cells are Elman, LSTM and GRU (both reset forms: reset after is one recurrent product
+per step, reset before two, ``r`` multiplying ``h`` between them). A bidirectional layer
+(``bptt: full`` only) projects its input once per direction, and its scan carries both
+directions' states side by side, the reverse one over the time-reversed projection, its
+states reversed back and concatenated to the forward ones.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import numpy as np
 
 from backends.base import Backend, unsupported
 from harness.spec.environments import Recipe
-from harness.spec.model import Problem
+from harness.spec.model import Problem, layer_suffix
 
 ENVIRONMENT = "theano"
 
@@ -57,10 +63,6 @@ class ScanGraphBackend(Backend):
     def supports(self, problem: Problem) -> tuple[bool, str]:
         if problem.device != "cpu":
             return unsupported(f"{self.full_name} runs on the CPU only")
-        if problem.model.kind == "gru":
-            return unsupported(f"{self.full_name}: its scan graph implements the elman and lstm cells only, not gru")
-        if problem.model.bidirectional:
-            return unsupported(f"{self.full_name}: its scan graph runs one direction per layer, not bidirectional layers")
         return True, ""
 
     def prepare(self, problem: Problem, params: dict[str, np.ndarray], device: str = "cpu", threads: int = 1) -> None:
@@ -158,7 +160,8 @@ class ScanGraphBackend(Backend):
         bptt = spec.bptt.effective(pb.seq_len)
         truncate = bptt.k if bptt.mode == "tail" else -1
 
-        self._token_rows = None  # layer 0's gathered rows W_in[x], when the scan takes them precomputed
+        # layer 0's gathered rows W_in[x], per direction, when the scans take them precomputed: (W_in, rows)
+        self._token_rows: list[tuple] = []
         if truncate > 0:
             top = self._stacked_scan(lib, x, n_batch, truncate, const)
         else:
@@ -180,24 +183,24 @@ class ScanGraphBackend(Backend):
         if spec.clip is not None:  # clipping shapes the update only; loss_and_grads reports the gradient
             steps = [T.clip(g, const(-spec.clip), const(spec.clip)) for g in grads]
         updates = [(v, v - lr * g) for v, g in zip(params, steps)]
-        rows = self._token_rows
-        if rows is not None and spec.clip is None:
-            # Only the rows of W_in that x names change: the update increments them in place
-            # with their row gradients (duplicates accumulate) instead of building a dense
-            # (D, G) gradient and rewriting all of W_in every step.
-            W_in = self._layer_weights(0)[0]
-            others = [v for v in params if v is not W_in]
-            *g_others, g_rows = lib.grad(objective, others + [rows])
-            updates = [(v, v - lr * g) for v, g in zip(others, g_others)]
-            updates.append((W_in, T.inc_subtensor(W_in[x.flatten()], -lr * g_rows)))
+        tables = self._token_rows
+        if tables and spec.clip is None:
+            # Only the rows of W_in (each direction's) that x names change: the update increments
+            # them in place with their row gradients (duplicates accumulate) instead of building a
+            # dense (D, G) gradient and rewriting all of W_in every step.
+            others = [v for v in params if all(v is not W for W, _ in tables)]
+            g_all = lib.grad(objective, others + [rows for _, rows in tables])
+            updates = [(v, v - lr * g) for v, g in zip(others, g_all)]
+            ids = x.flatten()
+            updates += [(W, T.inc_subtensor(W[ids], -lr * g)) for (W, _), g in zip(tables, g_all[len(others):])]
         self._graph = SimpleNamespace(
             x=x, y=y, lr=lr, loss=loss, grads=grads,
             outputs=outputs.reshape((n_steps, n_batch, pb.output_size)), updates=updates)
 
     def _head(self, lib, top, y, n_rows, const):
-        """``(outputs, per-row loss l)`` of the top layer's states ``top`` (T, B, H), rows flattened."""
+        """``(outputs, per-row loss l)`` of the top layer's outputs ``top`` (T, B, directions*H), rows flattened."""
         pb, spec, p, T = self.problem, self.problem.model, self._shared, lib.tensor
-        z = T.dot(top.reshape((n_rows, spec.hidden)), p["W_hy"])
+        z = T.dot(top.reshape((n_rows, spec.directions * spec.hidden)), p["W_hy"])
         if "b_y" in p:
             z = z + p["b_y"]
         n_out = pb.output_size
@@ -211,25 +214,46 @@ class ScanGraphBackend(Backend):
         diff = outputs - y.reshape((n_rows, n_out))
         return outputs, const(0.5) * (diff * diff).sum(axis=1)
 
-    def _layer_weights(self, layer: int) -> tuple:
-        """``(W_in, W_hh, bias or None, [p_i, p_f, p_o] or [])`` of one layer."""
-        spec, p = self.problem.model, self._shared
-        s = "" if layer == 0 else f"_{layer}"
-        if spec.kind == "elman":
-            return p["W_xh" + s], p["W_hh" + s], p.get("b_h" + s), []
-        peep = [p["p_i" + s], p["p_f" + s], p["p_o" + s]] if spec.peephole else []
-        return p["W_ih" + s], p["W_hh" + s], p.get("b" + s), peep
+    def _layer_weights(self, layer: int, direction: int = 0) -> tuple:
+        """``(W_in, bias or None, recurrent)`` of one direction of one layer (ModelSpec's names).
 
-    def _cell(self, lib, a_in, h_prev, c_prev, W_hh, peep, const):
-        """One step of one layer from ``a_in = x_t W_in + b``: ``(h, c)``, ``c`` None for Elman."""
+        ``recurrent`` is what the cell's step reads besides its state (``_cell``'s ``rec``):
+        elman ``[W_hh]``; lstm ``[W_hh]`` and the peepholes ``p_i, p_f, p_o`` when it has them;
+        gru reset after ``[W_hh]`` and ``b_hn`` when it has biases; gru reset before
+        ``[W_hh[:, :2H], W_hh[:, 2H:]]``: ``r`` multiplies ``h`` before the candidate's product, so
+        the r, z product and the candidate's are two, and slicing once outside the scan keeps
+        the slices (and their gradients' scatter into W_hh) out of every step.
+        """
+        spec, p, H = self.problem.model, self._shared, self.problem.model.hidden
+        s = layer_suffix(layer, direction)
+        W_in, W_hh, bias = p[spec.input_weight + s], p["W_hh" + s], p.get(spec.bias_name + s)
+        if spec.kind == "gru" and not spec.reset_after:
+            return W_in, bias, [W_hh[:, : 2 * H], W_hh[:, 2 * H:]]
+        extra = ("p_i", "p_f", "p_o") if spec.kind == "lstm" else ("b_hn",) if spec.kind == "gru" else ()
+        return W_in, bias, [W_hh] + [p[k + s] for k in extra if k + s in p]
+
+    def _cell(self, lib, a_in, h_prev, c_prev, rec, const):
+        """One step of one layer from ``a_in = x_t W_in + b`` and ``rec`` (``_layer_weights``):
+        ``(h, c)``, ``c`` None but for the LSTM."""
         spec, T, H = self.problem.model, lib.tensor, self.problem.model.hidden
-        a = a_in + T.dot(h_prev, W_hh)
+        if spec.kind == "gru":  # gate order r, z, n
+            if spec.reset_after:  # one product for all three gates: n = tanh(a_n + r * (h W_hn + b_hn))
+                u = T.dot(h_prev, rec[0])
+                rz = lib.sigmoid(a_in[:, : 2 * H] + u[:, : 2 * H])
+                un = u[:, 2 * H:] + rec[1] if len(rec) > 1 else u[:, 2 * H:]
+                n = T.tanh(a_in[:, 2 * H:] + rz[:, :H] * un)
+            else:  # Cho et al.: n = tanh(a_n + (r * h) W_hn), a second product after r
+                rz = lib.sigmoid(a_in[:, : 2 * H] + T.dot(h_prev, rec[0]))
+                n = T.tanh(a_in[:, 2 * H:] + T.dot(rz[:, :H] * h_prev, rec[1]))
+            return n + rz[:, H:] * (h_prev - n), None  # (1 - z) n + z h
+        a = a_in + T.dot(h_prev, rec[0])
         if spec.kind == "elman":
             if spec.activation == "tanh":
                 return T.tanh(a), None
             if spec.activation == "sigmoid":
                 return lib.sigmoid(a), None
             return T.switch(a > 0, a, const(0)), None  # derivative 0 at exactly 0, as in the reference
+        peep = rec[1:]
         ai, af, ag, ao = a[:, :H], a[:, H:2 * H], a[:, 2 * H:3 * H], a[:, 3 * H:]  # gate order i, f, g, o
         if peep:
             ai = ai + peep[0] * c_prev
@@ -244,47 +268,64 @@ class ScanGraphBackend(Backend):
         """``W[ids]`` for one step's token ids inside the scan."""
         return W[ids]
 
-    def _project(self, lib, layer, inp, n_rows):
-        """``inp W_in + b`` of one layer over ``n_rows`` rows of ``inp``, as (n_rows, G)."""
-        pb, H, T = self.problem, self.problem.model.hidden, lib.tensor
-        W_in, _, bias, _ = self._layer_weights(layer)
-        proj = T.dot(inp.reshape((n_rows, pb.input_size if layer == 0 else H)), W_in)
+    def _project(self, lib, layer, inp, n_rows, direction=0):
+        """``inp W_in + b`` of one direction of one layer over ``n_rows`` rows of ``inp``, as (n_rows, G)."""
+        pb, spec, T = self.problem, self.problem.model, lib.tensor
+        W_in, bias, _ = self._layer_weights(layer, direction)
+        proj = T.dot(inp.reshape((n_rows, pb.input_size if layer == 0 else spec.directions * spec.hidden)), W_in)
         return proj if bias is None else proj + bias
 
-    def _layer_scan(self, lib, layer, proj, h0, c0, const):
-        """One layer's recurrence over ``proj`` (S, N, G) from ``h0`` (and ``c0``): ``(hs, cs or None)``."""
-        _, W_hh, _, peep = self._layer_weights(layer)
-        if self.problem.model.kind == "lstm":
-            def step(a_t, h_prev, c_prev, W_hh, *peep):
-                return list(self._cell(lib, a_t, h_prev, c_prev, W_hh, peep, const))
+    def _layer_scan(self, lib, layer, projs, starts, const):
+        """One layer's recurrence, its directions side by side in one scan (one loop, not two):
+        direction ``d`` runs over ``projs[d]`` (S, N, G), in its own time order, from
+        ``starts[d] = (h0, c0 or None)``. Returns per direction ``(hs, cs or None)`` in that order."""
+        lstm, n_dir = self.problem.model.kind == "lstm", len(projs)
+        per = 2 if lstm else 1
+        recs = [self._layer_weights(layer, d)[2] for d in range(n_dir)]
 
-            hs, cs = lib.scan(step, sequences=[proj], outputs_info=[h0, c0], non_sequences=[W_hh, *peep])
-            return hs, cs
+        def step(*args):
+            a_ts, states, rest = args[:n_dir], args[n_dir:n_dir + per * n_dir], iter(args[n_dir + per * n_dir:])
+            new = []
+            for d, rec in enumerate(recs):
+                c_prev = states[per * d + 1] if lstm else None
+                h, c = self._cell(lib, a_ts[d], states[per * d], c_prev, [next(rest) for _ in rec], const)
+                new += [h, c] if lstm else [h]
+            return new
 
-        def step(a_t, h_prev, W_hh):
-            return self._cell(lib, a_t, h_prev, None, W_hh, (), const)[0]
-
-        return lib.scan(step, sequences=[proj], outputs_info=[h0], non_sequences=[W_hh])[0], None
+        outputs_info = [v for h0, c0 in starts for v in ((h0, c0) if lstm else (h0,))]
+        outs = lib.scan(step, sequences=list(projs), outputs_info=outputs_info,
+                        non_sequences=[w for rec in recs for w in rec])
+        return [(outs[per * d], outs[per * d + 1] if lstm else None) for d in range(n_dir)]
 
     def _hoisted_scans(self, lib, x, n_steps, n_batch, const):
-        """bptt full: each layer's input projection is one gather or GEMM, its scan only the recurrence.
+        """bptt full: each layer's input projections are one gather or GEMM per direction, its scan
+        only the recurrence; a reverse direction scans its projection time-reversed and its states
+        are reversed back, beside the forward ones: ``[h_t, h_t_rev]``.
 
-        Returns the top layer's states (T, B, H) and, per layer, ``(projection, hs, cs or None)``."""
+        Returns the top layer's outputs (T, B, directions*H) and, per layer, its forward
+        direction's ``(projection, hs, cs or None)``."""
         pb, spec, T = self.problem, self.problem.model, lib.tensor
-        H, lstm = spec.hidden, spec.kind == "lstm"
+        H, G = spec.hidden, spec.gates * spec.hidden
         zeros = T.zeros((n_batch, H), dtype=pb.dtype)
+        start = (zeros, zeros if spec.kind == "lstm" else None)
         inp, layers = x, []
         for layer in range(spec.layers):
-            if layer == 0 and pb.tokens:
-                W_in, _, bias, _ = self._layer_weights(0)
-                proj = self._token_rows = W_in[x.flatten()]  # a row gather, never a one-hot product
-                if bias is not None:
-                    proj = proj + bias
-            else:
-                proj = self._project(lib, layer, inp, n_steps * n_batch)
-            proj = proj.reshape((n_steps, n_batch, 4 * H if lstm else H))
-            inp, cs = self._layer_scan(lib, layer, proj, zeros, zeros if lstm else None, const)
-            layers.append((proj, inp, cs))
+            projs = []
+            for d in range(spec.directions):
+                if layer == 0 and pb.tokens:
+                    W_in, bias, _ = self._layer_weights(0, d)
+                    rows = W_in[x.flatten()]  # a row gather, never a one-hot product
+                    self._token_rows.append((W_in, rows))
+                    proj = rows if bias is None else rows + bias
+                else:
+                    proj = self._project(lib, layer, inp, n_steps * n_batch, d)
+                proj = proj.reshape((n_steps, n_batch, G))
+                projs.append(proj[::-1] if d else proj)
+            scanned = self._layer_scan(lib, layer, projs, [start] * len(projs), const)
+            hs, cs = scanned[0]
+            inp = T.concatenate([hs] + [hs_rev[::-1] for hs_rev, _ in scanned[1:]], axis=2) if spec.bidirectional \
+                else hs
+            layers.append((projs[0], hs, cs))
         return inp, layers
 
     def _windows(self, lib, layers, K, n_steps, n_batch, const):
@@ -293,9 +334,10 @@ class ScanGraphBackend(Backend):
         Output t = K+1+n (n < N = T-K-1) is recomputed in window n: steps n+1..t of every layer
         from that layer's forward state after step n, gradient cut there. The N windows run side
         by side as one scan of K+1 steps over N*B rows; outputs t <= K keep the forward's states.
+        (One direction only: a bidirectional layer needs bptt full.)
         """
         spec, T, H = self.problem.model, lib.tensor, self.problem.model.hidden
-        G = 4 * H if spec.kind == "lstm" else H
+        G = spec.gates * H
         N = n_steps - (K + 1)
         rows = N * n_batch
         # window n reads steps n+1 .. n+1+K: (K+1, N) step indices, k-major as the scan wants them
@@ -307,7 +349,7 @@ class ScanGraphBackend(Backend):
                 win = self._project(lib, layer, win_h, (K + 1) * rows).reshape((K + 1, rows, G))
             h0 = lib.disconnected_grad(hs[:N]).reshape((rows, H))
             c0 = lib.disconnected_grad(cs[:N]).reshape((rows, H)) if cs is not None else None
-            win_h = self._layer_scan(lib, layer, win, h0, c0, const)[0]
+            win_h = self._layer_scan(lib, layer, [win], [(h0, c0)], const)[0][0]
         top = layers[-1][1]
         return T.concatenate([top[: K + 1], win_h[-1].reshape((N, n_batch, H))])
 
@@ -316,25 +358,26 @@ class ScanGraphBackend(Backend):
 
         Scan's gradient for a differentiable *sequence* under truncate_gradient has K rows
         instead of T (in Theano and PyTensor alike), so the only sequence here is the data.
+        (One direction only: a bidirectional layer needs bptt full.)
         """
         pb, spec, T = self.problem, self.problem.model, lib.tensor
         lstm, n_layers = spec.kind == "lstm", spec.layers
         per_layer = [self._layer_weights(layer) for layer in range(n_layers)]
-        weights = [w for W_in, W_hh, bias, peep in per_layer for w in (W_in, W_hh, bias, *peep) if w is not None]
+        weights = [w for W_in, bias, rec in per_layer for w in (W_in, bias, *rec) if w is not None]
         n_state = n_layers * (2 if lstm else 1)
 
         def step(x_t, *args):
             states, rest = list(args[:n_state]), iter(args[n_state:])
             inp, new = x_t, []
-            for layer, (_, _, bias, peep) in enumerate(per_layer):
-                W_in, W_hh = next(rest), next(rest)
+            for layer, (_, bias, rec) in enumerate(per_layer):
+                W_in = next(rest)
                 b = next(rest) if bias is not None else None
-                pp = [next(rest) for _ in peep]
+                rec_here = [next(rest) for _ in rec]
                 a_in = self._step_rows(lib, W_in, inp) if (layer == 0 and pb.tokens) else T.dot(inp, W_in)
                 if b is not None:
                     a_in = a_in + b
                 h_prev, c_prev = (states[2 * layer], states[2 * layer + 1]) if lstm else (states[layer], None)
-                h, c = self._cell(lib, a_in, h_prev, c_prev, W_hh, pp, const)
+                h, c = self._cell(lib, a_in, h_prev, c_prev, rec_here, const)
                 new += [h, c] if lstm else [h]
                 inp = h
             return new

@@ -12,8 +12,8 @@ if importlib.util.find_spec("pytensor") is None:  # not importorskip: the backen
 
 import backends  # noqa: E402
 from backends import blas  # noqa: E402
-from harness.verify.check import (all_cases, gru_or_bidirectional, one_direction_elman_lstm,  # noqa: E402
-                           representative_cases, run_case)
+from harness.verify.check import all_cases, run_case  # noqa: E402
+from test_theano_backend import scan_graph_ci_cases  # noqa: E402
 
 
 def test_blas_shim_forwards_to_openblas(tmp_path):
@@ -50,15 +50,13 @@ def test_blas_choice_is_looked_up_by_thread_count_and_described_unambiguously():
 
 
 @pytest.mark.parametrize("variant", ["c", "numba", "jax"])
-def test_every_bptt_mode_is_supported_on_the_cpu(variant):
+def test_every_case_is_supported_on_the_cpu(variant):
     backend = backends.create(f"pytensor:{variant}")
-    for case in all_cases(quick=True):
-        if gru_or_bidirectional(case):
-            why = backend.supports(case.problem())[1]
-            assert why.startswith(f"unsupported: {backend.full_name}: its scan graph"), why
-        else:
-            assert backend.supports(case.problem()) == (True, ""), case.label
-    assert not backend.supports(all_cases(quick=True)[0].problem(device="gpu"))[0]
+    cases = all_cases()
+    assert any(c.model.kind == "gru" for c in cases) and any(c.model.bidirectional for c in cases)
+    for case in cases:
+        assert backend.supports(case.problem()) == (True, ""), case.label
+    assert not backend.supports(cases[0].problem(device="gpu"))[0]
 
 
 def _conformance(full_name: str, cases):
@@ -77,8 +75,9 @@ def _conformance(full_name: str, cases):
 def test_representative_conformance(variant):
     if variant != "c":
         pytest.importorskip(variant)
-    cases = one_direction_elman_lstm(representative_cases())
+    cases = scan_graph_ci_cases()
     assert any(c.model.bptt.mode == "truncated" for c in cases)
+    assert any(c.model.kind == "gru" for c in cases) and any(c.model.bidirectional for c in cases)
     # the Numba linker compiles each graph for ~80 s cold (the truncated graph, with its windows'
     # scan, several minutes): CI checks one small graph, `harness check` the rest; the truncated
     # graph's code is the one the C and JAX linkers run here
@@ -92,7 +91,8 @@ def test_representative_conformance(variant):
 def test_quick_conformance(variant):
     if variant != "c":
         pytest.importorskip(variant)
-    _conformance(f"pytensor:{variant}", one_direction_elman_lstm(all_cases(quick=True)))
+    results = _conformance(f"pytensor:{variant}", all_cases(quick=True))
+    assert any(r.case.startswith("gru-before") for r in results) and any("-bi " in r.case for r in results)
 
 
 def test_jax_linker_runs_xla_on_the_threads_asked_for():

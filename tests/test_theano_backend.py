@@ -10,6 +10,22 @@ from harness.run import envs
 from harness.spec.errors import HarnessError
 
 
+def scan_graph_ci_cases():
+    """The cases CI compiles for the scan-graph backends (Theano, PyTensor), each a graph compiled cold:
+    the representative Elman and LSTM cases (every head, bptt mode, input kind and dtype), and two GRU
+    cases from the quick matrix that between them take both reset forms, a bidirectional layer and the
+    truncated windows' scan. The other GRU and bidirectional cases are behind ``-m fullmatrix`` and
+    ``harness check``."""
+    from harness.verify.check import all_cases, one_direction_elman_lstm, representative_cases
+
+    quick = all_cases(quick=True)
+    small = [c for c in quick if not c.label.startswith("realistic")]
+    gru = next(c for c in small if c.model.kind == "gru" and c.model.reset_after and not c.model.bidirectional
+               and c.model.bptt.mode == "truncated")
+    bi = next(c for c in small if c.model.kind == "gru" and not c.model.reset_after and c.model.bidirectional)
+    return one_direction_elman_lstm(representative_cases()) + [gru, bi]
+
+
 def test_availability_never_imports_theano_here():
     from backends.theano_backend import TheanoBackend
 
@@ -24,15 +40,15 @@ def test_availability_never_imports_theano_here():
         assert why == ("environment will be created on first use" if creatable else f"unavailable: {reason}")
 
 
-def test_every_bptt_mode_is_supported_without_theano():
+def test_every_case_is_supported_without_theano():
     from backends.theano_backend import TheanoBackend
     from harness.verify.check import all_cases
 
-    for case in all_cases(quick=True):
-        if case.model.kind == "gru" or case.model.bidirectional:
-            assert TheanoBackend().supports(case.problem())[1].startswith("unsupported: theano: its scan graph")
-        else:
-            assert TheanoBackend().supports(case.problem()) == (True, ""), case.label
+    cases = all_cases()
+    assert any(c.model.kind == "gru" for c in cases) and any(c.model.bidirectional for c in cases)
+    for case in cases:
+        assert TheanoBackend().supports(case.problem()) == (True, ""), case.label
+    assert not TheanoBackend().supports(cases[0].problem(device="gpu"))[0]
     assert "theano" not in sys.modules
 
 
@@ -52,18 +68,20 @@ def theano_env():
 
 @pytest.mark.slow
 def test_representative_conformance_in_the_environment(theano_env):
-    from harness.verify.check import representative_cases
-    from harness.run.conformance import run_conformance
+    from harness.run.conformance import _check_isolated
+    from harness.verify.check import all_cases
 
-    results = run_conformance(["theano"], representative=True)
-    broken = [f"{r.status} {r.case} [{r.dtype}]: {r.reason}"
-              for r in results if r.status not in ("pass", "unsupported")]
+    quick = all_cases(quick=True)
+    chosen = scan_graph_ci_cases()
+    where = {(c.label, c.dtype): i for i, c in enumerate(quick)}
+    results = _check_isolated("theano", environment="theano", cases=quick, quick=True, device="cpu",
+                              indices=[where[(c.label, c.dtype)] for c in chosen])
+    broken = [f"{r.status} {r.case} [{r.dtype}]: {r.reason}" for r in results if r.status != "pass"]
     assert not broken, "\n".join(broken)
-    assert {(r.case, r.dtype) for r in results} == {(c.label, c.dtype) for c in representative_cases()}
-    assert all(r.status == ("unsupported" if r.case.startswith("gru") or "-bi " in r.case else "pass")
-               for r in results)
+    assert [(r.case, r.dtype) for r in results] == [(c.label, c.dtype) for c in chosen]
     assert any("tail" in r.case for r in results) and any("truncated" in r.case for r in results)
-    assert any("lstm" in r.case for r in results)
+    assert any(r.case.startswith("lstm") for r in results) and any(r.case.startswith("gru") for r in results)
+    assert any("-bi " in r.case for r in results)
     assert all(r.worst_ratio <= 1.0 for r in results)
 
 
@@ -87,6 +105,7 @@ def test_quick_conformance_in_the_environment(theano_env):
     assert len(passed) == len(expected)
     assert any("tail" in r.case for r in passed) and any("truncated" in r.case for r in passed)
     assert any("lstm" in r.case for r in passed)
+    assert any(r.case.startswith("gru-before") for r in passed) and any("-bi " in r.case for r in passed)
     assert all(r.worst_ratio <= 1.0 for r in passed)
 
     choice = blas.read_choice(envs.env_dir("theano"))
