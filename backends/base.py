@@ -21,6 +21,9 @@ class Backend:
     variants: tuple[str, ...] = ("default",)
     #: devices it can run on at all (availability per device is checked at run time)
     devices: tuple[str, ...] = ("cpu",)
+    #: the additions to the spec (SPEC_ADDITIONS) this backend's ``supports`` knows of: a problem that uses
+    #: one it does not know (a plugin written before that addition) is unsupported without asking it
+    knows: frozenset = frozenset()
     #: name of the isolated environment its workers run in (None: the main environment)
     environment: str | None = None
     #: what that environment holds (a :class:`harness.spec.environments.Recipe`); the harness builds it
@@ -126,6 +129,26 @@ def unsupported(why: str) -> tuple[bool, str]:
     return False, f"unsupported: {why}"
 
 
+# What the spec gained after the one-direction Elman/LSTM network the backend protocol was first
+# written for: name -> (what it is, whether a model uses it). A backend lists the names its
+# ``supports`` knows of in ``knows``.
+SPEC_ADDITIONS = {
+    "gru": ("the GRU cell", lambda m: m.kind == "gru"),
+    "bidirectional": ("bidirectional layers", lambda m: m.bidirectional),
+}
+
+
+def supports(backend: Backend, problem: Problem) -> tuple[bool, str]:
+    """``backend.supports(problem)``, asked only about what the backend knows: a problem that uses a
+    later addition to the spec the backend does not declare in ``knows`` is unsupported (a backend
+    written before it could not tell such a problem from one it does run)."""
+    for name, (what, used) in SPEC_ADDITIONS.items():
+        if name not in backend.knows and used(problem.model):
+            return unsupported(f"{backend.full_name} does not implement {what}, an addition to the spec after it "
+                               f"was written (a backend that does lists {name!r} in its class's `knows`)")
+    return backend.supports(problem)
+
+
 def screen(backend: Backend, problem: Problem) -> tuple[str, str]:
     """Whether ``backend`` can run ``problem`` here: ``("ok", "")``, ``("unavailable", why)`` when
     this machine lacks it (library, device) or ``("unsupported", why)`` when the backend does.
@@ -135,7 +158,7 @@ def screen(backend: Backend, problem: Problem) -> tuple[str, str]:
     if status != "ok":
         return status, why
     try:
-        ok, why = backend.supports(problem)
+        ok, why = supports(backend, problem)
     except Exception as exc:
         return "unavailable", f"unavailable: supports() raised {type(exc).__name__}: {exc}"
     if not ok:

@@ -79,6 +79,7 @@ def _gpu_present() -> bool:
 
 class CudaBackend(Backend):
     """The hand-optimised GPU RNN (see the module docstring)."""
+    knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
 
     name = "cuda"
     variants = ("graph", "naive", "grouped", "fused", "streams", "persistent")

@@ -681,6 +681,7 @@ class _Pipelines:
 
 class HalideBackend(Backend):
     """``halide``: SPEC.md's Elman network as scheduled Halide pipelines; ``halide:naive``: default schedules."""
+    knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
 
     name = "halide"
     variants = ("scheduled", "naive")

@@ -479,6 +479,7 @@ class JaxBackend(Backend):
     output layer run outside it as single GEMMs), so unrolling has little overhead to
     remove, and the rolled loop compiles fastest, in time independent of T.
     """
+    knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
 
     name = "jax"
     variants = ("default", "unroll=1", "unroll=4", "unroll=T", "python", "autotune")

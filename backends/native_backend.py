@@ -73,6 +73,7 @@ def _engine_spec(problem: Problem) -> dict:
 
 class NativeBackend(Backend):
     """C++ engine: fused per-step kernels, all-step GEMMs through SciPy's BLAS, OpenMP threads."""
+    knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
 
     name = "native"
     variants = ("default", "sync", "async")

@@ -855,6 +855,7 @@ _MAX_SHAPES = 8  # (T, B) workspaces kept at once
 
 class NumbaBackend(Backend):
     """SPEC.md in Numba: fused @njit step loops around BLAS GEMMs, cached across processes."""
+    knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
 
     name = "numba"
     variants = ("default",)

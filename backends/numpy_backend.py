@@ -729,6 +729,7 @@ class _WildML:
 
 class NumpyBackend(Backend):
     """``numpy``: vectorised SPEC.md over reused buffers; ``numpy:wildml``: the tutorial's loop."""
+    knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
 
     name = "numpy"
     variants = ("fast", "wildml")

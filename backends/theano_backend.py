@@ -50,6 +50,7 @@ def merge_flags(ours: str, theirs: str | None) -> str:
 
 class ScanGraphBackend(Backend):
     """The scan-based graph and its three functions; subclasses supply the library."""
+    knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
 
     compile_heavy = True
 

@@ -29,6 +29,7 @@ _NO_CUDA = "unavailable: no CUDA device (torch.cuda.is_available() is False)"
 
 class TorchBackend(Backend):
     """PyTorch, as its users would write the SPEC.md network (see the module docstring)."""
+    knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
 
     name = "torch"
     variants = ("autograd", "fused", "compile")

@@ -16,6 +16,7 @@ from harness.spec import reference as ref
 
 class RefBackend(Backend):
     """The oracle as a backend: correct and slow; ``slow`` sleeps to make a clear speed gap."""
+    knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
 
     name = "ref"
     variants = ("plain", "slow")

@@ -114,7 +114,7 @@ def dict_fault(draw, cfg):
         elif what == "env-total":
             cfg["env"] = {f"V{i}": "x" * 100_000 for i in range(draw(st.integers(6, 9)))}
         elif what == "precision":
-            cfg.setdefault("timing", {})["speedup_precision"] = draw(st.sampled_from([1e-300, 5e-324, 1e-5, 1e-100]))
+            cfg.setdefault("timing", {})["speedup_precision"] = draw(st.sampled_from([1e-300, 5e-324, 1e-12, 1e-100]))
         elif what == "loader":
             cfg["env"] = {draw(st.sampled_from(["LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "DYLD_INSERT_LIBRARIES",
                                                 "GCONV_PATH"])): "/tmp/x.so"}

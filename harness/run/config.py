@@ -51,7 +51,7 @@ class TimingConfig(_Strict):
     round_s: Optional[float] = Field(None, gt=0, le=SECONDS_CAP, description="target length of one round; default min_time_s / min_rounds")
     verify: bool = Field(True, description="check each cell's own step against the reference before timing it")
     speedup_precision: Optional[float] = Field(
-        None, ge=1e-4, lt=1, description="keep taking rounds until every speedup's 95% interval is within this share "
+        None, ge=1e-9, lt=1, description="keep taking rounds until every speedup's 95% interval is within this share "
                                      "of its value (0.02: +-2%), or max_time_s per cell; unset: the floor alone")
     processes: int = Field(1, ge=1, le=16, description="fresh worker processes per timed cell, taking its rounds in turn; "
                                                       "a speedup's interval then covers how far they disagree")

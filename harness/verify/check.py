@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from backends.base import supports
 from harness.spec import reference as ref
 from harness.spec.model import ModelSpec, Problem
 from harness.spec.tolerance import SPEC_TOLERANCES as TOLERANCES, Tolerance, compare, worst  # noqa: F401  (re-exported)
@@ -238,7 +239,7 @@ def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
     full = backend.full_name
     res = CaseResult(full, case.label, case.dtype, "pass")
     train = case.problem("train_step", device)
-    ok, why = backend.supports(train)
+    ok, why = supports(backend, train)
     if not ok:
         res.status, res.reason = "unsupported", why
         return res
@@ -249,7 +250,7 @@ def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
     got: dict[str, object] = {}
     try:
         fwd = case.problem("forward", device)
-        if backend.supports(fwd)[0]:
+        if supports(backend, fwd)[0]:
             backend.prepare(fwd, ref.params_like(params, case.dtype), device=device, threads=1)
             backend.warm_up((x, y))
             got["outputs"] = backend.forward(x)
