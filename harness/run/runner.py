@@ -75,7 +75,7 @@ class Runner:
         states = [GroupRun.restore(g, self.store.unfinished(g[0].group_key)) for g in todo]
         if any(s.passes_done for s in states):
             self._say(f"resuming: {sum(1 for s in states if s.passes_done)} comparison group(s) go on at their next pass")
-        describe = None if progress is None else (lambda text: progress.update(task_id, description=escape(text)))
+        describe = _describer(progress, task_id)
         while states:  # one pass over every group not yet finished, in the config's order
             for state in list(states):
                 state.run_pass(describe, self.record)
@@ -91,7 +91,7 @@ class Runner:
         """Time one comparison group side by side, all its passes back to back, store its rows, and
         return its outcomes."""
         state = GroupRun(group)
-        describe = None if progress is None else (lambda text: progress.update(task_id, description=escape(text)))
+        describe = _describer(progress, task_id)
         while not state.finished:
             state.run_pass(describe, self.record)
         self.store.add_group(state.ordered(), self.gemm_peaks, self.gpu_roofs)
@@ -150,3 +150,10 @@ def finish_meta(store, interrupted: bool = False) -> None:
     statuses = meta.get("cells", {})
     meta["summary"] = {s: sum(1 for v in statuses.values() if v == s) for s in sorted(set(statuses.values()))}
     store.save()
+
+
+def _describer(progress, task_id):
+    """What a group's pass says it is doing, shown as the progress bar's description (None: no bar)."""
+    if progress is None:
+        return None
+    return lambda text: progress.update(task_id, description=escape(text))
