@@ -103,3 +103,31 @@ def test_check_prints_a_line_per_case(fake_backends):
     lines = out.getvalue().splitlines()
     assert lines[0] == f"checking ref ({n} cases) ..."
     assert len(lines) == n + 1 and lines[-1].startswith(f"  [{n}/{n}] pass") and len(results) == n
+
+
+def test_a_request_interrupted_before_its_reply_is_not_answered_by_the_next_one(monkeypatch):
+    """Ctrl-C (or SIGTERM, which a run treats as Ctrl-C) between a request and its reply: closing the
+    worker must not read that reply as the answer to its quit (a stopped run then lost its record)."""
+    import os
+
+    from harness.run import client
+
+    worker = client.WorkerProcess(None, dict(os.environ), "interrupted")
+    real_select = client.select.select
+
+    def interrupted(*args):
+        monkeypatch.setattr(client.select, "select", real_select)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(client.select, "select", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        worker.request(protocol.GemmPeak("float64", 8), 60)
+    assert worker.in_flight
+    worker.close()  # no error: the worker is killed, not asked
+    assert worker.proc.poll() is not None and worker not in client.live_workers()
+
+
+def test_a_reply_whose_body_does_not_fit_its_request_is_a_protocol_error():
+    reply = protocol.Reply("ok", {"samples": [1.0]})
+    with pytest.raises(protocol.ProtocolError, match="'quit'"):
+        protocol.typed(protocol.Quit(), reply)

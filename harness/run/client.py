@@ -208,6 +208,7 @@ class WorkerProcess:
             record.add(self.proc.pid)
         self.buf = b""
         self.paused = False
+        self.in_flight = False  # a request sent whose reply is not read yet
         # what the run set for this worker (recorded with the cell), not what it inherited
         self.env = {k: v for k, v in (recorded or {}).items() if k not in PLUMBING_VARS}
 
@@ -219,7 +220,11 @@ class WorkerProcess:
         return "\n".join(lines[-n:])
 
     def request(self, req: protocol.Request, timeout_s: float) -> protocol.Reply:
-        """Send one request and wait for its reply; WorkerFailure on an error, a death or a timeout."""
+        """Send one request and wait for its reply; WorkerFailure on an error, a death or a timeout.
+
+        Until the reply is read the channel is out of step (``in_flight``): an interrupt in between
+        leaves a reply unread, which :meth:`close` must not take for the answer to its own request."""
+        self.in_flight = True
         try:
             self.proc.stdin.write((protocol.encode_request(req) + "\n").encode())
             self.proc.stdin.flush()
@@ -250,13 +255,18 @@ class WorkerProcess:
             if reply is not None:
                 break
             self.stray.append(text)
+        self.in_flight = False
         self.peak_rss_mb = reply.peak_rss_mb
         if reply.status == Status.DIVERGED:
             raise WorkerFailure(Status.DIVERGED, reply.error)
         if reply.status != Status.OK:
             status = Status.OOM if any(m in reply.error for m in OOM_MARKERS) else Status.ERROR
             raise WorkerFailure(status, f"{reply.error}\n{reply.traceback}".strip())
-        return protocol.typed(req, reply)
+        try:
+            return protocol.typed(req, reply)
+        except protocol.ProtocolError as exc:
+            self.kill()
+            raise WorkerFailure(Status.ERROR, f"{exc}\n{self.stderr_tail()}") from None
 
     def _died(self) -> WorkerFailure:
         code = self._reap(10.0)
@@ -325,9 +335,10 @@ class WorkerProcess:
             self.record.remove(self.proc.pid)
 
     def close(self) -> None:
-        """Ask the worker to quit; kill it when it does not."""
+        """Ask the worker to quit; kill it when it does not, or when a request's reply is still unread
+        (an interrupted request: the worker's next line answers that one, not the quit)."""
         self.resume()
-        if self.proc.poll() is None:
+        if self.proc.poll() is None and not self.in_flight:
             try:
                 self.request(protocol.Quit(), 10)
                 self.proc.wait(timeout=10)

@@ -225,7 +225,10 @@ REQUESTS: dict[str, type[Request]] = {c.cmd: c for c in (Init, WarmUp, Verify, C
 def typed(req: Request, reply: "Reply") -> "Reply":
     """The reply with its body as ``req``'s body type (an ok reply's; a failed one carries none)."""
     if reply.status == "ok" and isinstance(reply.body, dict) and req.Body is not dict:
-        reply.body = req.Body(**reply.body)
+        try:
+            reply.body = req.Body(**reply.body)
+        except TypeError as exc:
+            raise ProtocolError(f"a {req.cmd!r} reply with another request's body ({exc})") from None
     return reply
 
 
