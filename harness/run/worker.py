@@ -55,7 +55,7 @@ def verify_step(p, b, x, y, lr: float) -> dict:
     dtype only when the float64 comparison alone is not met.
     """
     from harness.spec import reference
-    from harness.spec.tolerance import Tolerance, update_floor, worst
+    from harness.spec.tolerance import Tolerance, nudged, update_floor, worst
 
     tol = Tolerance.of(p.dtype, b.tolerance(p))
     start = reference.params_like(b.get_params(), p.dtype)  # a copy: the step may update views in place
@@ -64,21 +64,23 @@ def verify_step(p, b, x, y, lr: float) -> dict:
         got = b.forward(x)
         b.sync()
         ratios = tol.judge({"outputs": (got, reference.outputs(p.model, before, x))},
-                           low=lambda: {"outputs": reference.outputs(p.model, start, x)})
+                           low=lambda: [{"outputs": reference.outputs(p.model, q, x)} for q in nudged(start)])
     else:
         loss = b.sgd_step(x, y, lr)
         b.sync()
         after = b.get_params()
 
-        def changes(params):
+        def changes(params):  # each update from its own start (a nudged start is not ``before``)
+            base = reference.params_like(params, np.float64)
             want_loss, want = reference.sgd_step(p.model, params, x, y, lr)
-            return {"loss": want_loss} | {f"update of {k}": np.asarray(v, np.float64) - before[k]
+            return {"loss": want_loss} | {f"update of {k}": np.asarray(v, np.float64) - base[k]
                                           for k, v in want.items()}
 
         got = {"loss": loss} | {f"update of {k}": np.asarray(after[k], np.float64) - before[k] for k in before}
         want = changes(before)
         floors = {f"update of {k}": v for k, v in update_floor(tol, p, before, x).items()}
-        ratios = tol.judge({k: (got[k], want[k]) for k in want}, low=lambda: changes(start), floors=floors)
+        ratios = tol.judge({k: (got[k], want[k]) for k in want}, low=lambda: [changes(q) for q in nudged(start)],
+                           floors=floors)
     name, ratio = worst(ratios)
     return {"ok": bool(ratio <= 1.0), "worst": name, "ratio": ratio, "bound": tol.describe()}
 

@@ -9,7 +9,11 @@ elementwise, per tensor, with ``m = max|ref|`` over the tensor,
 reference run in the backend's own dtype on the same inputs: where float32 rounding itself
 moves the answer (a ReLU pre-activation within rounding of zero takes the other side of the
 kink, a sum that cancels), every correct float32 computation moves with it, and the bound
-widens there and nowhere else. ``floor`` is an allowance the caller knows of, like the
+widens there and nowhere else. Whether a given order of operations crosses a kink is a coin
+toss, so ``ref_low`` is three runs (the backend's parameters as they are and two copies nudged
+up and down by a few units in the last place, :func:`nudged`) and the bound takes the largest
+``|ref_low - ref|`` of them: a backend that crossed where one run of the reference happened
+not to is still within it, while an error in the maths moves every element, not a few. ``floor`` is an allowance the caller knows of, like the
 rounding of an update applied to a parameter in place (:func:`update_floor`). In float64
 ``ref_low`` is ``ref``, so the float64 check is SPEC's alone.
 
@@ -19,7 +23,7 @@ Worker-safe: numpy and the reference only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -34,7 +38,33 @@ SENSITIVITY = 4.0
 # forms ``p - lr g`` in two operations.
 UPDATE_ROUNDINGS = 4.0
 
+# How far :func:`nudged` moves each parameter, in units of the dtype's epsilon: enough for the move of
+# a pre-activation to exceed its rounding noise (a sum of D terms rounds by ~eps sqrt(D) of their
+# size, more where a blocked GEMM adds partial sums; the nudge moves it by ~NUDGE eps sqrt(D)), and
+# small beside every tolerance (4 NUDGE eps = 1.5e-5 in float32, against rtol 1e-3).
+NUDGE = 32.0
+
 Tensors = Mapping[str, tuple[object, object]]  # name -> (got, want)
+Lows = Mapping[str, object] | Sequence[Mapping[str, object]]  # one low-precision run per mapping
+
+
+def nudged(params: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """``params`` as they are, then two copies with every element scaled by ``1 + s NUDGE eps`` and
+    ``1 - s NUDGE eps`` (``s`` a fixed random sign per element, ``eps`` the dtype's). The pair is
+    antithetic: a pre-activation within rounding of a kink moves by the same amount, larger than
+    its rounding noise, once up and once down, so one of the two runs takes the side float64 did
+    not, whichever side a backend's own rounding chose."""
+    rng = np.random.default_rng(0)
+    sign = {k: np.where(rng.random(np.shape(v)) < 0.5, -1.0, 1.0) for k, v in params.items()}
+    out = [dict(params)]
+    for direction in (1.0, -1.0):
+        copy = {}
+        for k, v in params.items():
+            v = np.asarray(v)
+            step = NUDGE * float(np.finfo(v.dtype).eps) if v.dtype.kind == "f" else 0.0
+            copy[k] = (v * (1.0 + direction * step * sign[k])).astype(v.dtype)
+        out.append(copy)
+    return out
 
 
 @dataclass(frozen=True)
@@ -71,10 +101,10 @@ class Tolerance:
         """``max |got - want| / bound`` over the tensor; above 1 is a mismatch."""
         return compare("", got, want, self.rtol, self.atol, floor, want_low, self.sensitivity)[0]
 
-    def judge(self, tensors: Tensors, low: Callable[[], Mapping[str, object]] | None = None,
+    def judge(self, tensors: Tensors, low: Callable[[], Lows] | None = None,
               floors: Mapping[str, object] | None = None) -> dict[str, float]:
-        """Ratio per tensor name. ``low()`` gives the low-precision reference per name; it is called
-        (the reference's second run) only when some tensor misses the bound without it."""
+        """Ratio per tensor name. ``low()`` gives the low-precision reference per name (one run, or a
+        list of runs: :func:`nudged`); it is called only when some tensor misses the bound without it."""
         floors = floors or {}
 
         def one(k, want_low=None):
@@ -85,14 +115,16 @@ class Tolerance:
         missed = [k for k, (r, _) in found.items() if 1.0 < r < float("inf")]
         if missed and low is not None and self.sensitivity:
             lows = low()
-            found.update({k: one(k, lows[k]) for k in missed})
+            lows = [lows] if isinstance(lows, Mapping) else list(lows)
+            found.update({k: one(k, [run[k] for run in lows]) for k in missed})
         return {label: r for r, label in found.values()}
 
 
 def compare(name, got, want, rtol, atol_scale, floor=0.0, want_low=None, sensitivity=0.0):
     """``(max |got - want| / bound, label)`` with the bound ``rtol |want| + atol_scale max|want| + floor
-    + sensitivity |want_low - want|``, elementwise; a ratio above 1 is a mismatch, and a wrong shape or a
-    non-finite value is ``inf`` with the label saying which."""
+    + sensitivity |want_low - want|``, elementwise (``want_low`` one array or a list of runs: the largest
+    deviation counts); a ratio above 1 is a mismatch, and a wrong shape or a non-finite value is ``inf``
+    with the label saying which."""
     got = np.asarray(got, dtype=np.float64)
     want = np.asarray(want, dtype=np.float64)
     if got.shape != want.shape:
@@ -103,7 +135,9 @@ def compare(name, got, want, rtol, atol_scale, floor=0.0, want_low=None, sensiti
         return 0.0, name
     bound = rtol * np.abs(want) + atol_scale * float(np.abs(want).max()) + floor + 1e-300
     if want_low is not None and sensitivity:
-        bound = bound + sensitivity * np.abs(np.asarray(want_low, dtype=np.float64) - want)
+        runs = want_low if isinstance(want_low, list) else [want_low]
+        spread = np.max([np.abs(np.asarray(run, dtype=np.float64) - want) for run in runs], axis=0)
+        bound = bound + sensitivity * spread
     return float((np.abs(got - want) / bound).max()), name
 
 
