@@ -99,3 +99,19 @@ def test_dask_local_says_before_the_run_which_workers_would_hold_its_threads(mon
         distributed.DaskExecutor(n_workers=4).check_cells(cells)
     with pytest.raises(distributed.HarnessError, match="no --workers would"):
         distributed.DaskExecutor(n_workers=1).check_cells([SimpleNamespace(threads=32)])
+
+
+def test_an_ms_table_filters_on_results_columns_and_shows_milliseconds(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("<!-- table: ms sobel batch=1 -->\n<!-- /table -->\n")
+    docs.write_page(page, EXAMPLES)
+    timings = pd.read_parquet(EXAMPLES / "sobel" / "timings.parquet")
+    kept = timings[(timings["batch"] == 1) & timings["workload"].isin(["forward", "train_step"])]
+    table = [line for line in page.read_text().splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| problem |") and table[0].endswith(" ms |")
+    assert len(table) - 1 == kept["group"].nunique() > 0  # a row per comparison group of batch 1 alone
+    ok = kept[kept["status"] == "ok"].iloc[0]
+    assert f"| {ok['median_s'] * 1e3:.3g} |" in page.read_text()
+    page.write_text("<!-- table: ms sobel colour=red -->\n<!-- /table -->\n")
+    with pytest.raises(docs.HarnessError, match="no results column 'colour'"):
+        docs.write_page(page, EXAMPLES)

@@ -13,7 +13,12 @@ The opening marker names the kind of table, the run folder(s) it reads (comma-se
 * ``speedups RUNS [device=cpu|gpu] [workload=W] [threads=column]``: a row per comparison group, a
   column per backend; the baseline's cell is ``1 (its median)``, the others the speedup with its
   95% interval, ``*`` where the interval missed its precision target, or the cell's status.
+* ``ms RUNS``: like ``speedups``, with each cell's milliseconds per call instead of its speedup
+  (for comparing problems with one another on one backend: a GRU's step against an LSTM's).
 * ``steps RUNS``: a row per cell: ms per step, compile seconds, speedup.
+
+Any other ``key=value`` names a results column and keeps the rows whose value reads ``value``
+(``model=gru``, ``batch=32``, ``bidirectional=True``).
 * ``training RUNS``: training cells ordered by time to target.
 * ``epochs RUNS``: training time and final loss, a row per batch and a column per backend and threads.
 
@@ -33,7 +38,8 @@ from harness.spec.errors import HarnessError
 
 OPEN = re.compile(r"^<!-- table: (?P<spec>.+?) -->\s*$")
 CLOSE = "<!-- /table -->"
-KINDS = ("speedups", "steps", "training", "epochs")
+KINDS = ("speedups", "ms", "steps", "training", "epochs")
+OPTIONS = ("device", "workload", "threads")  # the options that are not column filters
 
 
 @dataclass
@@ -114,6 +120,12 @@ def _load(examples: Path, runs: list[str]) -> tuple[pd.DataFrame, pd.DataFrame] 
 
 
 def _filter(df: pd.DataFrame, spec: TableSpec, default_workloads=None) -> pd.DataFrame:
+    for key, value in spec.options.items():
+        if key in OPTIONS:
+            continue
+        if key not in df.columns:
+            raise HarnessError(f"table {spec.text!r} (line {spec.line}): no results column {key!r} to filter on")
+        df = df[df[key].astype(str) == value]
     if "device" in spec.options:
         df = df[df["device"] == spec.options["device"]]
     if "workload" in spec.options:
@@ -138,7 +150,11 @@ def _cell(r) -> str:
     return _speedup(r) if _ok(r.get("speedup")) else fmt_duration(r["median_s"])
 
 
-def speedups(df: pd.DataFrame, spec: TableSpec) -> list[str]:
+def _ms(r) -> str:
+    return f"{r['median_s'] * 1e3:.3g}" if r["status"] == "ok" and _ok(r.get("median_s")) else str(r["status"])
+
+
+def speedups(df: pd.DataFrame, spec: TableSpec, cell=_cell) -> list[str]:
     df = _filter(df, spec, default_workloads=("forward", "train_step"))
     by_threads = spec.options.get("threads") == "column"
     several = df["workload"].nunique() > 1
@@ -149,9 +165,10 @@ def speedups(df: pd.DataFrame, spec: TableSpec) -> list[str]:
         row = [_problem(head, several, omit=("threads",) if by_threads else ())]
         if by_threads:
             row.append(str(head["threads"]))
-        cells = {r["label"]: _cell(r) for _, r in g.iterrows()}
+        cells = {r["label"]: cell(r) for _, r in g.iterrows()}
         rows.append(row + [cells.get(label, "") for label in labels])
-    return _table(["problem"] + (["threads"] if by_threads else []) + labels, rows)
+    heads = labels if cell is _cell else [f"{label} ms" for label in labels]
+    return _table(["problem"] + (["threads"] if by_threads else []) + heads, rows)
 
 
 def steps(df: pd.DataFrame, spec: TableSpec) -> list[str]:
@@ -205,6 +222,8 @@ def render_table(spec: TableSpec, examples: Path) -> list[str]:
     df, curves = loaded
     if spec.kind == "speedups":
         return speedups(df, spec)
+    if spec.kind == "ms":
+        return speedups(df, spec, cell=_ms)
     if spec.kind == "steps":
         return steps(df, spec)
     if spec.kind == "training":
