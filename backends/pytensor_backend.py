@@ -59,6 +59,7 @@ class PytensorBackend(ScanGraphBackend):
     """PyTensor 3 with the C (cvm), Numba or JAX linker."""
 
     name = "pytensor"
+    package = "pytensor"
     variants = ("c", "numba", "jax")
     compile_heavy = True
 
