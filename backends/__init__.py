@@ -116,9 +116,9 @@ def pins_of(full: str) -> dict[str, str]:
     """The versions a backend name pins, ``{package: version}`` (the backend's own ``package`` first)."""
     from harness.spec.environments import parse_pins
 
-    text = split_pins(full)[1]
-    if not text:
+    if "@" not in str(full):
         return {}
+    text = split_pins(full)[1]
     cls = backend_class(split_name(full)[0])
     try:
         return parse_pins(f"{cls.package}@{text}")

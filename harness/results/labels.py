@@ -22,9 +22,10 @@ def backend_name(row) -> str:
 
 def backend_label(df: pd.DataFrame) -> pd.Series:
     """``name`` for a backend's default variant, ``name:variant`` otherwise, followed by the version of its
-    package (``jax 0.4.38``) where the row's name pins one or the table holds that backend at more than one
-    version (``jax 0.10.2`` beside a pinned ``jax 0.4.38``); two pin sets that would still share a label
-    are told apart by their names (``jax@0.4.38+jaxlib@0.4.36``)."""
+    package (``jax 0.4.38``) where the row's name pins one or another row pins a version of that backend
+    (``jax 0.10.2`` beside a pinned ``jax 0.4.38``); two pin sets that would still share a label are told
+    apart by their names (``jax@0.4.38+jaxlib@0.4.36``). Tables without pins keep their plain labels, also
+    across runs whose main environments differ (a CPU and a GPU machine's jax are one backend there)."""
     import backends
 
     if not len(df):
@@ -32,10 +33,9 @@ def backend_label(df: pd.DataFrame) -> pd.Series:
     base = [backends.full_name(b, v) for b, v in zip(df["backend"], df["variant"])]
     pins = [optional_text(v) for v in (df["pins"] if "pins" in df else [None] * len(df))]
     version = [optional_text(v) for v in (df["backend_version"] if "backend_version" in df else [None] * len(df))]
-    seen: dict[str, set] = {}
-    for b, v in zip(base, version):
-        seen.setdefault(b, set()).add(v)
-    labels = [f"{b} {v}" if v and (p or len(seen[b] - {""}) > 1) else b for b, p, v in zip(base, pins, version)]
+    pinned = {name for name, p in zip(df["backend"], pins) if p}
+    labels = [f"{b} {v}" if v and (p or name in pinned) else b
+              for name, b, p, v in zip(df["backend"], base, pins, version)]
     sets: dict[str, set] = {}
     for label, p in zip(labels, pins):
         sets.setdefault(label, set()).add(p)

@@ -205,7 +205,7 @@ def _family_label(row, axis_col: str) -> str:
 def _lines_along(df: pd.DataFrame, col: str) -> pd.DataFrame:
     """Rows of every (backend, problem) line that holds all else fixed and has >= 2 values of ``col``."""
     fixed = [c for c in PROBLEM_COLUMNS if c != col and c in df.columns]
-    keys = ["backend", "variant"] + fixed
+    keys = ["backend", "variant"] + [c for c in ("pins",) if c in df.columns] + fixed  # jax@0.4.38 is its own line
     filled = df[keys].astype(str)
     line_id = filled.apply("|".join, axis=1)
     counts = df.groupby(line_id)[col].transform("nunique")

@@ -752,7 +752,8 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None, bas
     except ValidationError as exc:
         raise _format_pydantic(exc, path) from None
 
-    versions = _versions(raw, path, own or source)
+    # --backends may leave out the pinned backends the document's versions: were written for
+    versions = _versions(raw, path, {} if backends_override else own or source)
     for i, name in enumerate(raw.backends):
         try:
             raw.backends[i] = registry.validate_name(name, versions)

@@ -142,21 +142,24 @@ def _run(cmd: list[str], stage: str, env: dict | None = None) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=lifeline.child_environ(env))
     if proc.returncode != 0:
         lines = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-        errors = [line for line in lines if line.lower().startswith("error")]  # pip's and uv's own verdict
+        errors = [line for line in lines if line.lower().startswith("error")  # pip's and uv's own verdict
+                  and "ignored the following versions" not in line.lower()]  # a notice: every release for other Pythons
         reason = " | ".join(_short(line) for line in (errors or lines)[-6:])
         raise _StageError(f"{stage} failed (exit {proc.returncode}): {reason}")
     return proc.stdout
 
 
-def _short(line: str, keep: int = 3) -> str:
-    """An installer's line with its list of every released version cut to the first and last few."""
+def _short(line: str, keep: int = 3, most: int = 400) -> str:
+    """An installer's line with its list of every released version cut to the first and last few, and
+    at most ``most`` characters."""
     def cut(match):
         versions = match.group(1).split(", ")
         if len(versions) <= 2 * keep:
             return match.group(0)
         return f"(from versions: {', '.join(versions[:keep])}, ..., {', '.join(versions[-keep:])})"
 
-    return re.sub(r"\(from versions: ([^)]*)\)", cut, line)
+    line = re.sub(r"\(from versions: ([^)]*)\)", cut, line)
+    return line if len(line) <= most else line[:most - 3] + "..."
 
 
 def _make_and_install(name: str, recipe: Recipe, target: Path, say) -> Path:
