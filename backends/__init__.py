@@ -126,12 +126,6 @@ def pins_of(full: str) -> dict[str, str]:
         raise HarnessError(f"backend {full!r}: {exc}") from None
 
 
-def _pinned_name(cls, base: str, pins: dict[str, str]) -> str:
-    """``name[:variant]@version+companion@version...``: the backend's own version first, the rest sorted."""
-    own = pins[cls.package]
-    return f"{base}@{own}" + "".join(f"+{p}@{v}" for p, v in sorted(pins.items()) if p != cls.package)
-
-
 def backend_class(name: str):
     """The backend class for ``name``; raises HarnessError for unknown names or broken modules."""
     known = registry()
@@ -193,7 +187,7 @@ def validate_name(full: str, versions: dict[str, str] | None = None) -> str:
     pins = pins_of(full)
     for package, version in (versions or {}).items():
         pins.setdefault(normalise_package(package), version)
-    return _pinned_name(cls, canonical, pins)
+    return cls.full_name_of(variant, pins)
 
 
 def default_variant(name: str) -> str | None:

@@ -43,7 +43,7 @@ class Backend:
 
     @property
     def full_name(self) -> str:
-        return self.full_name_of(self.variant)
+        return self.full_name_of(self.variant, self.pins)
 
     # -- naming (the one rule: a bare name means the first variant, which is written bare) ----
     @classmethod
@@ -52,10 +52,14 @@ class Backend:
         return variant or cls.variants[0]
 
     @classmethod
-    def full_name_of(cls, variant: str | None) -> str:
-        """``name`` for the default variant, ``name:variant`` for the others."""
+    def full_name_of(cls, variant: str | None, pins: dict[str, str] | None = None) -> str:
+        """``name`` for the default variant, ``name:variant`` for the others; with ``pins``, then
+        ``@version`` of its package and ``+package@version`` of the others, sorted."""
         variant = cls.variant_of(variant)
-        return cls.name if variant == cls.variants[0] else f"{cls.name}:{variant}"
+        name = cls.name if variant == cls.variants[0] else f"{cls.name}:{variant}"
+        if not pins:
+            return name
+        return f"{name}@{pins[cls.package]}" + "".join(f"+{p}@{v}" for p, v in sorted(pins.items()) if p != cls.package)
 
     # -- cheap questions -------------------------------------------------------------
     @property

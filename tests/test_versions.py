@@ -47,6 +47,8 @@ def test_names_their_canonical_spelling_and_environment(name, canonical, env):
 def test_a_pinned_instance_knows_its_pins_and_split_name_ignores_them():
     inst = backends.create("jax:unroll=4@0.4.38+jaxlib@0.4.38")
     assert inst.variant == "unroll=4" and inst.pins == {"jax": "0.4.38", "jaxlib": "0.4.38"}
+    assert inst.full_name == "jax:unroll=4@0.4.38+jaxlib@0.4.38"  # what checks and messages call it
+    assert inst.environment_name == "jax@0.4.38+jaxlib@0.4.38"
     assert backends.split_name("jax:unroll=4@0.4.38") == ("jax", "unroll=4")
     assert backends.split_pins("jax:unroll=4@0.4.38+jaxlib@0.4.38") == ("jax:unroll=4", "0.4.38+jaxlib@0.4.38")
     assert backends.create("jax").pins == {}
