@@ -707,7 +707,7 @@ def _versions(raw: RawConfig, path: str, own: dict) -> dict[str, str]:
         first = next(iter(raw.versions))
         raise HarnessError(f"{path}: versions.{first}: pins a companion package in the environments of backends "
                            f"named with a version, and backends ({', '.join(raw.backends)}) names none; expected "
-                           f"a backend like {raw.backends[0].split(':')[0]}@VERSION")
+                           f"at least one backend named NAME@VERSION")
     return out
 
 
