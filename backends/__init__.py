@@ -99,9 +99,31 @@ def origin(name: str) -> str:
 
 
 def split_name(full: str) -> tuple[str, str | None]:
-    """``"numpy:wildml"`` -> ``("numpy", "wildml")``; ``"jax"`` -> ``("jax", None)``."""
-    name, _, variant = str(full).partition(":")
+    """``"numpy:wildml"`` -> ``("numpy", "wildml")``; ``"jax"`` -> ``("jax", None)``; the versions a name
+    pins are not part of it: ``"jax:unroll=4@0.4.38"`` -> ``("jax", "unroll=4")``."""
+    name, _, variant = split_pins(full)[0].partition(":")
     return name, (variant or None)
+
+
+def split_pins(full: str) -> tuple[str, str]:
+    """A backend name's two parts, ``name[:variant]`` and the versions it pins after ``@``:
+    ``"jax:unroll=4@0.4.38+jaxlib@0.4.38"`` -> ``("jax:unroll=4", "0.4.38+jaxlib@0.4.38")``; ``""`` for none."""
+    base, _, pins = str(full).partition("@")
+    return base, pins
+
+
+def pins_of(full: str) -> dict[str, str]:
+    """The versions a backend name pins, ``{package: version}`` (the backend's own ``package`` first)."""
+    from harness.spec.environments import parse_pins
+
+    if "@" not in str(full):
+        return {}
+    text = split_pins(full)[1]
+    cls = backend_class(split_name(full)[0])
+    try:
+        return parse_pins(f"{cls.package}@{text}")
+    except ValueError as exc:
+        raise HarnessError(f"backend {full!r}: {exc}") from None
 
 
 def backend_class(name: str):
@@ -137,8 +159,12 @@ def _class_problem(name: str, obj) -> str:
     return ""
 
 
-def validate_name(full: str) -> str:
-    """Check ``name[:variant]`` against the registry; returns the canonical full name."""
+def validate_name(full: str, versions: dict[str, str] | None = None) -> str:
+    """Check ``name[:variant][@version[+package@version...]]`` against the registry; returns the canonical
+    full name. ``versions`` (package -> version, from a config's ``versions:``) adds companions to a name
+    that pins a version; the name's own pins win."""
+    from harness.spec.environments import normalise_package
+
     name, variant = split_name(full)
     if name not in registry():
         backend_class(name)  # raises the "unknown backend" error with the known names
@@ -150,7 +176,18 @@ def validate_name(full: str) -> str:
         return full
     if variant is not None and variant not in cls.variants:
         raise HarnessError(f"backend {full!r}: unknown variant {variant!r}; valid variants are {', '.join(cls.variants)}")
-    return cls.full_name_of(variant)
+    canonical = cls.full_name_of(variant)
+    if "@" not in str(full):
+        return canonical
+    if cls.package is None:
+        why = (f"it runs in its own environment {cls.environment!r}" if cls.environment
+               else "its class names no `package` to pin")
+        raise HarnessError(f"backend {full!r}: {name} cannot be pinned to a version ({why}); expected {name} "
+                           f"or {name}:variant")
+    pins = pins_of(full)
+    for package, version in (versions or {}).items():
+        pins.setdefault(normalise_package(package), version)
+    return cls.full_name_of(variant, pins)
 
 
 def default_variant(name: str) -> str | None:
@@ -168,14 +205,22 @@ def full_name(name: str, variant: str | None) -> str:
 
 
 def create(full: str):
-    """Instantiate ``name[:variant]``."""
+    """Instantiate ``name[:variant][@versions]`` (the instance's ``pins`` hold the versions)."""
     name, variant = split_name(full)
-    validate_name(full)
+    canonical = validate_name(full)
     cls = backend_class(name)
     try:
-        return cls(variant)
+        inst = cls(variant)
     except Exception as exc:  # a constructor that raises makes the backend unavailable, not the run fail
         raise HarnessError(f"unavailable: backend {full!r} could not be created: {type(exc).__name__}: {exc}") from exc
+    inst.pins = pins_of(canonical)
+    return inst
+
+
+def environment_of(full: str) -> str | None:
+    """The isolated environment the workers of backend ``full`` run in: its pin set's (``jax@0.4.38``),
+    its class's (``theano``), or None for the main one."""
+    return create(full).environment_name
 
 
 @dataclass
@@ -209,7 +254,7 @@ def list_backends() -> list[Listing]:
                 rows.append(Listing(name, variant, full, False, str(exc), cls.devices, cls.environment, source))
                 continue
             try:
-                ok, why = inst.availability()
+                ok, why = inst.reachable()
             except Exception as exc:  # availability must never crash the listing
                 ok, why = False, f"unavailable: availability() raised {type(exc).__name__}: {exc}"
             rows.append(Listing(name, variant, inst.full_name, ok, why, cls.devices, cls.environment, source))

@@ -28,6 +28,9 @@ class Backend:
     environment: str | None = None
     #: what that environment holds (a :class:`harness.spec.environments.Recipe`); the harness builds it
     recipe = None
+    #: the distribution whose version a name may pin (``jax@0.4.38``: jax 0.4.38 in an environment of its
+    #: own); None: this backend cannot be pinned
+    package: str | None = None
     #: True when each new graph costs seconds to compile: ``harness check`` runs a
     #: representative subset in CI (``--quick``) and the whole matrix on request
     compile_heavy: bool = False
@@ -35,10 +38,12 @@ class Backend:
     def __init__(self, variant: str | None = None):
         self.variant = self.variant_of(variant)
         self.problem: Problem | None = None
+        #: the versions its name pins (``backends.create("jax@0.4.38")``: {"jax": "0.4.38"}), {} for none
+        self.pins: dict[str, str] = {}
 
     @property
     def full_name(self) -> str:
-        return self.full_name_of(self.variant)
+        return self.full_name_of(self.variant, self.pins)
 
     # -- naming (the one rule: a bare name means the first variant, which is written bare) ----
     @classmethod
@@ -47,12 +52,34 @@ class Backend:
         return variant or cls.variants[0]
 
     @classmethod
-    def full_name_of(cls, variant: str | None) -> str:
-        """``name`` for the default variant, ``name:variant`` for the others."""
+    def full_name_of(cls, variant: str | None, pins: dict[str, str] | None = None) -> str:
+        """``name`` for the default variant, ``name:variant`` for the others; with ``pins``, then
+        ``@version`` of its package and ``+package@version`` of the others, sorted."""
         variant = cls.variant_of(variant)
-        return cls.name if variant == cls.variants[0] else f"{cls.name}:{variant}"
+        name = cls.name if variant == cls.variants[0] else f"{cls.name}:{variant}"
+        if not pins:
+            return name
+        return f"{name}@{pins[cls.package]}" + "".join(f"+{p}@{v}" for p, v in sorted(pins.items()) if p != cls.package)
 
     # -- cheap questions -------------------------------------------------------------
+    @property
+    def environment_name(self) -> str | None:
+        """The isolated environment this backend's workers run in: its pin set's, else its class's."""
+        from harness.spec.environments import pins_text
+
+        return pins_text(self.pins) if self.pins else self.environment
+
+    def reachable(self) -> tuple[bool, str]:
+        """:meth:`availability` where this process runs in the backend's environment; from outside it,
+        whether that environment exists or can be created (what the harness asks before a worker starts)."""
+        from harness.spec import environments
+
+        name = self.environment_name
+        recipe = environments.pinned_recipe(self.pins) if self.pins else self.recipe
+        if name is None or recipe is None or environments.current_env() == name:
+            return self.availability()
+        return environments.availability_outside(name, recipe)
+
     def availability(self) -> tuple[bool, str]:
         """Whether this backend can run here at all, and why not (no heavy import needed)."""
         return True, ""
@@ -170,7 +197,7 @@ def screen_device(backend: Backend, device: str) -> tuple[str, str]:
     """The first two steps of :func:`screen`: the backend's availability here, then ``device``:
     ``unsupported`` when the backend has no implementation for it, ``unavailable`` when this machine lacks it."""
     try:
-        ok, why = backend.availability()
+        ok, why = backend.reachable()
     except Exception as exc:  # a broken (e.g. third-party) backend is unavailable, never a crash
         return "unavailable", f"unavailable: availability() raised {type(exc).__name__}: {exc}"
     if not ok:

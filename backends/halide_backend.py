@@ -684,6 +684,7 @@ class HalideBackend(Backend):
     knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
 
     name = "halide"
+    package = "halide"
     variants = ("scheduled", "naive")
     compile_heavy = True
     #: keep compiled pipelines as extension modules on disk (see :class:`_Pipelines`); False: JIT only

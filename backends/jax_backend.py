@@ -482,6 +482,7 @@ class JaxBackend(Backend):
     knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
 
     name = "jax"
+    package = "jax"
     variants = ("default", "unroll=1", "unroll=4", "unroll=T", "python", "autotune")
     devices = ("cpu", "gpu")
     #: every new problem costs 0.3-3 s of XLA compiles per executable (persistently cached after)

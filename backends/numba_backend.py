@@ -858,6 +858,7 @@ class NumbaBackend(Backend):
     knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
 
     name = "numba"
+    package = "numba"
     variants = ("default",)
 
     def availability(self) -> tuple[bool, str]:

@@ -732,6 +732,7 @@ class NumpyBackend(Backend):
     knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
 
     name = "numpy"
+    package = "numpy"
     variants = ("fast", "wildml")
 
     def __init__(self, variant: str | None = None):

@@ -11,6 +11,7 @@ program.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import shutil
 import sys
@@ -59,6 +60,7 @@ class PytensorBackend(ScanGraphBackend):
     """PyTensor 3 with the C (cvm), Numba or JAX linker."""
 
     name = "pytensor"
+    package = "pytensor"
     variants = ("c", "numba", "jax")
     compile_heavy = True
 
@@ -132,8 +134,16 @@ class PytensorBackend(ScanGraphBackend):
         import pytensor.tensor as pt
         from pytensor.gradient import disconnected_grad
 
+        # PyTensor 3 returns the outputs alone when asked to; 2.x (pytensor@2.30.3) returns (outputs, updates)
+        # as Theano does
+        new_scan = "return_updates" in inspect.signature(pytensor.scan).parameters
+
         def scan(fn, **kwargs):
-            outputs = pytensor.scan(fn, strict=True, return_updates=False, **kwargs)
+            if new_scan:
+                outputs = pytensor.scan(fn, strict=True, return_updates=False, **kwargs)
+            else:
+                outputs, updates = pytensor.scan(fn, strict=True, **kwargs)
+                assert not updates, "the RNN step has no random state or shared updates"
             return outputs if isinstance(outputs, list) else [outputs]
 
         def tensor_input(name, dtype, shape):

@@ -457,12 +457,7 @@ class TheanoBackend(ScanGraphBackend):
             if importlib.util.find_spec("theano") is None:
                 return False, "unavailable: theano is not installed in this environment"
             return True, ""
-        if envs.env_python(ENVIRONMENT) is not None:
-            return True, ""
-        ok, why = envs.can_create(ENVIRONMENT, self.recipe)
-        if not ok:
-            return False, f"unavailable: {why}"
-        return True, "environment will be created on first use"
+        return envs.availability_outside(ENVIRONMENT, self.recipe)
 
     @classmethod
     def environment_variables(cls, variant: str, threads: int, device: str, dtype: str) -> dict[str, str]:

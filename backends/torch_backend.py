@@ -32,6 +32,7 @@ class TorchBackend(Backend):
     knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
 
     name = "torch"
+    package = "torch"
     variants = ("autograd", "fused", "compile")
     devices = ("cpu", "gpu")
 

@@ -17,7 +17,8 @@ from rich.table import Table
 from harness.spec.errors import HarnessError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark one RNN spec across backends.")
-env_app = typer.Typer(no_args_is_help=True, help="Isolated environments for backends that need one (Theano).")
+env_app = typer.Typer(no_args_is_help=True, help="Isolated environments: Theano's, and one per set of pinned "
+                                                  "versions (jax@0.4.38).")
 app.add_typer(env_app, name="env")
 def _console(stderr: bool = False) -> Console:
     probe = Console(stderr=stderr)
@@ -443,12 +444,14 @@ def _print_check(results, verbose: bool):
 
 
 @env_app.command("create")
-def env_create(name: Annotated[str, typer.Argument(help="Environment name, e.g. theano.")],
+def env_create(name: Annotated[str, typer.Argument(help="Environment name (theano), or a backend name that pins "
+                                                     "versions (jax@0.4.38, jax@0.4.38+jaxlib@0.4.38).")],
                force: Annotated[bool, typer.Option("--force", help="Rebuild it even if it exists.")] = False):
     """Build (or rebuild) an isolated backend environment."""
     from harness.run import envs
 
     try:
+        name = envs.environment_name(name)
         python = envs.create_env(name, force=force, progress=err_console)
     except HarnessError as exc:
         _fail(exc, 1)
@@ -470,11 +473,12 @@ def env_list():
 
 
 @env_app.command("remove")
-def env_remove(name: Annotated[str, typer.Argument(help="Environment name.")]):
+def env_remove(name: Annotated[str, typer.Argument(help="Environment name, or a backend name that pins versions.")]):
     """Delete an isolated environment."""
     from harness.run import envs
 
     try:
+        name = envs.environment_name(name)
         envs.remove_env(name)
     except HarnessError as exc:
         _fail(exc, 1)

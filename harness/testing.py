@@ -56,7 +56,7 @@ def check_backend(name: str, quick: bool = False, device: str = "cpu", cases: li
 
     try:
         full = backends.validate_name(name)
-        isolated = backends.backend_class(backends.split_name(full)[0]).environment is not None
+        isolated = backends.environment_of(full) is not None
     except HarnessError as exc:
         raise ConformanceError(str(exc)) from None
     if cases is None:

@@ -25,7 +25,9 @@ import pandas as pd
 from harness.spec.errors import HarnessError
 from harness.spec.status import FAILED
 
-IDENTITY_COLUMNS = ["backend", "variant", "device", "model", "task", "workload", "dtype", "batch", "seq_len",
+# ``pins``: jax@0.4.38 pairs with jax@0.4.38, never with the main environment's jax (whose version may
+# change between the runs: that is what a comparison is for)
+IDENTITY_COLUMNS = ["backend", "variant", "pins", "device", "model", "task", "workload", "dtype", "batch", "seq_len",
                     "input_size", "hidden_size", "output_size", "threads", "bptt", "layers", "activation", "head",
                     "output_act", "peephole", "bias", "tokens"]
 ALPHA = 0.05
@@ -148,7 +150,9 @@ def _cell_name(row) -> str:
 
 
 def _identity(row) -> tuple:
-    return tuple(str(row.get(c)) for c in IDENTITY_COLUMNS)
+    from harness.results.labels import optional_text
+
+    return tuple(optional_text(row.get(c)) if c == "pins" else str(row.get(c)) for c in IDENTITY_COLUMNS)
 
 
 def _match(a: pd.DataFrame, b: pd.DataFrame) -> tuple[list[tuple[int, int]], list[int], list[int]]:
@@ -193,7 +197,7 @@ def _samples(row) -> np.ndarray:
 
 def compare_runs(run_a, run_b, threshold: float = 1.05, alpha: float = ALPHA) -> Comparison:
     """Compare run B against run A cell by cell; see :class:`Comparison`."""
-    from harness.results.labels import backend_label
+    from harness.results.labels import backend_label, optional_text
     from harness.results.store import load_run
 
     if not threshold >= 1.0:
@@ -213,6 +217,9 @@ def compare_runs(run_a, run_b, threshold: float = 1.05, alpha: float = ALPHA) ->
     for i, j in pairs:
         ra, rb = ta.iloc[i], tb.iloc[j]
         change = CellChange(_cell_name(ra), ra["cell_id"], rb["cell_id"], ra["status"], rb["status"])
+        va, vb = optional_text(ra.get("backend_version")), optional_text(rb.get("backend_version"))
+        if va and vb and va != vb:  # the main environment's library moved between the runs: say so
+            change.cell += f" ({ra['backend']} {va} -> {vb})"
         _speedups(change, ra, rb)
         sa, sb = _samples(ra), _samples(rb)
         if ra["status"] == "ok" and rb["status"] == "ok" and sa.size and sb.size:
@@ -293,10 +300,12 @@ def _judge_speedups(change: CellChange, threshold: float) -> None:
 
 def _baseline_drift(result: Comparison, ta: pd.DataFrame, pairs) -> None:
     """Attach to every cell the B/A ratio of its group's baseline: a shift of the machine shows there too."""
+    from harness.results.labels import backend_name
+
     base_ratio = {}
     for (i, _), change in zip(pairs, result.cells):
         row = ta.iloc[i]
-        if row["label"] == row["baseline"]:  # labels and baselines both use the canonical name[:variant]
+        if backend_name(row) == row["baseline"]:  # the canonical name[:variant][@versions], as configs write it
             base_ratio[row["group"]] = change.ratio
     for (i, _), change in zip(pairs, result.cells):
         change.baseline_ratio = base_ratio.get(ta.iloc[i]["group"])

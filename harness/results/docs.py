@@ -93,7 +93,9 @@ def _speedup(r) -> str:
 
 
 def _is_baseline(r) -> bool:
-    return r["label"] == r.get("baseline") or (f"{r['backend']}:{r['variant']}" == r.get("baseline"))
+    from harness.results.labels import backend_name
+
+    return backend_name(r) == r.get("baseline") or (f"{r['backend']}:{r['variant']}" == r.get("baseline"))
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:

@@ -6,14 +6,41 @@ import numpy as np
 import pandas as pd
 
 
-def backend_label(df: pd.DataFrame) -> pd.Series:
-    """``name`` for a backend's default variant, ``name:variant`` otherwise."""
+def optional_text(v) -> str:
+    """A cell of an optional text column ("" for None, NaN, or a column an older run lacks)."""
+    return "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v)
+
+
+def backend_name(row) -> str:
+    """A row's backend as configs name it, ``name[:variant][@versions]``: what its ``baseline`` names."""
     import backends
 
-    def label(row):
-        return backends.full_name(row["backend"], row["variant"])
+    base = backends.full_name(row["backend"], row["variant"])
+    pins = optional_text(row.get("pins"))
+    return f"{base}@{pins}" if pins else base
 
-    return df.apply(label, axis=1) if len(df) else pd.Series(dtype=str)
+
+def backend_label(df: pd.DataFrame) -> pd.Series:
+    """``name`` for a backend's default variant, ``name:variant`` otherwise, followed by the version of its
+    package (``jax 0.4.38``) where the row's name pins one or another row pins a version of that backend
+    (``jax 0.10.2`` beside a pinned ``jax 0.4.38``); two pin sets that would still share a label are told
+    apart by their names (``jax@0.4.38+jaxlib@0.4.36``). Tables without pins keep their plain labels, also
+    across runs whose main environments differ (a CPU and a GPU machine's jax are one backend there)."""
+    import backends
+
+    if not len(df):
+        return pd.Series(dtype=str)
+    base = [backends.full_name(b, v) for b, v in zip(df["backend"], df["variant"])]
+    pins = [optional_text(v) for v in (df["pins"] if "pins" in df else [None] * len(df))]
+    version = [optional_text(v) for v in (df["backend_version"] if "backend_version" in df else [None] * len(df))]
+    pinned = {name for name, p in zip(df["backend"], pins) if p}
+    labels = [f"{b} {v}" if v and (p or name in pinned) else b
+              for name, b, p, v in zip(df["backend"], base, pins, version)]
+    sets: dict[str, set] = {}
+    for label, p in zip(labels, pins):
+        sets.setdefault(label, set()).add(p)
+    labels = [f"{b}@{p}" if p and len(sets[label]) > 1 else label for b, p, label in zip(base, pins, labels)]
+    return pd.Series(labels, index=df.index, dtype=object)
 
 
 def group_label(row, omit: tuple[str, ...] = ()) -> str:

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from harness.results.labels import backend_label, fmt_seconds, group_label  # noqa: F401  (re-exported for notebooks)
+from harness.results.labels import backend_label, fmt_seconds, group_label, optional_text  # noqa: F401  (re-exported for notebooks)
 from harness.results.schema import PROBLEM_COLUMNS, SIZE_COLUMNS
 
 
@@ -207,6 +207,8 @@ def _lines_along(df: pd.DataFrame, col: str) -> pd.DataFrame:
     fixed = [c for c in PROBLEM_COLUMNS if c != col and c in df.columns]
     keys = ["backend", "variant"] + fixed
     filled = df[keys].astype(str)
+    if "pins" in df.columns:  # jax@0.4.38 is a line of its own (None in the main environment: no text to join)
+        filled = filled.assign(pins=df["pins"].map(optional_text))
     line_id = filled.apply("|".join, axis=1)
     counts = df.groupby(line_id)[col].transform("nunique")
     return df.assign(line=line_id)[counts >= 2]

@@ -281,7 +281,10 @@ def _conformance_section(meta: dict, timings: pd.DataFrame) -> list:
     out: list = [Heading(2, "Conformance")]
     record = meta.get("conformance")
     if record is None:
-        names = ",".join(dict.fromkeys(_labels(timings))) if len(timings) else ""
+        from harness.results.labels import backend_name
+
+        # the names the command takes (jax@0.4.38), not the labels (jax 0.4.38)
+        names = ",".join(dict.fromkeys(backend_name(r) for _, r in timings.iterrows())) if len(timings) else ""
         command = f"harness check --backends {names}" if names else "harness check"
         out.append(Para("This run holds no conformance record. Timings say nothing about correctness: "
                         f"`{command}` is the conformance step, comparing each backend "

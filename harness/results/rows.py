@@ -16,6 +16,7 @@ import statistics
 from harness.results import schema
 from harness.run import stats
 from harness.run.stats import Stats, paired_speedup
+from harness.spec.errors import HarnessError
 
 
 def group_rows(outcomes: list, meta: dict, gemm_peaks: dict | None = None,
@@ -25,8 +26,6 @@ def group_rows(outcomes: list, meta: dict, gemm_peaks: dict | None = None,
     ``meta`` is the run's run.json mapping: the versions, worker variables and conformance summary the
     outcomes report are folded into it. ``gemm_peaks``/``gpu_roofs`` are the roofs measured on the host
     the group ran on."""
-    import backends
-
     base_name = outcomes[0].cell.baseline
     base = next((o for o in outcomes if o.cell.backend == base_name), None)
     over = speedup_reference(outcomes, base)  # the baseline, or the fastest verified cell when it failed
@@ -56,7 +55,8 @@ def group_rows(outcomes: list, meta: dict, gemm_peaks: dict | None = None,
         if o.data_meta and "loss_floor" in o.data_meta:
             row["loss_floor"] = o.data_meta["loss_floor"]
         if o.versions:
-            versions[backends.split_name(o.cell.backend)[0]] = o.versions
+            versions[environment_key(o.cell.backend)] = o.versions
+            row["backend_version"] = ran_version(o.cell.backend, o.versions) or row["backend_version"]
         if o.worker_env:
             meta.setdefault("worker_env", {})[o.cell.backend] = o.worker_env
             # a config variable the backend sets itself for its workers (XLA_FLAGS, JAX_PLATFORMS, ...):
@@ -76,6 +76,27 @@ def group_rows(outcomes: list, meta: dict, gemm_peaks: dict | None = None,
                                      "loss_floor": row.get("loss_floor")})
         rows.append(row)
     return rows, curves
+
+
+def environment_key(backend: str) -> str:
+    """run.json's key for the versions of a backend's environment: its name, with the versions it pins
+    (``jax`` and ``jax@0.4.38+jaxlib@0.4.38`` are two environments; a variant shares its backend's)."""
+    import backends
+
+    name = backends.split_name(backend)[0]
+    pins = backends.split_pins(backend)[1]
+    return f"{name}@{pins}" if pins else name
+
+
+def ran_version(backend: str, versions: dict) -> str | None:
+    """The version of the backend's package that its worker reported (None when unknown)."""
+    import backends
+
+    try:
+        package = backends.backend_class(backends.split_name(backend)[0]).package
+    except HarnessError:  # a backend that cannot be imported here (a plugin named in an old run)
+        return None
+    return versions.get(package) if package else None
 
 
 def peak_columns(cell, gemm_peaks: dict, gpu_roofs: dict | None) -> dict:

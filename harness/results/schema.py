@@ -12,16 +12,22 @@ SIZE_COLUMNS = ("hidden_size", "batch", "seq_len", "input_size", "output_size")
 PROBLEM_COLUMNS = ("model", "task", "workload", "dtype", "device", "threads", "bptt", "layers", "activation", "head",
                    "output_act", "peephole", "bias", "tokens") + SIZE_COLUMNS
 CURVE_ID_COLUMNS = ("cell_id", "group", "backend", "variant", "device", "model", "task", "dtype", "batch",
-                    "hidden_size", "threads", "bptt")
+                    "hidden_size", "threads", "bptt", "pins", "backend_version")
+# A backend named with versions (jax@0.4.38+jaxlib@0.4.38) runs in an environment of its own: ``pins`` is
+# what its name pins after the '@' (None: the main environment), ``backend_version`` the version of its
+# package the cell ran with (a cell whose worker never started: the pinned version, or None).
+VERSION_COLUMNS = ("pins", "backend_version")
 
 
 def cell_columns(cell, host: str | None = None) -> dict:
     """The identifying columns of a config cell: its ids, backend and variant, problem and sweep point,
     and the host it ran on."""
     import backends
+    from harness.spec.environments import split_pin_items
 
     p, m = cell.problem, cell.problem.model
     name, variant = backends.split_name(cell.backend)
+    pins = backends.split_pins(cell.backend)[1] or None
     if variant is None:  # the default variant, or "default" for a backend that cannot even be imported here
         variant = backends.default_variant(name) or "default"
     return {
@@ -33,6 +39,7 @@ def cell_columns(cell, host: str | None = None) -> dict:
         "peephole": m.peephole, "bias": m.bias, "tokens": p.tokens,
         "reset_after": m.reset_after if m.kind == "gru" else None, "bidirectional": m.bidirectional, "sweep": json.dumps(cell.point, default=str),
         "host": host,  # a run spread over a cluster names where each cell ran
+        "pins": pins, "backend_version": split_pin_items(pins)[0] if pins else None,  # rows.py: the version it ran with
     }
 
 
@@ -62,4 +69,5 @@ TIMING_COLUMNS = [
     "host", "gpu_tf32_gflops", "gpu_bandwidth_gbs", "speedup_over", "baseline_status",
     "reset_after", "bidirectional",
     *PRECISION_COLUMNS,
+    *VERSION_COLUMNS,
 ]

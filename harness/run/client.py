@@ -105,9 +105,11 @@ def worker_settings(cell_backend: str, device: str, dtype: str, threads: int, ex
     """The isolated environment name and the variables the runner and the backend set for one worker
     (the cell's ``env``, the thread count, the cores, the device, the backend's own flags)."""
     import backends
+    from harness.spec.environments import acting_for
 
     name, variant = backends.split_name(cell_backend)
     cls = backends.backend_class(name)
+    environment = backends.environment_of(cell_backend)  # a pinned name's own, or the class's
     env = dict(extra)
     for var in envs.THREAD_VARS:
         env[var] = str(threads)
@@ -116,9 +118,10 @@ def worker_settings(cell_backend: str, device: str, dtype: str, threads: int, ex
         env["HARNESS_CPUS"] = ",".join(map(str, cpus))
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU cell must not quietly use a GPU
-    env.update(cls.environment_variables(cls.variant_of(variant), threads, device, dtype))
+    with acting_for(environment):  # the caches and flags it names are that environment's
+        env.update(cls.environment_variables(cls.variant_of(variant), threads, device, dtype))
     env["PYTHONUNBUFFERED"] = "1"
-    return cls.environment, env
+    return environment, env
 
 
 def worker_environment(cell_backend: str, device: str, dtype: str, threads: int, extra: dict[str, str]) -> tuple[str | None, dict]:

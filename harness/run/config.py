@@ -118,6 +118,9 @@ class RawConfig(_Strict):
     timing: TimingConfig = Field(default_factory=TimingConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     env: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_ENV))
+    # package -> version: companions added to the environment of every backend named with a version
+    # (jax@0.4.38); a name's own pins win
+    versions: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -672,17 +675,40 @@ def _check_text_file(file: str, where: str) -> None:
         raise HarnessError(f"{where}: expected a regular text file, got {short_repr(file)} (not a regular file)")
 
 
-def _check_baseline(raw: RawConfig, name: str, where: str) -> str:
-    """A baseline's canonical name; it must be one of the configured backends."""
+def _check_baseline(raw: RawConfig, name: str, where: str, versions: dict[str, str]) -> str:
+    """A baseline's canonical name (with the config's ``versions`` if it pins one); it must be one of the
+    configured backends."""
     import backends as registry
 
     try:
-        name = registry.validate_name(name)
+        name = registry.validate_name(name, versions)
     except HarnessError as exc:
         raise HarnessError(f"{where}: {exc}") from None
     if name not in raw.backends:
         raise HarnessError(f"{where}: expected one of the configured backends ({', '.join(raw.backends)}), got {name!r}")
     return name
+
+
+def _versions(raw: RawConfig, path: str, own: dict) -> dict[str, str]:
+    """The document's ``versions:`` as canonical pins (package -> one exact version). A document that
+    sets them itself must name a backend with a version (``name@version``), whose environment they join."""
+    from harness.spec.environments import parse_pins
+
+    out = {}
+    for package, version in raw.versions.items():
+        try:
+            pins = parse_pins(f"{package}@{version}")
+            if len(pins) != 1:
+                raise ValueError(f"expected one exact version, got {version!r}")
+        except ValueError as exc:
+            raise HarnessError(f"{path}: versions.{package}: {exc}") from None
+        out.update(pins)
+    if out and "versions" in own and not any("@" in b for b in raw.backends):
+        first = next(iter(raw.versions))
+        raise HarnessError(f"{path}: versions.{first}: pins a companion package in the environments of backends "
+                           f"named with a version, and backends ({', '.join(raw.backends)}) names none; expected "
+                           f"at least one backend named NAME@VERSION")
+    return out
 
 
 def _file_digest(file: str, where: str) -> str:
@@ -726,9 +752,11 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None, bas
     except ValidationError as exc:
         raise _format_pydantic(exc, path) from None
 
+    # --backends may leave out the pinned backends the document's versions: were written for
+    versions = _versions(raw, path, {} if backends_override else own or source)
     for i, name in enumerate(raw.backends):
         try:
-            raw.backends[i] = registry.validate_name(name)
+            raw.backends[i] = registry.validate_name(name, versions)
         except HarnessError as exc:
             raise HarnessError(f"{path}: backends[{i}]: {exc}") from None
     if len(set(raw.backends)) != len(raw.backends):
@@ -737,9 +765,9 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None, bas
         for device in raw.baseline:
             if device not in raw.device:
                 raise HarnessError(f"{path}: baseline.{device}: expected a device the config runs on ({', '.join(raw.device)})")
-        raw.baseline = {d: _check_baseline(raw, b, f"{path}: baseline.{d}") for d, b in raw.baseline.items()}
+        raw.baseline = {d: _check_baseline(raw, b, f"{path}: baseline.{d}", versions) for d, b in raw.baseline.items()}
     elif raw.baseline is not None:
-        raw.baseline = _check_baseline(raw, raw.baseline, f"{path}: baseline")
+        raw.baseline = _check_baseline(raw, raw.baseline, f"{path}: baseline", versions)
 
     if "train" not in raw.workloads:
         # a train setting of a document that trains nothing would only tell apart cells that measure the same

@@ -82,13 +82,13 @@ def run_conformance(names: list[str] | None, quick: bool = False, device: str = 
     for full in names:
         full = backends.validate_name(full)
         try:
-            cls = backends.backend_class(backends.split_name(full)[0])
+            environment = backends.environment_of(full)  # a pinned name's, or the class's (theano)
         except HarnessError as exc:  # known but broken here (a plugin that fails to import): a result, not a crash
             results.append(CaseResult(full, "*", "*", "unavailable", str(exc)))
             continue
         if progress is not None:
             progress.print(f"checking {full} ({len(indices)} cases) ...", highlight=False, markup=False)
-        if cls.environment is not None:
+        if environment is not None:
             try:
                 results += _check_isolated(full, cases, quick, device, representative,
                                            progress=progress, indices=indices)

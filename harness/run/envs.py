@@ -6,6 +6,11 @@ workers and its conformance check with that environment's Python. The project it
 is not installed there: workers import it from the source tree through ``PYTHONPATH``
 (see :func:`worker_environ`), so an environment only holds its recipe's packages.
 
+Two kinds, built the same way: those a backend class declares (``environment = "theano"``
+and its :class:`Recipe`), and pin sets named by a backend name that pins versions
+(``jax@0.4.38`` runs in the environment ``jax@0.4.38``, whose recipe follows from its name:
+:func:`harness.spec.environments.pinned_recipe`).
+
 Creation uses ``uv`` when it is on ``PATH`` (much faster), otherwise ``python -m venv``
 and pip. It is serialised by a file lock, and an environment counts as existing only
 once its marker file is written, so an interrupted creation is simply redone.
@@ -16,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,10 +41,15 @@ THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BL
                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 
+# creations that failed in this process, by folder: the other cells of a run that need the environment
+# get the same answer at once instead of another installer run (a later process tries again)
+_FAILED: dict[Path, str] = {}
+
+
 def _stale(name: str) -> bool:
     """True when the environment was built from other packages than its recipe now names."""
-    marker, known = _marker(name), recipes()
-    return marker is not None and name in known and marker.get("recipe") != list(known[name].packages)
+    marker, recipe = _marker(name), find_recipe(name)
+    return marker is not None and recipe is not None and marker.get("recipe") != list(recipe.packages)
 
 
 def recipes() -> dict[str, Recipe]:
@@ -56,12 +67,44 @@ def recipes() -> dict[str, Recipe]:
     return out
 
 
-def _recipe(name: str) -> Recipe:
+def find_recipe(name: str) -> Recipe | None:
+    """The recipe of environment ``name``: a backend's declared one, or a pin set's; None when neither."""
     known = recipes()
-    if name not in known:
+    if name in known:
+        return known[name]
+    if environments.is_pin_set(name):
+        try:
+            pins = environments.parse_pins(name)
+        except ValueError:
+            return None
+        if environments.pins_text(pins) == name:  # the canonical spelling only: one folder per pin set
+            return environments.pinned_recipe(pins)
+    return None
+
+
+def _recipe(name: str) -> Recipe:
+    recipe = find_recipe(name)
+    if recipe is None:
         raise HarnessError(f"no recipe for an isolated environment named {name!r}; known environments: "
-                           f"{', '.join(known) or 'none'}")
-    return known[name]
+                           f"{', '.join(recipes()) or 'none'}, or a pin set (package@version+package@version...)")
+    return recipe
+
+
+def environment_name(name: str) -> str:
+    """The environment a user names: a declared one (``theano``), or the one of a backend name that pins
+    versions (``jax:unroll=4@0.4.38`` -> ``jax@0.4.38``) or of a pin set (``jaxlib@0.4.38+jax@0.4.38``)."""
+    import backends
+
+    if name in recipes() or not environments.is_pin_set(name):
+        return name
+    if backends.split_name(name)[0] in backends.registry():
+        env = backends.environment_of(backends.validate_name(name))
+        if env is not None:
+            return env
+    try:
+        return environments.pins_text(environments.parse_pins(name))
+    except ValueError as exc:
+        raise HarnessError(f"environment {name!r}: {exc}") from None
 
 
 # -- creation ------------------------------------------------------------------------
@@ -99,9 +142,24 @@ def _run(cmd: list[str], stage: str, env: dict | None = None) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=lifeline.child_environ(env))
     if proc.returncode != 0:
         lines = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-        errors = [line for line in lines if line.lower().startswith("error")]  # pip's and uv's own verdict
-        raise _StageError(f"{stage} failed (exit {proc.returncode}): " + " | ".join((errors or lines)[-6:]))
+        errors = [line for line in lines if line.lower().startswith("error")  # pip's and uv's own verdict
+                  and "ignored the following versions" not in line.lower()]  # a notice: every release for other Pythons
+        reason = " | ".join(_short(line) for line in (errors or lines)[-6:])
+        raise _StageError(f"{stage} failed (exit {proc.returncode}): {reason}")
     return proc.stdout
+
+
+def _short(line: str, keep: int = 3, most: int = 400) -> str:
+    """An installer's line with its list of every released version cut to the first and last few, and
+    at most ``most`` characters."""
+    def cut(match):
+        versions = match.group(1).split(", ")
+        if len(versions) <= 2 * keep:
+            return match.group(0)
+        return f"(from versions: {', '.join(versions[:keep])}, ..., {', '.join(versions[-keep:])})"
+
+    line = re.sub(r"\(from versions: ([^)]*)\)", cut, line)
+    return line if len(line) <= most else line[:most - 3] + "..."
 
 
 def _make_and_install(name: str, recipe: Recipe, target: Path, say) -> Path:
@@ -228,7 +286,9 @@ def create_env(name: str, force: bool = False, progress=None) -> Path:
                 (target / blas.CHOICE_FILE).write_text(json.dumps(blas_choice, indent=2))
         except (_StageError, OSError) as exc:
             shutil.rmtree(target, ignore_errors=True)
-            raise HarnessError(f"could not create environment {name!r}: {exc}") from None
+            _FAILED[target] = f"could not create environment {name!r}: {exc}"
+            raise HarnessError(_FAILED[target]) from None
+        _FAILED.pop(target, None)
         marker = {"name": name, "packages": versions, "recipe": list(recipe.packages), "python": str(py),
                   "created_s": round(time.monotonic() - started, 1)}
         (target / MARKER).write_text(json.dumps(marker, indent=2))
@@ -242,6 +302,8 @@ def ensure_env(name: str, progress=None) -> Path:
     if py is not None and not _stale(name):
         return py
     _recipe(name)
+    if env_dir(name) in _FAILED:
+        raise HarnessError(_FAILED[env_dir(name)])
     ok, why = can_create(name)
     if not ok:
         raise HarnessError(f"cannot create environment {name!r}: {why}")
@@ -264,8 +326,8 @@ def list_envs() -> list[dict]:
             choice = blas.read_choice(env_dir(name))
             if choice is not None:
                 packages += f"; BLAS: {blas.describe(choice)}"
-        elif name in known:
-            packages = ", ".join(known[name].packages)
+        elif find_recipe(name) is not None:
+            packages = ", ".join(find_recipe(name).packages)
         else:
             packages = ""
         rows.append({"name": name, "exists": marker is not None, "path": str(env_dir(name)), "packages": packages})
@@ -273,12 +335,13 @@ def list_envs() -> list[dict]:
 
 
 def remove_env(name: str) -> None:
-    """Delete environment ``name`` (its compile cache goes with it)."""
+    """Delete environment ``name`` (its compile caches go with it)."""
     target = env_dir(name)
     if not target.exists():
         raise HarnessError(f"environment {name!r} does not exist (looked in {target})")
     with _lock(name):
         shutil.rmtree(target)
+        shutil.rmtree(environments.env_cache_dir(name), ignore_errors=True)
 
 
 def worker_environ(name: str | None) -> dict[str, str]:

@@ -150,7 +150,7 @@ def experiments(root: Path = PROJECT_ROOT, configs: list[Path] | None = None) ->
             envs = set()
             for cell in cells:
                 try:
-                    env = getattr(backends.backend_class(cell.backend.split(":")[0]), "environment", None)
+                    env = backends.environment_of(cell.backend)
                 except Exception:  # an unknown backend is the run's to report
                     env = None
                 if env:

@@ -252,9 +252,42 @@ def check(req: protocol.Check) -> list[dict]:
     return [asdict(r) for r in check_backend(req.backend, device=req.device, cases=cases)]
 
 
+def _same_version(a: str, b: str) -> bool:
+    """``1.0`` and ``1.0.0`` are one version (as pip's ``==`` reads them); the worker's environment may lack
+    ``packaging``."""
+    def norm(v: str) -> str:
+        release, sep, rest = v.lower().lstrip("v").partition("+")
+        while release.endswith(".0"):
+            release = release[:-2]
+        return release + sep + rest
+
+    return norm(a) == norm(b)
+
+
+def library_versions(backend) -> dict:
+    """What the backend reports about its libraries, with the installed versions of its package and of
+    every package its name pins. A pin this environment does not hold is an error: a pinned cell never
+    runs, silently, on another version."""
+    from importlib import metadata
+
+    out = dict(backend.versions())
+    for package in dict.fromkeys(p for p in (backend.package, *backend.pins) if p):
+        try:
+            got = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            got = None
+        want = backend.pins.get(package)
+        if want is not None and (got is None or not _same_version(got, want)):
+            raise RuntimeError(f"{backend.full_name} pins {package} {want}, but the worker's environment "
+                               f"({sys.prefix}) has {got or 'no ' + package}")
+        if got is not None:
+            out.setdefault(package, got)
+    return out
+
+
 def _init(cell, req: protocol.Init) -> tuple[CellState, protocol.InitReply]:
     cell = CellState(req)
-    return cell, protocol.InitReply(cell.backend.versions(), sys.version.split()[0], cell.data.meta)
+    return cell, protocol.InitReply(library_versions(cell.backend), sys.version.split()[0], cell.data.meta)
 
 
 def _rounds(cell: CellState, req: protocol.Rounds) -> protocol.RoundsReply:

@@ -6,21 +6,27 @@ folder here (they are handed these folders, never the running layer), and
 :mod:`harness.run.envs` builds the environments that backends declare with a :class:`Recipe`
 (``environment = "theano"`` and ``recipe = Recipe(...)`` on the backend class). Everything lives
 under ``.harness/`` in the project folder, or ``HARNESS_HOME``.
+
+An environment may also be a *pin set*: packages at exact versions, ``jax@0.4.38+jaxlib@0.4.38``
+(:func:`parse_pins`). Its name is that text (packages sorted), and its recipe follows from the name
+(:func:`pinned_recipe`): the pins and what every worker imports besides its backend.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 MARKER = "harness-env.json"
-
-
-MARKER = "harness-env.json"
+#: what a worker imports besides its backend's library (harness.run.worker and the spec layer)
+WORKER_PACKAGES = ("numpy", "PyYAML")
 
 
 @dataclass(frozen=True)
@@ -46,8 +52,16 @@ def home() -> Path:
 
 
 def cache_dir(tool: str) -> Path:
-    """The persistent compile cache of ``tool`` (jax, pytensor, halide, ...), shared by every process."""
-    return home() / "cache" / tool
+    """The persistent compile cache of ``tool`` (jax, pytensor, halide, ...), shared by every process of
+    one environment: an isolated environment (another version of the library) keeps caches of its own."""
+    env = current_env()
+    return home() / "cache" / tool if env is None else env_cache_dir(env) / tool
+
+
+def env_cache_dir(name: str) -> Path:
+    """The compile caches of the processes that run in environment ``name`` (outside its folder, so that
+    the runner can prepare them before the environment is built)."""
+    return home() / "cache" / "envs" / name
 
 
 def env_dir(name: str) -> Path:
@@ -69,8 +83,26 @@ def env_python(name: str) -> Path | None:
     return py if py.exists() and marker(name) is not None else None
 
 
+# set while the runner computes the settings of a worker that will run in another environment
+_ACTING_FOR: contextvars.ContextVar[tuple[str | None] | None] = contextvars.ContextVar("acting_for", default=None)
+
+
+@contextlib.contextmanager
+def acting_for(name: str | None):
+    """Within it :func:`current_env` (and so :func:`cache_dir`) answer for environment ``name`` (None: the
+    main one): a backend's worker variables, computed by the runner, then name that environment's caches."""
+    token = _ACTING_FOR.set((name,))
+    try:
+        yield
+    finally:
+        _ACTING_FOR.reset(token)
+
+
 def current_env() -> str | None:
     """The name of the isolated environment this process runs in, or None for the main one."""
+    acting = _ACTING_FOR.get()
+    if acting is not None:
+        return acting[0]
     prefix = Path(sys.prefix).resolve()
     envs = (home() / "envs").resolve()
     return prefix.name if prefix.parent == envs else None
@@ -103,3 +135,69 @@ def can_create(name: str, recipe: Recipe) -> tuple[bool, str]:
     if recipe.needs_cxx and shutil.which("g++") is None:
         return False, f"environment {name!r} needs a C++ compiler (g++) on PATH"
     return True, ""
+
+
+def availability_outside(name: str, recipe: Recipe) -> tuple[bool, str]:
+    """A backend that runs in environment ``name``, seen from outside it: available when the environment
+    exists or can be created here (the one rule for every isolated environment)."""
+    if env_python(name) is not None:
+        return True, ""
+    ok, why = can_create(name, recipe)
+    if not ok:
+        return False, f"unavailable: {why}"
+    return True, "environment will be created on first use"
+
+
+# -- pin sets: packages at exact versions ------------------------------------------------------
+
+_PACKAGE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+# PEP 440's characters, a local label after '+' (torch@2.5.1+cpu); no ranges: a pin is one version
+_VERSION = re.compile(r"[0-9][A-Za-z0-9.!_-]*(\+[A-Za-z0-9]+([._][A-Za-z0-9]+)*)?")
+
+
+def normalise_package(name: str) -> str:
+    """A distribution's name as pip compares them (PEP 503): ``PyYAML`` -> ``pyyaml``, ``a_b`` -> ``a-b``."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def split_pin_items(text: str) -> list[str]:
+    """``"2.5.1+cpu+numpy@1.26.4"`` -> ``["2.5.1+cpu", "numpy@1.26.4"]``: split at each ``+`` that a
+    ``package@`` follows."""
+    return re.split(r"\+(?=[^+@]*@)", text)
+
+
+def parse_pins(text: str) -> dict[str, str]:
+    """``"jax@0.4.38+jaxlib@0.4.38"`` -> ``{"jax": "0.4.38", "jaxlib": "0.4.38"}``: packages at exact
+    versions, joined by ``+``. A ``+`` that no ``package@`` follows belongs to the version before it
+    (a local label: ``torch@2.5.1+cpu``). ValueError says what is wrong."""
+    pins: dict[str, str] = {}
+    for item in split_pin_items(text):
+        package, at, version = item.partition("@")
+        if not at or not _PACKAGE.fullmatch(package):
+            raise ValueError(f"expected package@version, got {item!r}")
+        if not _VERSION.fullmatch(version):
+            raise ValueError(f"expected one exact version after '{package}@' (like 1.26.4), got {version!r}")
+        key = normalise_package(package)
+        if key in pins:
+            raise ValueError(f"{key} is pinned twice")
+        pins[key] = version
+    return pins
+
+
+def pins_text(pins: dict[str, str]) -> str:
+    """The canonical spelling of a pin set, packages sorted: the name of its environment."""
+    return "+".join(f"{package}@{version}" for package, version in sorted(pins.items()))
+
+
+def is_pin_set(name: str) -> bool:
+    """Whether environment ``name`` is a pin set (its recipe follows from its name)."""
+    return "@" in name
+
+
+def pinned_recipe(pins: dict[str, str]) -> Recipe:
+    """The recipe of a pin set's environment: the pins and the worker's own packages, for this Python
+    (the project itself runs from its source tree, as in every isolated environment)."""
+    here = sys.version_info[:2]
+    rest = tuple(p for p in WORKER_PACKAGES if normalise_package(p) not in pins)
+    return Recipe(packages=tuple(f"{p}=={v}" for p, v in sorted(pins.items())) + rest,
+                  min_python=here, max_python=here, check="import numpy, yaml")
