@@ -293,7 +293,7 @@ class _Net:
         """
         s = layer_suffix(layer, direction)
         W_hh = P["W_hh" + s]
-        steps = steps.float()  # the input projections (low-precision products under autocast), as float32
+        steps = steps.to(self.dtype)  # under autocast the input projections come in the low type: to float32
         hs, cs = [], []
         if self.spec.kind == "gru":
             b_hn, cell = P.get("b_hn" + s), self._gru_cell
@@ -347,7 +347,7 @@ class _Net:
     def _head_sum(self, z, y):
         """``sum l`` over the rows of ``z`` (N, O) against ``y`` (rows of targets)."""
         F = self.F
-        z = z.float()  # the head and the loss in float32, whatever type autocast left the logits in
+        z = z.to(self.dtype)  # the head and the loss in float32, whatever type autocast left the logits in
         if self.spec.head == "softmax_xent":
             return F.cross_entropy(z, y.reshape(-1), reduction="sum")
         out = self.torch.tanh(z) if self.spec.output_act == "tanh" else z
@@ -408,7 +408,7 @@ class _Net:
 
     def _outputs(self, P, xt):
         hs, _, _, _ = self._stack_forward(P, xt, None, 0, xt.shape[0], None)
-        z = self._logits(P, hs).view(xt.shape[0], xt.shape[1], -1).float()
+        z = self._logits(P, hs).view(xt.shape[0], xt.shape[1], -1).to(self.dtype)
         if self.spec.head == "softmax_xent":
             return self.torch.softmax(z, dim=-1)
         return self.torch.tanh(z) if self.spec.output_act == "tanh" else z
@@ -416,7 +416,7 @@ class _Net:
     # -- what the backend calls -----------------------------------------------------
     def outputs(self, x) -> np.ndarray:
         with self.torch.inference_mode(), self._autocast():
-            return self._outputs(self.p, self._x(x)).float().cpu().numpy()
+            return self._outputs(self.p, self._x(x)).to(self.dtype).cpu().numpy()
 
     def _grads(self, x, y):
         """``(loss sum tensor, dense grads, row grads or None, token ids of the rows)``."""
@@ -492,14 +492,15 @@ def _cells(torch, act, reset_after=True, mixed=False):
     lstm(a_in, h, c, W_hh[, p_i, p_f, p_o]) -> (h, c), gru(a_in, h, W_hh[, b_hn]) -> h)``;
     ``a_in`` is the step's input projection (with the bias ``b``)."""
 
-    # Under autocast (``mixed``) every product runs in the low type and its result is taken to float32
-    # (``.float()``, free otherwise), so the gates, the cell state and h stay float32 as the spec has them.
+    # Under autocast (``mixed``) every product runs in the low type and its result is taken to float32 at once,
+    # so the gates, the cell state and h stay float32 as the spec has them.
     addmm = _addmm(torch, mixed)
+    result = (lambda t: t.float()) if mixed else (lambda t: t)
 
     def gru(a_in, h, W_hh, b_hn=None):
         H = h.shape[1]
         if reset_after:  # one GEMM for all three gates: r * (h W_hn + b_hn)
-            u = torch.mm(h, W_hh).float()
+            u = result(torch.mm(h, W_hh))
             r, z = torch.sigmoid(a_in[:, : 2 * H] + u[:, : 2 * H]).chunk(2, 1)
             un = u[:, 2 * H:] if b_hn is None else u[:, 2 * H:] + b_hn
             n = torch.tanh(torch.addcmul(a_in[:, 2 * H:], r, un))
@@ -684,7 +685,7 @@ class _FusedNet(_Net):
     def _outputs(self, P, xt):
         hs, _ = self.mod(self._inputs(xt, None, 0, xt.shape[0]))
         z = self._logits(P, hs)
-        z = z.float()
+        z = z.to(self.dtype)
         if self.spec.head == "softmax_xent":
             return self.torch.softmax(z, dim=-1).view(xt.shape[0], xt.shape[1], -1)
         out = self.torch.tanh(z) if self.spec.output_act == "tanh" else z
