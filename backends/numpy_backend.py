@@ -12,10 +12,13 @@ recurrent GEMM forward (two before the reset: ``(r * h) W_hn`` needs r first) an
 backward (two before the reset). A bidirectional layer runs the same code on the
 time-reversed input for its reverse direction (full BPTT only, so one window).
 
-Mixed precision (``bfloat16``, ``float16``) is the spec's own roundings, exactly: every
-product's inputs are rounded to the low type (``reference.round_to``) and multiplied in
-float32, which holds each product of two such numbers exactly and sums them in float32;
-everything else runs in float32, as for ``float32``. NumPy has no low-precision GEMM, so this
+Mixed precision (``bfloat16``, ``float16``) is the spec's own roundings: every product's
+inputs are rounded to the low type (``reference.round_to``) and multiplied in float32, which
+holds each product of two such numbers exactly and sums them in float32; everything else runs
+in float32, as for ``float32``. It rounds the same values as the reference, in another
+summation order, except under truncated BPTT: it sums the open windows' gradients before their
+weight-gradient product, where the reference rounds each window's; either moves a result by
+less than half the bound. NumPy has no low-precision GEMM, so this
 is an emulation: it shows what the roundings do to a result, not what they save in time.
 
 ``numpy:wildml`` is the WildML ``RNNNumpy`` tutorial code (one sentence at a

@@ -267,3 +267,15 @@ def test_a_bfloat16_cell_verifies_and_a_wrong_one_does_not(write_config):
     for backend in (_wrong("scaled", factor=1.05), _wrong("nobias")):
         backend.prepare(p, {k: v.copy() for k, v in start.items()})
         assert not verify_step(p, backend, state.x, state.y, state.lr)["ok"], backend.variant
+
+
+def test_harness_check_shows_the_mixed_precision_bound_and_the_worst_case():
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    result = CliRunner().invoke(app, ["check", "--backends", "numpy", "--quick", "--match", "B=3"])
+    assert result.exit_code == 0, result.output
+    lines = " ".join(result.output.split())
+    assert "bound numpy [bfloat16] |got - ref_bf16| <=" in lines and "worst case" in lines
+    assert "bound numpy [float16] |got - ref_fp16| <=" in lines

@@ -102,7 +102,9 @@ class Tolerance:
         if self.reduced:
             low = "ref_" + {"bfloat16": "bf16", "float16": "fp16"}[self.reduced]
             return (f"|got - {low}| <= {self.rtol:g}*|{low}| + {self.atol:g}*max|{low}| + {self.spread:g}*max|{low} - ref| "
-                    f"per tensor ({low}: the reference with {self.reduced}'s roundings; ref: float64)")
+                    f"per tensor (+ {OUTPUTS_SENSITIVITY:g}*|{low}_out - {low}| where missed), and RMS(got - {low}) <= "
+                    f"{NEARER:g}*RMS(got - ref) ({low}: the reference with {self.reduced}'s roundings, _out: every "
+                    f"product's result rounded too; ref: float64)")
         text = f"{self.rtol:g}*|ref| + {self.atol:g}*max|ref|"
         return text + (f" + {self.sensitivity:g}*|ref32 - ref|" if self.sensitivity else "")
 
