@@ -157,11 +157,12 @@ def unsupported(why: str) -> tuple[bool, str]:
 
 
 # What the spec gained after the one-direction Elman/LSTM network the backend protocol was first
-# written for: name -> (what it is, whether a model uses it). A backend lists the names its
+# written for: name -> (what it is, whether a problem uses it). A backend lists the names its
 # ``supports`` knows of in ``knows``.
 SPEC_ADDITIONS = {
-    "gru": ("the GRU cell", lambda m: m.kind == "gru"),
-    "bidirectional": ("bidirectional layers", lambda m: m.bidirectional),
+    "gru": ("the GRU cell", lambda p: p.model.kind == "gru"),
+    "bidirectional": ("bidirectional layers", lambda p: p.model.bidirectional),
+    "reduced": ("mixed precision (dtype bfloat16, float16)", lambda p: p.reduced),
 }
 
 
@@ -170,7 +171,7 @@ def supports(backend: Backend, problem: Problem) -> tuple[bool, str]:
     later addition to the spec the backend does not declare in ``knows`` is unsupported (a backend
     written before it could not tell such a problem from one it does run)."""
     for name, (what, used) in SPEC_ADDITIONS.items():
-        if name not in backend.knows and used(problem.model):
+        if name not in backend.knows and used(problem):
             return unsupported(f"{backend.full_name} does not implement {what}, an addition to the spec after it "
                                f"was written (a backend that does lists {name!r} in its class's `knows`)")
     return backend.supports(problem)

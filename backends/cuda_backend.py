@@ -79,7 +79,7 @@ def _gpu_present() -> bool:
 
 class CudaBackend(Backend):
     """The hand-optimised GPU RNN (see the module docstring)."""
-    knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
+    knows = frozenset({"gru", "bidirectional", "reduced"})  # these spec additions are in its supports()
 
     name = "cuda"
     variants = ("graph", "naive", "grouped", "fused", "streams", "persistent")
@@ -119,6 +119,10 @@ class CudaBackend(Backend):
         ok, why = self.supports_device(problem.device)
         if not ok:
             return ok, why
+        if problem.reduced:
+            return unsupported(f"{self.full_name}'s Triton kernels and cuBLAS products run in the parameters' dtype "
+                               f"(float32 or float64); no kernel that rounds the products' inputs to {problem.dtype} "
+                               f"is written")
         if self.variant == "persistent" and problem.model.hidden > PERSISTENT_MAX_HIDDEN:
             return unsupported(f"cuda:persistent keeps each program's W_hh columns in registers across steps; "
                                f"hidden {problem.model.hidden} > {PERSISTENT_MAX_HIDDEN} would spill them")

@@ -681,7 +681,7 @@ class _Pipelines:
 
 class HalideBackend(Backend):
     """``halide``: SPEC.md's Elman network as scheduled Halide pipelines; ``halide:naive``: default schedules."""
-    knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
+    knows = frozenset({"gru", "bidirectional", "reduced"})  # these spec additions are in its supports()
 
     name = "halide"
     package = "halide"
@@ -721,7 +721,8 @@ class HalideBackend(Backend):
         if spec.bptt.mode != "full":
             return unsupported(f"{self.full_name} implements bptt full only, not {spec.bptt}")
         if problem.dtype not in ("float32", "float64"):
-            return unsupported(f"{self.full_name} computes in float32 or float64, not {problem.dtype}")
+            return unsupported(f"{self.full_name}'s pipelines are generated for float32 or float64 buffers; none "
+                               f"rounds the products' inputs to {problem.dtype} (mixed precision is not written)")
         return True, ""
 
     @classmethod

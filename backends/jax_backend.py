@@ -39,6 +39,13 @@ Variants choose how the recurrence is unrolled: ``unroll=1``, ``unroll=4`` and
 ``unroll=T`` (full) pass that to ``lax.scan``; ``python`` is a Python for-loop over t
 inside the jitted function; ``default`` is described on :class:`JaxBackend`.
 
+Mixed precision (``bfloat16``, ``float16``) follows the spec's roundings: every product is
+``lax.dot_general`` of its inputs cast to the low type with ``preferred_element_type=float32``
+(:func:`_matmul`; its VJP, written out, casts the cotangent alike), while the parameters,
+state, element-wise maths, head and update stay float32. ``float16`` multiplies the
+objective by the loss scale and divides the gradients by it; a non-finite gradient makes
+the step's loss NaN (the cell is diverged).
+
 float64 needs JAX's x64 mode, a process-wide switch: ``prepare`` turns it on for a
 float64 problem (workers get ``JAX_ENABLE_X64`` from :meth:`JaxBackend.environment_variables`)
 and never off. Every array here is created with an explicit dtype, so float32 problems
@@ -121,6 +128,7 @@ class _Net(NamedTuple):
     unroll: int
     python_loop: bool
     recurrence: Any = None  # per direction, the layer recurrence with its hand-written VJP (see _recurrence)
+    mm: Any = None  # every product of the network (_matmul)
 
     @property
     def tables(self) -> tuple[str, ...]:
@@ -132,6 +140,38 @@ class _Net(NamedTuple):
         return self.problem.model
 
 
+def _matmul(problem: Problem):
+    """``a @ b`` (``a`` (..., K), ``b`` (K, N)) as the problem's products are computed: plain, or under mixed
+    precision of the inputs cast to the low type and summed in float32, with a VJP whose two products
+    are made the same way (AD of the casts would leave the cotangent in float32 and round the products'
+    outputs instead)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    if not problem.reduced:
+        return jnp.matmul
+    low = jnp.dtype(problem.dtype)
+
+    def product(a, b):
+        return lax.dot_general(a.astype(low), b.astype(low), (((a.ndim - 1,), (0,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+    @jax.custom_vjp
+    def mm(a, b):
+        return product(a, b)
+
+    def mm_fwd(a, b):
+        return product(a, b), (a, b)
+
+    def mm_bwd(res, g):
+        a, b = res
+        return product(g, b.T), product(a.reshape(-1, a.shape[-1]).T, g.reshape(-1, g.shape[-1]))
+
+    mm.defvjp(mm_fwd, mm_bwd)
+    return mm
+
+
 def _net(problem: Problem, unroll: int, python_loop: bool) -> _Net:
     import jax
     import jax.numpy as jnp
@@ -139,9 +179,9 @@ def _net(problem: Problem, unroll: int, python_loop: bool) -> _Net:
     spec, T = problem.model, problem.seq_len
     bptt = spec.bptt.effective(T)
     act = {"tanh": jnp.tanh, "relu": jax.nn.relu, "sigmoid": jax.nn.sigmoid}[spec.activation]
-    n = _Net(problem, T, problem.batch, spec.hidden, jnp.dtype(problem.dtype), spec.kind == "lstm",
+    n = _Net(problem, T, problem.batch, spec.hidden, jnp.dtype(problem.master_dtype), spec.kind == "lstm",
              spec.kind == "gru", bptt.mode, bptt.k, bptt.k + 1 if bptt.mode == "truncated" else 1, act,
-             spec.input_weight, unroll, python_loop)
+             spec.input_weight, unroll, python_loop, mm=_matmul(problem))
     return n._replace(recurrence=(_recurrence(n, False), _recurrence(n, True)))
 
 
@@ -167,7 +207,7 @@ def _embed(n: _Net, p, x):
 
 def _in_proj(n: _Net, lp, inp, layer, direction=0):
     """``x_t W_in (+ b)`` for every step at once: one GEMM, or the embedded token rows."""
-    a = inp[direction] if (layer == 0 and n.problem.tokens) else inp @ lp["W_in"]
+    a = inp[direction] if (layer == 0 and n.problem.tokens) else n.mm(inp, lp["W_in"])
     return a + lp["b"] if n.spec.bias else a
 
 
@@ -198,11 +238,11 @@ def _step(n: _Net, W, ep, a_t, state):
 
     h = state[0]
     if not n.gru:
-        a = a_t + h @ W
+        a = a_t + n.mm(h, W)
         return _point(n, ep, a, state), (a, state)
     H2 = 2 * n.H
     if n.spec.reset_after:  # gates r, z, n from one product h W_hh
-        u = h @ W
+        u = n.mm(h, W)
         rz = jax.nn.sigmoid(a_t[..., :H2] + u[..., :H2])
         un = u[..., H2:] + ep["b_hn"] if "b_hn" in ep else u[..., H2:]
         r, z = rz[..., :n.H], rz[..., n.H:]
@@ -210,9 +250,9 @@ def _step(n: _Net, W, ep, a_t, state):
         res = (r, z, cand, h, un)
     else:  # r before the second product: (r * h) W_hh[:, 2H:]
         W_rz, W_n = W
-        rz = jax.nn.sigmoid(a_t[..., :H2] + h @ W_rz)
+        rz = jax.nn.sigmoid(a_t[..., :H2] + n.mm(h, W_rz))
         r, z = rz[..., :n.H], rz[..., n.H:]
-        cand = jnp.tanh(a_t[..., H2:] + (r * h) @ W_n)
+        cand = jnp.tanh(a_t[..., H2:] + n.mm(r * h, W_n))
         res = (r, z, cand, h)
     return (cand + z * (h - cand),), res
 
@@ -226,7 +266,7 @@ def _step_bwd(n: _Net, W, ep, res, d_new):
         a, state_prev = res
         _, vjp = jax.vjp(lambda a_, s_, p_: _point(n, p_, a_, s_), a, state_prev, ep)
         da, d_prev, dp = vjp(d_new)
-        return da, (d_prev[0] + da @ W.T,) + tuple(d_prev[1:]), dp
+        return da, (d_prev[0] + n.mm(da, W.T),) + tuple(d_prev[1:]), dp
     dh = d_new[0]
     r, z, cand, h = res[:4]
     da_n = dh * (1 - z) * (1 - cand * cand)
@@ -234,12 +274,12 @@ def _step_bwd(n: _Net, W, ep, res, d_new):
     if n.spec.reset_after:
         da_r = da_n * res[4] * (r * (1 - r))
         du = jnp.concatenate([da_r, da_z, da_n * r], axis=-1)
-        d_prev = dh * z + du @ W.T
+        d_prev = dh * z + n.mm(du, W.T)
     else:
         W_rz, W_n = W
-        d_rh = da_n @ W_n.T
+        d_rh = n.mm(da_n, W_n.T)
         da_r = d_rh * h * (r * (1 - r))
-        d_prev = dh * z + d_rh * r + jnp.concatenate([da_r, da_z], axis=-1) @ W_rz.T
+        d_prev = dh * z + d_rh * r + n.mm(jnp.concatenate([da_r, da_z], axis=-1), W_rz.T)
     return jnp.concatenate([da_r, da_z, da_n], axis=-1), (d_prev,), {}
 
 
@@ -249,7 +289,7 @@ def _weight_grads(n: _Net, ep, res, das):
     import jax.numpy as jnp
 
     def gemm(left, right):  # sum over steps (and lanes, rows) of left^T right
-        return left.reshape(-1, left.shape[-1]).T @ right.reshape(-1, right.shape[-1])
+        return n.mm(left.reshape(-1, left.shape[-1]).T, right.reshape(-1, right.shape[-1]))
 
     if not n.gru:
         return gemm(res[1][0], das), None
@@ -390,7 +430,7 @@ def _top_hidden(n: _Net, p, inp, mode):
 
 
 def _logits(n: _Net, p, h):
-    z = h @ p["W_hy"]
+    z = n.mm(h, p["W_hy"])
     return z + p["b_y"] if n.spec.bias else z
 
 
@@ -434,28 +474,40 @@ def _build(problem: Problem, unroll: int, python_loop: bool):
             return jax.nn.softmax(z, axis=-1)
         return jnp.tanh(z) if spec.output_act == "tanh" else z
 
-    value_and_grad = jax.value_and_grad(lambda p, x, y: _objective(n, p, _embed(n, p, x), y))
+    # float16's loss scale multiplies the objective before the backward pass; 1 otherwise
+    scale = problem.objective_scale
+    value_and_grad = jax.value_and_grad(lambda p, x, y: scale * _objective(n, p, _embed(n, p, x), y))
     # gradients w.r.t. the other parameters and the gathered token rows (one array per direction)
-    value_and_row_grads = jax.value_and_grad(lambda p, inp, y: _objective(n, p, inp, y), argnums=(0, 1))
+    value_and_row_grads = jax.value_and_grad(lambda p, inp, y: scale * _objective(n, p, inp, y), argnums=(0, 1))
+
+    def unscaled(L, g):
+        """The reported loss and the gradients divided by the scale; under mixed precision the loss is
+        NaN when a gradient is not finite (the cell is diverged)."""
+        loss = L / (scale * T)
+        if scale != 1:
+            g = jax.tree.map(lambda d: d / scale, g)
+        if problem.reduced:
+            finite = jnp.all(jnp.stack([jnp.isfinite(d).all() for d in jax.tree.leaves(g)]))
+            loss = jnp.where(finite, loss, jnp.nan)
+        return loss, g
 
     def loss_and_grads(p, x, y):
-        L, g = value_and_grad(p, x, y)
-        return L / T, g
+        return unscaled(*value_and_grad(p, x, y))
 
     def step(p, x, y, lr):
         if problem.tokens and spec.clip is None:
             # Only the rows of W_in that x names change: scatter -lr * their gradients in place
             # instead of building and subtracting a dense (D, G) gradient.
             rest = {k: v for k, v in p.items() if k not in tables}
-            L, (g, g_rows) = value_and_row_grads(rest, tuple(p[t][x] for t in tables), y)
+            loss, (g, g_rows) = unscaled(*value_and_row_grads(rest, tuple(p[t][x] for t in tables), y))
             new = jax.tree.map(lambda v, d: v - lr * d, rest, g)
             for t, d in zip(tables, g_rows):
                 new[t] = p[t].at[x].add(-lr * d)
-            return new, L / T
-        L, g = value_and_grad(p, x, y)
+            return new, loss
+        loss, g = unscaled(*value_and_grad(p, x, y))
         if spec.clip is not None:
             g = jax.tree.map(lambda v: jnp.clip(v, -spec.clip, spec.clip), g)
-        return jax.tree.map(lambda v, d: v - lr * d, p, g), L / T
+        return jax.tree.map(lambda v, d: v - lr * d, p, g), loss
 
     return forward, loss_and_grads, step
 
@@ -479,7 +531,7 @@ class JaxBackend(Backend):
     output layer run outside it as single GEMMs), so unrolling has little overhead to
     remove, and the rolled loop compiles fastest, in time independent of T.
     """
-    knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
+    knows = frozenset({"gru", "bidirectional", "reduced"})  # these spec additions are in its supports()
 
     name = "jax"
     package = "jax"
@@ -515,8 +567,8 @@ class JaxBackend(Backend):
         return True, ""
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
-        """Every model (elman, lstm, gru, bidirectional layers), head, bptt mode, input kind, dtype and device
-        of SPEC.md (``autotune``: GPU only)."""
+        """Every model (elman, lstm, gru, bidirectional layers), head, bptt mode, input kind, dtype (mixed
+        precision included) and device of SPEC.md (``autotune``: GPU only)."""
         if self.variant == "autotune" and problem.device != "gpu":
             return unsupported("jax:autotune differs from jax only in XLA's GPU autotuning; on the CPU it is jax")
         return True, ""
@@ -563,7 +615,7 @@ class JaxBackend(Backend):
         self.close()
         self.problem = problem
         target = jax.devices(device)[0]
-        self._params = {k: jax.device_put(np.asarray(v, problem.dtype), target) for k, v in params.items()}
+        self._params = {k: jax.device_put(np.asarray(v, problem.master_dtype), target) for k, v in params.items()}
         forward, loss_and_grads, step = _build(problem, *_variant_loop(self.variant, problem.seq_len))
         self._fns = {
             "forward": jax.jit(forward),
@@ -593,7 +645,7 @@ class JaxBackend(Backend):
         return self._executable(which, data)(self._params, *data)
 
     def _lr(self, lr: float):
-        return np.asarray(lr, self.problem.dtype)
+        return np.asarray(lr, self.problem.master_dtype)
 
     def warm_up(self, batch: tuple[Any, Any]) -> None:
         """Compile the executables this workload times (forward, or the SGD step) for ``batch``'s shapes."""

@@ -73,7 +73,7 @@ def _engine_spec(problem: Problem) -> dict:
 
 class NativeBackend(Backend):
     """C++ engine: fused per-step kernels, all-step GEMMs through SciPy's BLAS, OpenMP threads."""
-    knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
+    knows = frozenset({"gru", "bidirectional", "reduced"})  # these spec additions are in its supports()
 
     name = "native"
     variants = ("default", "sync", "async")
@@ -116,6 +116,9 @@ class NativeBackend(Backend):
         """Every model, head and bptt mode on the CPU; async only for workload train."""
         if problem.device != "cpu":
             return unsupported("the native backend runs on the CPU only")
+        if problem.reduced:
+            return unsupported(f"a {problem.dtype} GEMM path is not built: the C++ engine calls the BLAS's float32 "
+                               f"or float64 GEMM (sgemm/dgemm) on the parameters' own dtype")
         if self.variant == "async" and problem.workload != "train":
             return unsupported(
                 "asynchronous parameter-server updates are not the spec's synchronous SGD; timed in workload train only"

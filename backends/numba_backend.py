@@ -855,7 +855,7 @@ _MAX_SHAPES = 8  # (T, B) workspaces kept at once
 
 class NumbaBackend(Backend):
     """SPEC.md in Numba: fused @njit step loops around BLAS GEMMs, cached across processes."""
-    knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
+    knows = frozenset({"gru", "bidirectional", "reduced"})  # these spec additions are in its supports()
 
     name = "numba"
     package = "numba"
@@ -879,7 +879,12 @@ class NumbaBackend(Backend):
                 "scipy": scipy.__version__}
 
     def supports(self, problem) -> tuple[bool, str]:
-        """Every SPEC.md model (elman, lstm, gru, bidirectional layers), head, bptt mode and dtype, on the CPU."""
+        """Every SPEC.md model (elman, lstm, gru, bidirectional layers), head, bptt mode, float32 and float64,
+        on the CPU."""
+        if problem.reduced:
+            return unsupported(f"{self.full_name}'s compiled step multiplies in the parameters' dtype (float32 or "
+                               f"float64); Numba has no bfloat16 type and no step that rounds the products' inputs "
+                               f"to {problem.dtype} is written")
         return self.supports_device(problem.device)
 
     def prepare(self, problem, params, device="cpu", threads=1) -> None:

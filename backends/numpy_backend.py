@@ -12,6 +12,15 @@ recurrent GEMM forward (two before the reset: ``(r * h) W_hn`` needs r first) an
 backward (two before the reset). A bidirectional layer runs the same code on the
 time-reversed input for its reverse direction (full BPTT only, so one window).
 
+Mixed precision (``bfloat16``, ``float16``) is the spec's own roundings: every product's
+inputs are rounded to the low type (``reference.round_to``) and multiplied in float32, which
+holds each product of two such numbers exactly and sums them in float32; everything else runs
+in float32, as for ``float32``. It rounds the same values as the reference, in another
+summation order, except under truncated BPTT: it sums the open windows' gradients before their
+weight-gradient product, where the reference rounds each window's; either moves a result by
+less than half the bound. NumPy has no low-precision GEMM, so this
+is an emulation: it shows what the roundings do to a result, not what they save in time.
+
 ``numpy:wildml`` is the WildML ``RNNNumpy`` tutorial code (one sentence at a
 time, ``np.outer`` per step, the O(T*K) ``bptt_truncate`` walk): the
 historical baseline every other backend is compared against.
@@ -23,6 +32,7 @@ import numpy as np
 
 from backends.base import Backend, unsupported
 from harness.spec.model import Problem
+from harness.spec.reference import round_to
 from harness.spec.model import layer_suffix as _sfx
 
 
@@ -134,13 +144,29 @@ class _Buffers:
         self.diff = np.empty((N, O), net.dtype) if spec.output_act == "tanh" else None
 
 
+def _matmul(problem: Problem):
+    """``np.matmul`` (with ``out``) as the problem's products are computed: under mixed precision of the
+    inputs rounded to the low type, in float32."""
+    if not problem.reduced:
+        return np.matmul
+    low = problem.dtype
+
+    def matmul(a, b, out=None):
+        with np.errstate(invalid="ignore"):  # inf * 0 after a float16 overflow: sgd_step reports it as NaN
+            return np.matmul(round_to(a, low), round_to(b, low), out=out)
+
+    return matmul
+
+
 class _Fast:
     """SPEC.md vectorised over steps and batch, in the problem's dtype, over reused buffers."""
 
     def __init__(self, problem: Problem, params: dict[str, np.ndarray]):
         self.problem = problem
         self.spec = problem.model
-        self.dtype = np.dtype(problem.dtype)
+        self.dtype = np.dtype(problem.master_dtype)
+        self.mm = _matmul(problem)  # every product of the network (the head's row sums are not products)
+        self.scale = problem.objective_scale  # float16's loss scale, else 1
         self.one = self.dtype.type(1)
         self.params = {k: np.array(params[k], dtype=self.dtype, order="C") for k in self.spec.param_names()}
         self.bi = self.spec.bidirectional
@@ -198,7 +224,7 @@ class _Fast:
                 raise IndexError(f"token ids must lie in [0, {layer.W_in.shape[0]})")
             np.take(layer.W_in, inp, axis=0, out=a, mode="clip")
         else:
-            np.matmul(inp.reshape(-1, inp.shape[-1]), layer.W_in, out=a.reshape(-1, a.shape[-1]))
+            self.mm(inp.reshape(-1, inp.shape[-1]), layer.W_in, out=a.reshape(-1, a.shape[-1]))
         if layer.b is not None:
             np.add(a, layer.b, out=a)
         return a
@@ -209,7 +235,7 @@ class _Fast:
         for t in range(a.shape[0]):
             ht = h[t + 1]
             if t:
-                np.matmul(h[t], W_hh, out=ht)
+                self.mm(h[t], W_hh, out=ht)
                 np.add(ht, a[t], out=ht)
             else:
                 np.copyto(ht, a[0])
@@ -228,7 +254,7 @@ class _Fast:
             at, nt = a[t], n[t]
             r, z = g4[t, :, 0], g4[t, :, 1]
             if layer.reset_after:
-                np.matmul(h[t], W_hh, out=rec)
+                self.mm(h[t], W_hh, out=rec)
                 np.add(at[:, : 2 * H], rec[:, : 2 * H], out=at[:, : 2 * H])
                 _sigmoid_(at[:, : 2 * H])
                 un = layer.un[t]
@@ -237,11 +263,11 @@ class _Fast:
                     np.add(un, layer.b_hn, out=un)
                 np.multiply(r, un, out=nt)
             else:
-                np.matmul(h[t], W_hrz, out=rec[:, : 2 * H])
+                self.mm(h[t], W_hrz, out=rec[:, : 2 * H])
                 np.add(at[:, : 2 * H], rec[:, : 2 * H], out=at[:, : 2 * H])
                 _sigmoid_(at[:, : 2 * H])
                 np.multiply(r, h[t], out=layer.rh[t])
-                np.matmul(layer.rh[t], W_hn, out=nt)
+                self.mm(layer.rh[t], W_hn, out=nt)
             np.add(nt, at[:, 2 * H :], out=nt)
             np.tanh(nt, out=nt)
             ht = h[t + 1]  # (1 - z) n + z h_{t-1} = n + z (h_{t-1} - n)
@@ -260,7 +286,7 @@ class _Fast:
         for t in range(a.shape[0]):
             at = a[t]
             if t:
-                np.matmul(h[t], W_hh, out=rec)
+                self.mm(h[t], W_hh, out=rec)
                 np.add(at, rec, out=at)
             np.tanh(at[:, 2 * H:3 * H], out=g[t])
             i, f, o = gates5[t, :, 0], gates5[t, :, 1], gates5[t, :, 3]
@@ -282,7 +308,7 @@ class _Fast:
 
     def _logits(self, h_top: np.ndarray, out=None) -> np.ndarray:
         H = h_top.shape[-1]
-        z = np.matmul(h_top[1:].reshape(-1, H), self.W_hy, out=out)
+        z = self.mm(h_top[1:].reshape(-1, H), self.W_hy, out=out)
         if self.b_y is not None:
             np.add(z, self.b_y, out=z)
         return z
@@ -347,16 +373,16 @@ class _Fast:
         loss = self._head(y, scale)
         t0, H = buf.t0, self.spec.hidden
         dz = buf.z[t0 * buf.B:]
-        np.matmul(h_top[t0 + 1:].reshape(-1, h_top.shape[-1]).T, dz, out=self.grads["W_hy"])
+        self.mm(h_top[t0 + 1:].reshape(-1, h_top.shape[-1]).T, dz, out=self.grads["W_hy"])
         if self.b_y is not None:
             np.sum(dz, axis=0, out=self.grads["b_y"])
         top = self.layers[-1]
         if self.bi:
             return self._grads_bidirectional(x, dz, loss)
         if top.up_t is not None:
-            np.matmul(self.W_hy, dz.T, out=top.up_t[:, t0 * buf.B:])
+            self.mm(self.W_hy, dz.T, out=top.up_t[:, t0 * buf.B:])
         else:
-            np.matmul(dz, self.W_hy.T, out=top.up[t0:].reshape(-1, H))
+            self.mm(dz, self.W_hy.T, out=top.up[t0:].reshape(-1, H))
         for layer in reversed(self.layers):
             below = self.layers[layer.index - 1] if layer.index else None
             self._backward(layer, layer is top)
@@ -376,7 +402,7 @@ class _Fast:
         of dL/d output (time-reversed for the reverse one) and both add their dL/d input into the layer below's."""
         buf, H = self.buf, self.spec.hidden
         ups = buf.ups
-        np.matmul(dz, self.W_hy.T, out=ups.reshape(-1, 2 * H))
+        self.mm(dz, self.W_hy.T, out=ups.reshape(-1, 2 * H))
         for index in reversed(range(self.spec.layers)):
             fwd, rev = self.layers[2 * index], self.layers[2 * index + 1]
             np.copyto(fwd.up.reshape(ups.shape[0], -1, H), ups[:, :, :H])
@@ -386,8 +412,8 @@ class _Fast:
                 self._backward(layer, index == self.spec.layers - 1)
                 self._weight_grads(layer, inp[::-1] if layer is rev else inp, None)
             if index:  # the layer below's dL/d output: both directions' dL/d input, in forward time
-                np.matmul(fwd.da.reshape(-1, fwd.da.shape[-1]), fwd.W_in.T, out=ups.reshape(-1, 2 * H))
-                ups[::-1] += (rev.da.reshape(-1, rev.da.shape[-1]) @ rev.W_in.T).reshape(ups.shape)
+                self.mm(fwd.da.reshape(-1, fwd.da.shape[-1]), fwd.W_in.T, out=ups.reshape(-1, 2 * H))
+                ups[::-1] += self.mm(rev.da.reshape(-1, rev.da.shape[-1]), rev.W_in.T).reshape(ups.shape)
         return loss
 
     def _seed(self, layer: _Layer, s: int, top: bool) -> None:
@@ -438,13 +464,13 @@ class _Fast:
                 if s > t0:  # dh_{t-1} = dh z + (da_r, da_z, da_n r) W_hh^T
                     np.copyto(du4[:, :, :2], d4[:, :, :2])
                     np.multiply(dan, layer.gates4[s, :, 0], out=du4[:, :, 2])
-                    np.matmul(du_rows, W_hh.T, out=tmp_rows)
+                    self.mm(du_rows, W_hh.T, out=tmp_rows)
             else:
-                np.matmul(dan.reshape(-1, H), W_hn_T, out=tmp_rows)  # dL/d(r h_{t-1})
+                self.mm(dan.reshape(-1, H), W_hn_T, out=tmp_rows)  # dL/d(r h_{t-1})
                 np.multiply(tmp, layer.k_r[s], out=d4[:, :, 0])
                 if s > t0:  # dh_{t-1} = dh z + dL/d(r h) r + (da_r, da_z) W_hrz^T
                     np.multiply(tmp, layer.gates4[s, :, 0], out=tmp)
-                    tmp_rows += das_rows[s][:, : 2 * H] @ W_hrz_T
+                    tmp_rows += self.mm(das_rows[s][:, : 2 * H], W_hrz_T)
             if s > t0:
                 np.multiply(dh, layer.gates4[s, :, 1], out=dh)
                 np.add(dh, tmp, out=dh)
@@ -468,7 +494,7 @@ class _Fast:
             self._seed(layer, s, top)
             np.multiply(dh, layer.act_grad[s], out=das[s])
             if s > t0:
-                np.matmul(das_rows[s], W_hh_T, out=dh_rows)
+                self.mm(das_rows[s], W_hh_T, out=dh_rows)
 
     def _lstm_backward(self, layer: _Layer, top: bool) -> None:
         buf = self.buf
@@ -513,7 +539,7 @@ class _Fast:
             np.add(dc, tmp, out=dc)
             np.multiply(dc_wide, layer.k_ifg[s], out=das5[s, :, :, :3])
             if s > t0:
-                np.matmul(das_rows[s], W_hh_T, out=dh_rows)
+                self.mm(das_rows[s], W_hh_T, out=dh_rows)
                 np.multiply(dc, layer.f_c[s], out=dc)
 
     def _weight_grads(self, layer: _Layer, inp, below: _Layer | None) -> None:
@@ -531,19 +557,19 @@ class _Fast:
             np.copyto(du, da)
             du4 = du.reshape(T - t0, buf.B, 3, H)
             np.multiply(du4[:, :, 2], layer.gates4[t0:, :, 0], out=du4[:, :, 2])
-            np.matmul(h_rows.T, layer.du_all[t1:].reshape(-1, 3 * H), out=g[layer.hh_name])
+            self.mm(h_rows.T, layer.du_all[t1:].reshape(-1, 3 * H), out=g[layer.hh_name])
             if layer.bhn_name:
                 np.sum(du4[:, :, 2].reshape(-1, H), axis=0, out=g[layer.bhn_name])
         elif layer.gru:  # (r h_{t-1}) W_hn: W_hn's gradient reads r h_{t-1}
             dW = g[layer.hh_name]
-            dW[:, : 2 * H] = h_rows.T @ layer.da[t1:, :, : 2 * H].reshape(-1, 2 * H)
-            dW[:, 2 * H :] = layer.rh[t1:T].reshape(-1, H).T @ layer.da[t1:, :, 2 * H :].reshape(-1, H)
+            dW[:, : 2 * H] = self.mm(h_rows.T, layer.da[t1:, :, : 2 * H].reshape(-1, 2 * H))
+            dW[:, 2 * H :] = self.mm(layer.rh[t1:T].reshape(-1, H).T, layer.da[t1:, :, 2 * H :].reshape(-1, H))
         else:
-            np.matmul(h_rows.T, layer.da[t1:].reshape(-1, da.shape[-1]), out=g[layer.hh_name])
+            self.mm(h_rows.T, layer.da[t1:].reshape(-1, da.shape[-1]), out=g[layer.hh_name])
         if layer.sparse_input:
             self.sparse_rows[layer.in_name] = (inp[t0:].reshape(-1), da_rows)
         else:
-            np.matmul(inp[t0:].reshape(-1, inp.shape[-1]).T, da_rows, out=g[layer.in_name])
+            self.mm(inp[t0:].reshape(-1, inp.shape[-1]).T, da_rows, out=g[layer.in_name])
         if layer.b_name:
             np.sum(da_rows, axis=0, out=g[layer.b_name])
         if layer.peep_names:
@@ -553,25 +579,38 @@ class _Fast:
                 np.multiply(da4[:, :, gate], c, out=tmp)
                 np.sum(tmp.reshape(-1, H), axis=0, out=g[name])
         if below is not None:  # per window, so each output's window bounds the layer below too
-            np.matmul(layer.das_rows[t0:].reshape(-1, da.shape[-1]), layer.W_in.T,
+            self.mm(layer.das_rows[t0:].reshape(-1, da.shape[-1]), layer.W_in.T,
                       out=below.up[t0:].reshape(-1, H))
 
     # -- the protocol ----------------------------------------------------------------
     def loss_and_grads(self, x, y):
         """Reported loss and dense copies of the gradients, keyed like the parameters."""
-        loss = self._grads(x, y, 1.0)
+        loss = self._grads(x, y, self.scale)
         grads = {k: v.copy() for k, v in self.grads.items()}
         for name, (ids, rows) in self.sparse_rows.items():
             dense = np.zeros_like(self.params[name])
             np.add.at(dense, ids, rows)
             grads[name] = dense
+        if self.scale != 1:
+            grads = {k: v / self.dtype.type(self.scale) for k, v in grads.items()}
         return loss, {k: grads[k] for k in self.params}
 
     def sgd_step(self, x, y, lr: float) -> float:
         """One SGD step in place; returns the loss before it."""
-        # the backward pass is linear in dL/dz, so seeding it with -lr * dL/dz leaves the
-        # update itself in the gradient buffers; clipping scales to [-|lr| c, |lr| c]
-        loss = self._grads(x, y, -lr)
+        if self.problem.reduced:
+            # rounded products are not linear in their inputs, so the backward pass is seeded with the loss
+            # scale alone and its buffers turned into the steps -lr g afterwards
+            loss = self._grads(x, y, self.scale)
+            steps = list(self.grads.values()) + [rows for _, rows in self.sparse_rows.values()]
+            if not all(np.isfinite(v).all() for v in steps):
+                loss = float("nan")  # a non-finite gradient (float16 overflow): the cell is diverged
+            rate = self.dtype.type(-lr / self.scale)
+            for v in steps:
+                np.multiply(v, rate, out=v)
+        else:
+            # the backward pass is linear in dL/dz, so seeding it with -lr * dL/dz leaves the
+            # update itself in the gradient buffers; clipping scales to [-|lr| c, |lr| c]
+            loss = self._grads(x, y, -lr)
         clip = self.spec.clip
         bound = self.dtype.type(abs(lr) * clip) if clip is not None else None
         for name, step in self.grads.items():
@@ -729,7 +768,7 @@ class _WildML:
 
 class NumpyBackend(Backend):
     """``numpy``: vectorised SPEC.md over reused buffers; ``numpy:wildml``: the tutorial's loop."""
-    knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
+    knows = frozenset({"gru", "bidirectional", "reduced"})  # these spec additions are in its supports()
 
     name = "numpy"
     package = "numpy"
@@ -740,13 +779,15 @@ class NumpyBackend(Backend):
         self._impl: _Fast | _WildML | None = None
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
-        """Every SPEC.md option for ``fast``; the tutorial's model only for ``wildml``."""
+        """Every SPEC.md option for ``fast`` (mixed precision as the spec's roundings, emulated); the tutorial's
+        model only, in float32 or float64, for ``wildml``."""
         ok, why = self.supports_device(problem.device)
         if not ok:
             return ok, why
-        if problem.dtype not in ("float32", "float64"):
-            return unsupported(f"{self.full_name} computes in float32 or float64, not {problem.dtype}")
         if self.variant == "wildml":
+            if problem.dtype not in ("float32", "float64"):
+                return unsupported(f"{self.full_name} is the tutorial's float32/float64 code; it has no mixed "
+                                   f"precision ({problem.dtype})")
             return _WildML.supports(problem)
         return True, ""
 

@@ -50,7 +50,7 @@ def merge_flags(ours: str, theirs: str | None) -> str:
 
 class ScanGraphBackend(Backend):
     """The scan-based graph and its three functions; subclasses supply the library."""
-    knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
+    knows = frozenset({"gru", "bidirectional", "reduced"})  # these spec additions are in its supports()
 
     compile_heavy = True
 
@@ -64,6 +64,11 @@ class ScanGraphBackend(Backend):
     def supports(self, problem: Problem) -> tuple[bool, str]:
         if problem.device != "cpu":
             return unsupported(f"{self.full_name} runs on the CPU only")
+        if problem.reduced:
+            return unsupported(f"{self.full_name}'s scan graph computes in the parameters' dtype (float32 or "
+                               f"float64); a graph that rounds only the products' inputs to {problem.dtype} is not "
+                               f"written (the library has no bfloat16 type, and a float16 graph would round every "
+                               f"intermediate)")
         return True, ""
 
     def prepare(self, problem: Problem, params: dict[str, np.ndarray], device: str = "cpu", threads: int = 1) -> None:

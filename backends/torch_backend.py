@@ -12,10 +12,24 @@ comes back as one row per token and is applied with ``index_add_``, as a sparse
 embedding update would be, never through one-hot matrices or a dense (vocab, H)
 gradient in the training step. The GRU's gates are grouped as the LSTM's: one input
 GEMM over all steps and one recurrent GEMM per step (two before the reset).
+
+Mixed precision (``bfloat16``, ``float16``) is written as PyTorch users train: ``torch.autocast``
+over the forward pass, float32 parameters, gradients and update; the products' results are taken
+back to float32 at once (biases added in float32, the cells' gates and state float32), and float16
+scales the objective by the static loss scale and unscales with
+``torch._amp_foreach_non_finite_check_and_unscale_``, whose non-finite flag makes the step's loss
+NaN. Autocast still rounds every product's result to the low type, in the backward pass too: at
+the check's shapes that lands up to about 5x as far from float64 as the spec's own roundings
+(``benchmarks/measure_mixed_precision.py --force``: the realistic LSTM's dW_hh 1.01x the bound,
+a GRU case 1.16x, torch:fused's GRU 1.53x), past the bound that catches a 5% gradient error
+(1.5x at least), so ``supports`` refuses mixed precision until the bound or the implementation
+closes that gap (tests/test_mixed_precision.py runs the step nonetheless). On the CPU nn.LSTM
+under autocast also fails in oneDNN on CPUs without bfloat16 instructions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 
 import numpy as np
@@ -29,7 +43,7 @@ _NO_CUDA = "unavailable: no CUDA device (torch.cuda.is_available() is False)"
 
 class TorchBackend(Backend):
     """PyTorch, as its users would write the SPEC.md network (see the module docstring)."""
-    knows = frozenset({"gru", "bidirectional"})  # the GRU and bidirectional layers are in its supports()
+    knows = frozenset({"gru", "bidirectional", "reduced"})  # these spec additions are in its supports()
 
     name = "torch"
     package = "torch"
@@ -64,8 +78,14 @@ class TorchBackend(Backend):
         return True, ""
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
-        """Everything for autograd and compile; what nn.RNN / nn.LSTM can express for fused."""
+        """Everything for autograd and compile in float32 and float64; what nn.RNN / nn.LSTM / nn.GRU can
+        express for fused. Mixed precision is refused (see the module docstring)."""
         m = problem.model
+        if problem.reduced:
+            return unsupported(f"{self.full_name}: torch.autocast rounds every product's result to {problem.dtype} too "
+                               f"(forward and backward); at the check's shapes that moves gradients up to about 5x as "
+                               f"far from float64 as the spec's roundings do, up to 1.5x past the mixed-precision bound "
+                               f"(which must catch a 5% gradient error), so its mixed-precision cells would not verify")
         if self.variant != "fused":
             return True, ""
         if m.kind == "gru" and not m.reset_after:
@@ -158,7 +178,10 @@ class _Net:
 
         self.torch, self.F = torch, F
         self.problem, self.spec, self.device = problem, problem.model, device
-        self.dtype = getattr(torch, problem.dtype)
+        self.dtype = getattr(torch, problem.master_dtype)  # parameters and gradients (float32 masters when mixed)
+        self.low = getattr(torch, problem.dtype) if problem.reduced else None  # autocast's type, if any
+        self.scale = problem.objective_scale  # float16's static loss scale, else 1
+        self.found_inf = None  # the last gradient's non-finite flag (mixed precision)
         spec = self.spec
         self.H = spec.hidden
         self.names = spec.param_names()
@@ -172,7 +195,8 @@ class _Net:
         self._load(params)
         self.train_names = [k for k in self.names if k not in self.tables]
         self.act = {"tanh": torch.tanh, "relu": torch.relu, "sigmoid": torch.sigmoid}[spec.activation]
-        self._elman_cell, self._lstm_cell, self._gru_cell = _cells(torch, self.act, spec.reset_after)
+        self._addmm = _addmm(torch, problem.reduced)
+        self._elman_cell, self._lstm_cell, self._gru_cell = _cells(torch, self.act, spec.reset_after, problem.reduced)
         self._windows: dict[int, object] = {}
 
     # -- set-up ---------------------------------------------------------------------
@@ -180,6 +204,27 @@ class _Net:
         for k in self.names:
             t = self.torch.tensor(np.asarray(params[k]), dtype=self.dtype, device=self.device)
             self.p[k] = t.requires_grad_(k not in self.tables)
+
+    def _autocast(self):
+        """Mixed precision as PyTorch users train it: ``torch.autocast`` over the forward pass, whose
+        products then run in the low type (and so do their backward products); a no-op otherwise."""
+        if self.low is None:
+            return contextlib.nullcontext()
+        return self.torch.autocast(self.device.type, dtype=self.low)
+
+    def _unscale(self, grads: list) -> None:
+        """Mixed precision: divide the gradients by the loss scale in place and note whether any is
+        non-finite (``torch.amp``'s own check, as GradScaler does it, with the static scale)."""
+        torch = self.torch
+        self.found_inf = torch.zeros(1, dtype=torch.float32, device=self.device)
+        inv = torch.full((1,), 1.0 / self.scale, dtype=torch.float32, device=self.device)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found_inf, inv)
+
+    def _reported(self, total, B: int, T: int) -> float:
+        """The reported loss; NaN when a mixed-precision gradient was non-finite (the cell diverges)."""
+        if self.found_inf is not None and bool(self.found_inf.item()):
+            return float("nan")
+        return float(total) / (B * T)
 
     def _own(self, k: str, t):
         """A tensor in the module's layout as SPEC.md names it: transposed back, or its slice."""
@@ -228,7 +273,7 @@ class _Net:
         W, b = P[self.w_in + s], P.get(self.b_in + s)
         S, N = inp.shape[:2]
         flat = inp.reshape(S * N, -1)
-        out = self.torch.mm(flat, W) if b is None else self.torch.addmm(b, flat, W)
+        out = self.torch.mm(flat, W) if b is None else self._addmm(b, flat, W)
         return out.view(S, N, -1)
 
     def _project0(self, P, xt, rows, start: int, stop: int, direction: int = 0):
@@ -249,6 +294,7 @@ class _Net:
         """
         s = layer_suffix(layer, direction)
         W_hh = P["W_hh" + s]
+        steps = steps.to(self.dtype)  # under autocast the input projections come in the low type: to float32
         hs, cs = [], []
         if self.spec.kind == "gru":
             b_hn, cell = P.get("b_hn" + s), self._gru_cell
@@ -297,11 +343,12 @@ class _Net:
     def _logits(self, P, hs):
         flat = hs.reshape(-1, hs.shape[-1])
         b = P.get("b_y")
-        return self.torch.mm(flat, P["W_hy"]) if b is None else self.torch.addmm(b, flat, P["W_hy"])
+        return self.torch.mm(flat, P["W_hy"]) if b is None else self._addmm(b, flat, P["W_hy"])
 
     def _head_sum(self, z, y):
         """``sum l`` over the rows of ``z`` (N, O) against ``y`` (rows of targets)."""
         F = self.F
+        z = z.to(self.dtype)  # the head and the loss in float32, whatever type autocast left the logits in
         if self.spec.head == "softmax_xent":
             return F.cross_entropy(z, y.reshape(-1), reduction="sum")
         out = self.torch.tanh(z) if self.spec.output_act == "tanh" else z
@@ -362,27 +409,30 @@ class _Net:
 
     def _outputs(self, P, xt):
         hs, _, _, _ = self._stack_forward(P, xt, None, 0, xt.shape[0], None)
-        z = self._logits(P, hs).view(xt.shape[0], xt.shape[1], -1)
+        z = self._logits(P, hs).view(xt.shape[0], xt.shape[1], -1).to(self.dtype)
         if self.spec.head == "softmax_xent":
             return self.torch.softmax(z, dim=-1)
         return self.torch.tanh(z) if self.spec.output_act == "tanh" else z
 
     # -- what the backend calls -----------------------------------------------------
     def outputs(self, x) -> np.ndarray:
-        with self.torch.inference_mode():
-            return self._outputs(self.p, self._x(x)).cpu().numpy()
+        with self.torch.inference_mode(), self._autocast():
+            return self._outputs(self.p, self._x(x)).to(self.dtype).cpu().numpy()
 
     def _grads(self, x, y):
         """``(loss sum tensor, dense grads, row grads or None, token ids of the rows)``."""
         xt, yt = self._x(x), self._y(y)
         rows = self._leaf_rows(xt)
-        obj, total = self._objective(self.p, xt, yt, rows, self._aux(xt.shape[0]))
+        with self._autocast():
+            obj, total = self._objective(self.p, xt, yt, rows, self._aux(xt.shape[0]))
         dense = [self.p[k] for k in self.train_names]
         inputs = dense + (rows or [])
-        gs = list(self.torch.autograd.grad(obj, inputs, allow_unused=True))
+        gs = list(self.torch.autograd.grad(obj * self.scale if self.scale != 1 else obj, inputs, allow_unused=True))
         for i, (g, t) in enumerate(zip(gs, inputs)):
             if g is None:  # e.g. p_f when no step has a previous cell state
                 gs[i] = self.torch.zeros_like(t)
+        if self.low is not None:
+            self._unscale(gs)
         for i, k in enumerate(self.train_names):
             if k in self.sliced:  # only the slice is the parameter: the rest of the module's tensor stays
                 keep = self.torch.zeros_like(gs[i])
@@ -405,7 +455,7 @@ class _Net:
             W = self.p[table]
             dense = self.torch.zeros_like(W).index_add_(0, ids, row_grad.reshape(-1, W.shape[1]))
             out[table] = dense.cpu().numpy()
-        return float(total) / (B * T), {k: out[k] for k in self.names}
+        return self._reported(total, B, T), {k: out[k] for k in self.names}
 
     def sgd_step(self, x, y, lr: float) -> float:
         torch = self.torch
@@ -427,31 +477,44 @@ class _Net:
                     rg = sums.index_add_(0, inverse, rg)
                     rg.clamp_(-clip, clip)
                 W.index_add_(0, ids, rg, alpha=-lr)
-        return float(total) / (B * T)
+        return self._reported(total, B, T)
 
 
-def _cells(torch, act, reset_after=True):
+def _addmm(torch, mixed: bool):
+    """``c + a @ b``: ``torch.addmm``, or under mixed precision the product alone in the low type and ``c``
+    added in float32 (autocast would round ``c``, a bias or the input projection, to the low type first)."""
+    if not mixed:
+        return torch.addmm
+    return lambda c, a, b: c + torch.mm(a, b).float()
+
+
+def _cells(torch, act, reset_after=True, mixed=False):
     """One time step of each cell, from a previous state: ``(elman(a_in, h, W_hh) -> h,
     lstm(a_in, h, c, W_hh[, p_i, p_f, p_o]) -> (h, c), gru(a_in, h, W_hh[, b_hn]) -> h)``;
     ``a_in`` is the step's input projection (with the bias ``b``)."""
 
+    # Under autocast (``mixed``) every product runs in the low type and its result is taken to float32 at once,
+    # so the gates, the cell state and h stay float32 as the spec has them.
+    addmm = _addmm(torch, mixed)
+    result = (lambda t: t.float()) if mixed else (lambda t: t)
+
     def gru(a_in, h, W_hh, b_hn=None):
         H = h.shape[1]
         if reset_after:  # one GEMM for all three gates: r * (h W_hn + b_hn)
-            u = torch.mm(h, W_hh)
+            u = result(torch.mm(h, W_hh))
             r, z = torch.sigmoid(a_in[:, : 2 * H] + u[:, : 2 * H]).chunk(2, 1)
             un = u[:, 2 * H:] if b_hn is None else u[:, 2 * H:] + b_hn
             n = torch.tanh(torch.addcmul(a_in[:, 2 * H:], r, un))
         else:  # (r * h) W_hn needs r first: a second GEMM
-            r, z = torch.sigmoid(torch.addmm(a_in[:, : 2 * H], h, W_hh[:, : 2 * H])).chunk(2, 1)
-            n = torch.tanh(torch.addmm(a_in[:, 2 * H:], r * h, W_hh[:, 2 * H:]))
+            r, z = torch.sigmoid(addmm(a_in[:, : 2 * H], h, W_hh[:, : 2 * H])).chunk(2, 1)
+            n = torch.tanh(addmm(a_in[:, 2 * H:], r * h, W_hh[:, 2 * H:]))
         return torch.addcmul(n, z, h - n)
 
     def elman(a_in, h, W_hh):
-        return act(torch.addmm(a_in, h, W_hh))
+        return act(addmm(a_in, h, W_hh))
 
     def lstm(a_in, h, c, W_hh, *peeps):
-        a = torch.addmm(a_in, h, W_hh)
+        a = addmm(a_in, h, W_hh)
         if peeps:
             pi, pf, po = peeps
             ai, af, ag, ao = a.chunk(4, 1)
@@ -623,6 +686,7 @@ class _FusedNet(_Net):
     def _outputs(self, P, xt):
         hs, _ = self.mod(self._inputs(xt, None, 0, xt.shape[0]))
         z = self._logits(P, hs)
+        z = z.to(self.dtype)
         if self.spec.head == "softmax_xent":
             return self.torch.softmax(z, dim=-1).view(xt.shape[0], xt.shape[1], -1)
         out = self.torch.tanh(z) if self.spec.output_act == "tanh" else z

@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.spec.errors import HarnessError
+from harness.spec.model import REDUCED_DTYPES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark one RNN spec across backends.")
 env_app = typer.Typer(no_args_is_help=True, help="Isolated environments: Theano's, and one per set of pinned "
@@ -441,6 +442,13 @@ def _print_check(results, verbose: bool):
         bounds = {r.bound for r in rs if r.status in ("pass", "fail") and r.reason and r.bound}
         for b in sorted(bounds):
             console.print(escape(f"  note        {name}  used looser bound {b}"), highlight=False)
+        # mixed precision is judged by a bound of its own, derived from the reference: always shown
+        for dtype in REDUCED_DTYPES:
+            judged = [r for r in rs if r.dtype == dtype and r.status in ("pass", "fail") and r.bound]
+            for b in sorted({r.bound for r in judged}):
+                worst = max(r.worst_ratio for r in judged if r.bound == b)
+                console.print(escape(f"  bound       {name}  [{dtype}] {b}; worst case {worst:.3g} of it"),
+                              highlight=False)
 
 
 @env_app.command("create")

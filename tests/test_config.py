@@ -48,7 +48,7 @@ def with_keys(patch: str) -> str:
         ("sweep: {model.hidden: [4, -1]}", "sweep model.hidden=-1: model.hidden: expected a positive integer, got -1"),
         ("timing: {min_rounds: 1}", "timing.min_rounds:"),
         ("timing: {warmups: 1}", "timing.warmups: unknown key; valid keys are warmup, min_rounds"),
-        ("dtype: float16", "dtype: expected one of float32, float64"),
+        ("dtype: float8", "dtype: expected one of float32, float64, bfloat16, float16"),
         ("device: tpu", "device: expected cpu or gpu"),
         ("workloads: [backprop]", "workloads[0]:"),
         ("colour: red", "colour: unknown key; valid keys are name, description"),

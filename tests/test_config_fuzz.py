@@ -41,7 +41,7 @@ TYPED = {
     ("timing", "warmup"): NOT_NONNEG_INT, ("timing", "min_rounds"): NOT_POS_INT + [2],
     ("timing", "timeout_s"): NOT_POS_FLOAT, ("timing", "max_time_s"): NOT_POS_FLOAT,
     ("timing", "min_time_s"): [x for x in NOT_POS_FLOAT if x != 0], ("timing", "verify"): NOT_BOOL,
-    ("train", "lr"): NOT_POS_FLOAT, ("train", "epochs"): NOT_POS_INT, ("train", "halve_lr_on_rise"): NOT_BOOL,
+    ("train", "lr"): NOT_POS_FLOAT, ("train", "loss_scale"): NOT_POS_FLOAT, ("train", "epochs"): NOT_POS_INT, ("train", "halve_lr_on_rise"): NOT_BOOL,
     ("model", "hidden"): NOT_POS_INT, ("model", "layers"): NOT_POS_INT, ("model", "bias"): NOT_BOOL,
     ("model", "clip"): [x for x in NOT_POS_FLOAT if x is not None], ("model", "kind"): ["gru", "", 1, None, ["elman"]],
     ("task", "seq_len"): NOT_POS_INT, ("task", "n_sequences"): NOT_POS_INT, ("task", "kind"): ["image", None, 3],
@@ -49,7 +49,7 @@ TYPED = {
     ("description",): [5, None, ["x"], {"a": "b"}],
     ("env",): [{"A=B": "1"}, {"": "1"}, {"A": None}, {"A": 1}, {"A": [1]}, {"HARNESS_BACKENDS": "x"},
                {"PYTHONPATH": "/tmp"}, ["A"], "A=1", {"A\0": "x"}, {1: "x"}, {"A": "x\0y"}],
-    ("dtype",): ["float16", 32, None, [], ["float32", "int8"]],
+    ("dtype",): ["float8", 32, None, [], ["float32", "int8"]],
     ("device",): ["tpu", "", None, [], ["cpu", "tpu"], 1],
     ("workloads",): [[], ["backprop"], "train_step", [None], None],
 }

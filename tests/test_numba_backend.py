@@ -17,10 +17,12 @@ from backends import numba_backend as nbm  # noqa: E402
 from harness.spec import reference as ref  # noqa: E402
 from harness.verify.check import (Case, all_cases, gru_or_bidirectional, initial_params, make_data,  # noqa: E402
                                   run_case)
-from harness.spec.model import ModelSpec, Problem  # noqa: E402
+from harness.spec.model import REDUCED_DTYPES, ModelSpec, Problem  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-QUICK = all_cases(quick=True)  # every case shares the one compiled step, so CI takes the whole quick matrix
+# every case shares the one compiled step, so CI takes the whole quick matrix (but mixed precision, which numba
+# refuses: tests/test_mixed_precision.py)
+QUICK = [c for c in all_cases(quick=True) if c.dtype not in REDUCED_DTYPES]
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +42,12 @@ def test_quick_matrix_passes(backend, case):
 
 @pytest.mark.slow
 def test_whole_matrix_passes(backend):
-    results = [run_case(backend, case) for case in all_cases()]
+    results = [run_case(backend, case) for case in all_cases() if case.dtype not in REDUCED_DTYPES]
     assert not _failures(results), "\n".join(_failures(results))
 
 
 def test_supports_gru_and_bidirectional_layers(backend):
-    cases = list(filter(gru_or_bidirectional, all_cases(quick=True)))
+    cases = [c for c in all_cases(quick=True) if gru_or_bidirectional(c) and c.dtype not in REDUCED_DTYPES]
     assert {c.model.kind for c in cases} == {"elman", "lstm", "gru"} and any(c.model.bidirectional for c in cases)
     for case in cases:
         assert backend.supports(case.problem()) == (True, ""), case.label

@@ -91,7 +91,7 @@ def test_representative_conformance(variant):
 def test_quick_conformance(variant):
     if variant != "c":
         pytest.importorskip(variant)
-    results = _conformance(f"pytensor:{variant}", all_cases(quick=True))
+    results = _conformance(f"pytensor:{variant}", [c for c in all_cases(quick=True) if c.dtype in ("float32", "float64")])
     assert any(r.case.startswith("gru-before") for r in results) and any("-bi " in r.case for r in results)
 
 

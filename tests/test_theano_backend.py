@@ -97,8 +97,8 @@ def test_quick_conformance_in_the_environment(theano_env):
               for r in results if r.status not in ("pass", "unsupported")]
     assert not broken, "\n".join(broken)
 
-    expected = {(c.label, c.dtype) for c in all_cases(quick=True)}
-    assert {(r.case, r.dtype) for r in results} == expected
+    assert {(r.case, r.dtype) for r in results} == {(c.label, c.dtype) for c in all_cases(quick=True)}
+    expected = {(c.label, c.dtype) for c in all_cases(quick=True) if c.dtype in ("float32", "float64")}
     passed = by_status["pass"]
     assert len(passed) == len(expected)
     assert any("tail" in r.case for r in passed) and any("truncated" in r.case for r in passed)

@@ -2,11 +2,18 @@
 
 Each is the numpy backend with one deliberate error in what it computes:
 
-- ``wrong:scaled``: the gradient (and so the update) of one tensor is 1.01 times the right one;
+- ``wrong:scaled``: the gradient (and so the update) of one tensor is 1.01 times the right one
+  (``factor``: 1.05 for the mixed-precision checks);
 - ``wrong:nobias``: the recurrent bias gets no gradient (it never moves); on a model without
   biases, the output weights ``W_hy`` instead;
 - ``wrong:window``: truncated BPTT with a window one step shorter than the model asks for
   (``full`` becomes ``truncated: T - 2``), or ``truncated: window_k`` when that is set;
+
+- ``wrong:nodtype`` (bfloat16, float16): ignores the dtype and computes in float32, without the
+  products' roundings;
+- ``wrong:lossscale`` (float16): the loss scale divided out of the gradients is the default 1024
+  whatever ``train.loss_scale`` says, so every gradient (and update) is ``loss_scale / 1024`` times
+  the right one;
 
 and, for the GRU:
 
@@ -20,12 +27,10 @@ Registered through HARNESS_BACKENDS like tests/fake_backends.py, so workers load
 
 from dataclasses import replace
 
-from harness.spec.model import Problem
-
 import numpy as np
 
 from backends.numpy_backend import NumpyBackend
-from harness.spec.model import Bptt
+from harness.spec.model import DEFAULT_LOSS_SCALE, Bptt, Problem
 
 SCALE = 1.01
 
@@ -34,8 +39,9 @@ class WrongBackend(NumpyBackend):
     """The numpy backend with one error, named by the variant."""
 
     name = "wrong"
-    variants = ("scaled", "nobias", "window", "gateorder", "nobhn", "resetform")
+    variants = ("scaled", "nobias", "window", "gateorder", "nobhn", "resetform", "lossscale", "nodtype")
     scaled_tensor = "W_hh"
+    factor = SCALE  # wrong:scaled's gradient factor
     window_k = None  # the wrong window's K; None: one step shorter than the model's
 
     def _bias(self) -> str:
@@ -48,6 +54,10 @@ class WrongBackend(NumpyBackend):
             return False, "unsupported: a GRU error"
         if self.variant == "nobhn" and "b_hn" not in problem.model.param_names():
             return False, "unsupported: the model has no b_hn"
+        if self.variant == "lossscale" and problem.dtype != "float16":
+            return False, "unsupported: a loss-scale error (float16 only)"
+        if self.variant == "nodtype" and not problem.reduced:
+            return False, "unsupported: a mixed-precision error"
         return super(WrongBackend, self).supports(problem)
 
     def _swap(self, params: dict) -> dict:
@@ -71,6 +81,8 @@ class WrongBackend(NumpyBackend):
         elif self.variant == "nobhn":  # b_hn held at zero inside, reported as given
             self._kept = {k: np.array(v) for k, v in params.items() if k.startswith("b_hn")}
             params = {k: (np.zeros_like(v) if k in self._kept else v) for k, v in params.items()}
+        elif self.variant == "nodtype":
+            inner = replace(problem, dtype="float32", loss_scale=None)
         elif self.variant == "resetform":
             inner = replace(problem, model=replace(problem.model, reset_after=not problem.model.reset_after))
             names = inner.model.param_names()
@@ -94,7 +106,9 @@ class WrongBackend(NumpyBackend):
         loss, grads = super().loss_and_grads(x, y)
         grads = self._outer(grads, np.zeros_like)
         if self.variant == "scaled":
-            grads[self.scaled_tensor] = grads[self.scaled_tensor] * SCALE
+            grads[self.scaled_tensor] = grads[self.scaled_tensor] * self.factor
+        elif self.variant == "lossscale":
+            grads = {k: g * self._lossscale_factor() for k, g in grads.items()}
         elif self.variant == "nobias":
             grads[self._bias()] = np.zeros_like(grads[self._bias()])
         return loss, grads
@@ -105,7 +119,10 @@ class WrongBackend(NumpyBackend):
         loss = super().sgd_step(x, y, lr)
         if self.variant == "scaled":
             k = self.scaled_tensor
-            params[k][...] = before[k] + SCALE * (params[k] - before[k])
+            params[k][...] = before[k] + self.factor * (params[k] - before[k])
+        elif self.variant == "lossscale":
+            for k in params:
+                params[k][...] = before[k] + self._lossscale_factor() * (params[k] - before[k])
         elif self.variant in ("nobias", "nobhn"):
             for k in ([self._bias()] if self.variant == "nobias" else self._kept):
                 params[k][...] = before[k]
@@ -113,3 +130,6 @@ class WrongBackend(NumpyBackend):
 
     def get_params(self):
         return self._outer(super().get_params(), np.copy)
+
+    def _lossscale_factor(self) -> float:
+        return self.problem.objective_scale / DEFAULT_LOSS_SCALE

@@ -16,6 +16,7 @@ import pandas as pd
 
 from harness.results.labels import backend_label, fmt_seconds, group_label, optional_text  # noqa: F401  (re-exported for notebooks)
 from harness.results.schema import PROBLEM_COLUMNS, SIZE_COLUMNS
+from harness.spec.model import DTYPE_BYTES
 
 
 def _setup():
@@ -252,7 +253,7 @@ def arithmetic_intensity(df: pd.DataFrame) -> pd.Series:
     best any backend can do; the estimate depends on sizes only (B, D, H, O, dtype).
     """
     gates = df["model"].map({"lstm": 4, "gru": 3}).fillna(1).to_numpy(dtype=float)
-    itemsize = df["dtype"].map(lambda d: np.dtype(d).itemsize).to_numpy(dtype=float)
+    itemsize = df["dtype"].map(DTYPE_BYTES).to_numpy(dtype=float)  # what a product reads: 2 bytes under mixed precision
     b, d, h, o = (df[c].to_numpy(dtype=float) for c in ("batch", "input_size", "hidden_size", "output_size"))
     layers = df["layers"].fillna(1).to_numpy(dtype=float) if "layers" in df else np.ones(len(df))
     tokens = df["tokens"].fillna(False).to_numpy(dtype=bool) if "tokens" in df else np.zeros(len(df), bool)

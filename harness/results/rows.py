@@ -102,11 +102,13 @@ def ran_version(backend: str, versions: dict) -> str | None:
 def peak_columns(cell, gemm_peaks: dict, gpu_roofs: dict | None) -> dict:
     """The roof a cell's GFLOP/s is read against: the CPU's NumPy GEMM, or the GPU's cuBLAS rates."""
     p = cell.problem
-    if p.device == "cpu":
-        return {"gemm_peak_gflops": gemm_peaks.get(f"{p.dtype}|threads={cell.threads}")}
+    if p.device == "cpu":  # NumPy has no bfloat16/float16 GEMM: mixed-precision cells read float32's
+        return {"gemm_peak_gflops": gemm_peaks.get(f"{p.master_dtype}|threads={cell.threads}")}
     roofs = gpu_roofs or {}
     fp32 = p.dtype == "float32"
-    return {"gemm_peak_gflops": roofs.get("gemm_fp32_gflops" if fp32 else "gemm_fp64_gflops"),
+    rate = {"float32": "gemm_fp32_gflops", "float64": "gemm_fp64_gflops", "bfloat16": "gemm_bf16_gflops",
+            "float16": "gemm_fp16_gflops"}[p.dtype]
+    return {"gemm_peak_gflops": roofs.get(rate),
             "gpu_tf32_gflops": roofs.get("gemm_tf32_gflops") if fp32 else None,
             "gpu_bandwidth_gbs": roofs.get("bandwidth_gbs")}
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness.run import envs
 from harness.spec.errors import HarnessError
-from harness.spec.model import DTYPES, MAX_INT, ModelSpec, Problem, TaskSpec, short_repr
+from harness.spec.model import DEFAULT_LOSS_SCALE, DTYPE_BYTES, DTYPES, MAX_INT, ModelSpec, Problem, TaskSpec, short_repr
 
 DEFAULT_ENV = {
     # glibc returning freed buffers to the OS on every step costs page faults that
@@ -80,6 +80,8 @@ class TrainConfig(_Strict):
     patience: int = Field(2, ge=1, le=COUNT_CAP)
     time_budget_s: Optional[float] = Field(None, gt=0, le=SECONDS_CAP)
     halve_lr_on_rise: bool = False
+    loss_scale: float = Field(DEFAULT_LOSS_SCALE, gt=0, le=2.0 ** 32,
+                              description="dtype float16 only: the static loss scale (SPEC.md, \"Reduced precision\")")
 
 
 IntOrList = Union[int, list[int]]
@@ -225,6 +227,8 @@ class Cell:
             parts.append(f"task.sha256={self.task_sha256[:16]}")
         for section, settings, default in (("train", self.train, _DEFAULT_TRAIN), ("timing", self.timing, _DEFAULT_TIMING)):
             for k, v in settings.model_dump().items():
+                if section == "train" and k == "loss_scale" and self.problem.dtype != "float16":
+                    continue  # read by float16 steps alone
                 if v != getattr(default, k) and f"{section}.{k}" not in self.point:
                     parts.append(f"{section}.{k}={v}")
         if self.seed:
@@ -297,7 +301,9 @@ class RunConfig:
                 order = [baseline] + [b for b in r.backends if b != baseline]
                 task = point["task"]
                 d_in, d_out = task.sizes()
-                prob = Problem(point["model"], d_in, d_out, task.tokens, dtype, batch, task.seq_len, device, workload)
+                scale = point["train"].loss_scale if dtype == "float16" else None
+                prob = Problem(point["model"], d_in, d_out, task.tokens, dtype, batch, task.seq_len, device, workload,
+                               scale)
                 for b in order:
                     cells.append(Cell(b, prob, task, threads, point["values"], point["train"], point["timing"],
                                       baseline, dict(r.env), r.seed, point.get("task_sha256")))
@@ -350,7 +356,7 @@ def estimate_bytes(cell: Cell) -> float:
     """A lower estimate of one cell's worker memory: parameters with their gradients and a copy,
     the activations BPTT keeps (T x B x H per layer and gate), the outputs, and the data set."""
     p, m, task = cell.problem, cell.problem.model, cell.task
-    item = 4 if p.dtype == "float32" else 8
+    item = DTYPE_BYTES[p.master_dtype]  # mixed precision keeps parameters, gradients and state in float32
     h = m.hidden
     # closed forms, not loops over layers: an absurd layer count must be refused at once
     params = m.param_count(p.input_size, p.output_size)
@@ -730,7 +736,7 @@ def _file_digest(file: str, where: str) -> str:
 
 
 # train settings a timed step reads (its update's rate); the others belong to workload train
-STEP_TRAIN_KEYS = {"lr"}
+STEP_TRAIN_KEYS = {"lr", "loss_scale"}
 
 
 def _load_part(source: dict, path: str, backends_override: list[str] | None, base: Path | None = None,
@@ -778,7 +784,7 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None, bas
         if extra or swept:
             what = f"train.{extra[0]}" if extra else f"sweep.{swept[0]}"
             raise HarnessError(f"{path}: {what}: applies to workload train only (a timed step reads train.lr "
-                               f"alone), and this document runs {', '.join(raw.workloads)}; expected it in a "
+                               f"and, in float16, train.loss_scale alone), and this document runs {', '.join(raw.workloads)}; expected it in a "
                                f"document with workloads: [train]")
     seen_keys: dict[str, str] = {}
     for key, values in raw.sweep.items():

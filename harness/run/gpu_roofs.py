@@ -1,5 +1,6 @@
 """The GPU's roofs, measured at run start in a worker: float32 GEMM rate through cuBLAS
-(TF32 off, as every cell runs, and on, for reference) and device memory bandwidth.
+(TF32 off, as every cell runs, and on, for reference), the bfloat16 and float16 rates (float32
+accumulation, what mixed-precision cells read against) and device memory bandwidth.
 
 GPU cells report 10+ TFLOP/s; without the card's own measured rates the figure means
 nothing. Like the CPU's GEMM peak, these are best-of rates on this machine, not the
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 
 def gpu_roofs(n: int = 4096, copy_mib: int = 512, seconds: float = 0.5) -> dict:
-    """GPU 0's best float32 GEMM rate with TF32 off and on, float64 GEMM rate and copy bandwidth:
-    ``{"device", "gemm_fp32_gflops", "gemm_tf32_gflops", "gemm_fp64_gflops", "bandwidth_gbs"}``."""
+    """GPU 0's best float32 GEMM rate with TF32 off and on, float64, bfloat16 and float16 GEMM rates and copy
+    bandwidth: ``{"device", "gemm_fp32_gflops", "gemm_tf32_gflops", "gemm_fp64_gflops", "gemm_bf16_gflops",
+    "gemm_fp16_gflops", "bandwidth_gbs"}``."""
     import torch
 
     from harness.run import measure
@@ -23,7 +25,8 @@ def gpu_roofs(n: int = 4096, copy_mib: int = 512, seconds: float = 0.5) -> dict:
     before = torch.backends.cuda.matmul.allow_tf32
     try:
         for name, dtype, tf32 in (("gemm_fp32_gflops", torch.float32, False), ("gemm_tf32_gflops", torch.float32, True),
-                                  ("gemm_fp64_gflops", torch.float64, False)):
+                                  ("gemm_fp64_gflops", torch.float64, False), ("gemm_bf16_gflops", torch.bfloat16, False),
+                                  ("gemm_fp16_gflops", torch.float16, False)):
             torch.backends.cuda.matmul.allow_tf32 = tf32
             a, b = torch.randn(n, n, device=dev, dtype=dtype), torch.randn(n, n, device=dev, dtype=dtype)
             c = torch.empty_like(a)

@@ -10,7 +10,8 @@ from harness.run.client import WorkerFailure, WorkerProcess, worker_environment
 def gemm_peaks(cells, known: dict[str, float], say=None, record=None) -> dict[str, float]:
     """The GEMM peaks (GFLOP/s, keyed ``dtype|threads=N``) of the CPU cells' settings not in ``known``."""
     found: dict[str, float] = {}
-    for dtype, threads, extra in {(c.problem.dtype, c.threads): (c.problem.dtype, c.threads, c.env)
+    # keyed by the master dtype: NumPy has no bfloat16/float16 GEMM, mixed-precision cells read float32's
+    for dtype, threads, extra in {(c.problem.master_dtype, c.threads): (c.problem.master_dtype, c.threads, c.env)
                                   for c in cells if c.problem.device == "cpu"}.values():
         key = f"{dtype}|threads={threads}"
         if key in known or key in found:

@@ -52,35 +52,40 @@ def verify_step(p, b, x, y, lr: float) -> dict:
     For a step, the parameter *change* is compared with the reference's change from the
     same starting parameters, so a wrong gradient cannot hide behind a small learning rate.
     The bound is :mod:`harness.spec.tolerance`'s: the reference runs a second time in the cell's
-    dtype only when the float64 comparison alone is not met.
+    dtype (with its roundings) when the float64 comparison alone is not met, and always under mixed precision.
     """
     from harness.spec import reference
-    from harness.spec.tolerance import Tolerance, nudged, update_floor, worst
+    from harness.spec.tolerance import Tolerance, update_floor, worst
 
     tol = Tolerance.of(p.dtype, b.tolerance(p))
-    start = reference.params_like(b.get_params(), p.dtype)  # a copy: the step may update views in place
+    low = reference.Precision.of(p.dtype, p.loss_scale)
+    other = reference.Precision.of(p.dtype, p.loss_scale, outputs=True)  # read only under mixed precision
+    start = reference.params_like(b.get_params(), p.master_dtype)  # a copy: the step may update views in place
     before = reference.params_like(start, np.float64)
     if p.workload == "forward":
         got = b.forward(x)
         b.sync()
         ratios = tol.judge({"outputs": (got, reference.outputs(p.model, before, x))},
-                           low=lambda: [{"outputs": reference.outputs(p.model, q, x)} for q in nudged(start)])
+                           low=lambda: [{"outputs": reference.outputs(p.model, q, x, precision=low)}
+                                        for q in tol.starts(start)],
+                           other=lambda: {"outputs": reference.outputs(p.model, start, x, precision=other)})
     else:
         loss = b.sgd_step(x, y, lr)
         b.sync()
         after = b.get_params()
 
-        def changes(params):  # each update from its own start (a nudged start is not ``before``)
+        def changes(params, precision=reference.EXACT):  # each update from its own start (a nudged one too)
             base = reference.params_like(params, np.float64)
-            want_loss, want = reference.sgd_step(p.model, params, x, y, lr)
+            want_loss, want = reference.sgd_step(p.model, params, x, y, lr, precision)
             return {"loss": want_loss} | {f"update of {k}": np.asarray(v, np.float64) - base[k]
                                           for k, v in want.items()}
 
         got = {"loss": loss} | {f"update of {k}": np.asarray(after[k], np.float64) - before[k] for k in before}
         want = changes(before)
         floors = {f"update of {k}": v for k, v in update_floor(tol, p, before, x).items()}
-        ratios = tol.judge({k: (got[k], want[k]) for k in want}, low=lambda: [changes(q) for q in nudged(start)],
-                           floors=floors)
+        ratios = tol.judge({k: (got[k], want[k]) for k in want}, floors=floors,
+                           low=lambda: [changes(q, low) for q in tol.starts(start)],
+                           other=lambda: changes(start, other))
     name, ratio = worst(ratios)
     return {"ok": bool(ratio <= 1.0), "worst": name, "ratio": ratio, "bound": tol.describe()}
 
@@ -103,7 +108,7 @@ class CellState:
         status, why = screen(self.backend, self.problem)
         if status != Status.OK:
             raise RuntimeError(why)
-        self.data = make_dataset(self.task, self.problem.model, req.seed, self.problem.dtype)
+        self.data = make_dataset(self.task, self.problem.model, req.seed, self.problem.master_dtype)
         p = self.problem
         params = reference.init_params(p.model, p.input_size, p.output_size, req.seed, p.dtype)
         self.x, self.y = self.data.batch(np.arange(p.batch) % self.data.n_sequences)

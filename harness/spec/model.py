@@ -23,7 +23,14 @@ ACTIVATIONS = ("tanh", "relu", "sigmoid")
 HEADS = ("softmax_xent", "mse")
 OUTPUT_ACTS = ("linear", "tanh")
 TASK_KINDS = ("lm_markov", "lm_text", "sobel", "frame_diff", "random")
-DTYPES = ("float32", "float64")
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+#: the reduced-precision types (SPEC.md "Reduced precision"): the inputs of every matrix product are rounded to
+#: them, while parameters, gradients, data, state and element-wise maths stay float32
+REDUCED_DTYPES = ("bfloat16", "float16")
+#: bytes per number of each dtype (NumPy itself knows bfloat16 only through ml_dtypes)
+DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+#: the static loss scale of float16 steps (``train.loss_scale``)
+DEFAULT_LOSS_SCALE = 1024.0
 DEVICES = ("cpu", "gpu")
 WORKLOADS = ("forward", "train_step", "train")
 
@@ -34,6 +41,20 @@ MAX_INT = 2**63 - 1
 _SHORT = reprlib.Repr()
 _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlevel = 40, 40, 4, 4, 2
 _SHORT.maxlong = 24
+
+
+def master_dtype(dtype: str) -> str:
+    """The dtype parameters, gradients, data and the element-wise maths are held in: float32 for the
+    reduced-precision types (their master copy), else ``dtype`` itself."""
+    return "float32" if isinstance(dtype, str) and dtype in REDUCED_DTYPES else dtype
+
+
+def objective_scale(dtype, loss_scale: float | None = None) -> float:
+    """What a step multiplies its objective by before the backward pass and divides the gradients by
+    after it: the static loss scale (``train.loss_scale``, default 1024) for float16, 1 otherwise."""
+    if dtype != "float16":
+        return 1.0
+    return DEFAULT_LOSS_SCALE if loss_scale is None else float(loss_scale)
 
 
 def short_repr(value: Any, limit: int = 60) -> str:
@@ -349,11 +370,30 @@ class Problem:
     seq_len: int = 20
     device: str = "cpu"
     workload: str = "train_step"
+    loss_scale: float | None = None  # float16 only (None: DEFAULT_LOSS_SCALE); see objective_scale
 
     def __post_init__(self):
         _choice(self.dtype, DTYPES, "dtype")
         _choice(self.device, DEVICES, "device")
         _choice(self.workload, WORKLOADS, "workload")
+        if self.loss_scale is not None:
+            _pos_float(self.loss_scale, "train.loss_scale")
+
+    @property
+    def reduced(self) -> bool:
+        """True for bfloat16 and float16: mixed precision (SPEC.md "Reduced precision")."""
+        return self.dtype in REDUCED_DTYPES
+
+    @property
+    def master_dtype(self) -> str:
+        """The dtype of the parameters, gradients, data and state (float32 under mixed precision)."""
+        return master_dtype(self.dtype)
+
+    @property
+    def objective_scale(self) -> float:
+        """What the objective is multiplied by before the backward pass (and the gradients divided by
+        after it): ``loss_scale`` for float16, 1 for every other dtype."""
+        return objective_scale(self.dtype, self.loss_scale)
 
     def to_mapping(self) -> dict:
         d = dataclasses.asdict(self)
@@ -368,17 +408,17 @@ class Problem:
 
     def cast_inputs(self, x, ids=None):
         """``x`` (T, B[, D]) as a step reads it, C-contiguous: token ids (as ``ids``, or their own integer
-        dtype when None), or dense rows in the problem's dtype."""
+        dtype when None), or dense rows in the problem's master dtype."""
         import numpy as np
 
-        return np.ascontiguousarray(x, ids if self.tokens else self.dtype)
+        return np.ascontiguousarray(x, ids if self.tokens else self.master_dtype)
 
     def cast_targets(self, y, ids=None):
         """``y`` as a head reads it, C-contiguous: class ids for softmax_xent (as ``ids``, or their own
-        integer dtype when None), target rows in the problem's dtype for mse."""
+        integer dtype when None), target rows in the problem's master dtype for mse."""
         import numpy as np
 
-        return np.ascontiguousarray(y, ids if self.model.head == "softmax_xent" else self.dtype)
+        return np.ascontiguousarray(y, ids if self.model.head == "softmax_xent" else self.master_dtype)
 
     def flops_forward(self) -> float:
         """GEMM FLOPs of one forward pass over the whole batch and sequence (SPEC.md)."""

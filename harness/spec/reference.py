@@ -23,17 +23,81 @@ are reversed back and concatenated to the forward ones, ``[h_t, h_t_rev]`` (B, 2
 
 Gradients are of the objective ``L = (1/B) sum_{b,t} l(b,t)``; the loss returned is
 the reported one, ``sum l / (B*T)``.
+
+Every matrix product goes through ``mm`` of a :class:`Precision`: a plain product in
+float64 or float32, and under mixed precision (``bfloat16``, ``float16``) the product of
+the inputs rounded to that type, summed in float32 (exact products: two 8- or 11-bit
+significands fit float32's 24), while gathers, sums, element-wise maths, the state, the
+head and the loss stay float32. ``float16`` scales the objective by the loss scale before
+the backward pass and divides the gradients by it after.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 
-from harness.spec.model import ModelSpec, layer_suffix
+from harness.spec.model import REDUCED_DTYPES, ModelSpec, layer_suffix, master_dtype, objective_scale
 
-__all__ = ["init_params", "forward", "outputs", "head", "loss_and_grads", "sgd_update", "sgd_step", "as_model"]
+__all__ = ["init_params", "forward", "outputs", "head", "loss_and_grads", "sgd_update", "sgd_step", "as_model",
+           "Precision", "EXACT"]
+
+
+def round_to(a, dtype: str) -> np.ndarray:
+    """``a`` rounded to ``dtype`` (nearest, ties to even) and held in float32 again; beyond the type's
+    range it is infinite (a float16 overflow, which makes the step's gradient non-finite)."""
+    if dtype == "bfloat16":
+        import ml_dtypes  # only mixed precision needs it; workers of other dtypes never import it
+
+        low = ml_dtypes.bfloat16
+    else:
+        low = np.dtype(dtype)
+    with np.errstate(over="ignore"):
+        return np.asarray(a, np.float32).astype(low).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Where a step rounds. ``gemm``: the type every matrix product's inputs (activations, weights and
+    gradients alike) are rounded to, the products summed in float32; None: plain products in the
+    arrays' own dtype. ``loss_scale``: multiplies the objective before the backward pass; the
+    gradients are divided by it before clipping and the update."""
+
+    gemm: str | None = None
+    loss_scale: float = 1.0
+    # not the spec's: each product's result rounded to ``gemm`` as well, as autocast and libraries whose
+    # products write the low type do; the verification reads it to see where such roundings move a result
+    outputs: bool = False
+
+    @classmethod
+    def of(cls, dtype: str, loss_scale: float | None = None, outputs: bool = False) -> "Precision":
+        """The roundings of a step in ``dtype`` (SPEC.md): none for float32 and float64; ``outputs`` adds
+        the rounding of every product's result (not the spec's: see the field)."""
+        if dtype not in REDUCED_DTYPES:
+            return EXACT
+        return cls(dtype, objective_scale(dtype, loss_scale), outputs)
+
+    @property
+    def reduced(self) -> bool:
+        return self.gemm is not None
+
+    def mm(self, a, b):
+        """``a @ b``; under mixed precision of the inputs rounded to ``gemm``, accumulated in float32."""
+        if self.gemm is None:
+            return a @ b
+        with np.errstate(invalid="ignore"):  # inf * 0 after an overflow: the gradient is non-finite anyway
+            product = round_to(a, self.gemm) @ round_to(b, self.gemm)
+        return round_to(product, self.gemm) if self.outputs else product
+
+
+EXACT = Precision()
+
+
+def _arrays(params, precision: Precision) -> dict[str, np.ndarray]:
+    """The parameters as the step reads them: float32 masters under mixed precision, else as given."""
+    return params_like(params, np.float32) if precision.reduced else dict(params)
 
 
 def as_model(model: Any) -> ModelSpec:
@@ -46,7 +110,8 @@ def _sfx(layer: int, direction: int = 0) -> str:
 
 
 def init_params(model, input_size: int, output_size: int, seed: int, dtype="float64") -> dict[str, np.ndarray]:
-    """Initial parameters: drawn in float64 from ``default_rng(seed)`` in canonical order, then cast."""
+    """Initial parameters: drawn in float64 from ``default_rng(seed)`` in canonical order, then cast (to
+    float32 for bfloat16 and float16: the master copy)."""
     spec = as_model(model)
     rng = np.random.default_rng(seed)
     H = spec.hidden
@@ -64,7 +129,7 @@ def init_params(model, input_size: int, output_size: int, seed: int, dtype="floa
         else:
             p[name] = uniform(H, shape)
     assert list(p) == spec.param_names()
-    return {k: v.astype(dtype) for k, v in p.items()}
+    return {k: v.astype(master_dtype(dtype)) for k, v in p.items()}
 
 
 def _sigmoid(a):
@@ -88,20 +153,20 @@ def _act_grad(name: str, h):
     return h * (1 - h)
 
 
-def _project(W, x_t):
-    """``x_t W``: a row gather for token ids, a product for dense rows."""
-    return W[x_t] if x_t.dtype.kind in "iu" else x_t @ W
+def _project(mm, W, x_t):
+    """``x_t W``: a row gather for token ids (no product, so no rounding), a product for dense rows."""
+    return W[x_t] if x_t.dtype.kind in "iu" else mm(x_t, W)
 
 
-def _elman_forward(spec, p, s, x, h):
+def _elman_forward(spec, p, s, x, h, mm):
     """Fill ``h[1:]`` (T, B, H) from ``h[0]``; returns the gate cache (none for Elman)."""
     b = p.get("b_h" + s, 0)
     for t in range(x.shape[0]):
-        h[t + 1] = _act(spec.activation, _project(p["W_xh" + s], x[t]) + h[t] @ p["W_hh" + s] + b)
+        h[t + 1] = _act(spec.activation, _project(mm, p["W_xh" + s], x[t]) + mm(h[t], p["W_hh" + s]) + b)
     return {}
 
 
-def _lstm_forward(spec, p, s, x, h, c):
+def _lstm_forward(spec, p, s, x, h, c, mm):
     """Fill ``h[1:]``, ``c[1:]`` from ``h[0]``, ``c[0]``; returns the gates ``i, f, g, o`` (T, B, H)."""
     T, B, H = x.shape[0], h.shape[1], h.shape[2]
     b = p.get("b" + s, 0)
@@ -109,7 +174,7 @@ def _lstm_forward(spec, p, s, x, h, c):
     zero = np.zeros(H, h.dtype)
     pi, pf, po = (p.get(k + s, zero) for k in ("p_i", "p_f", "p_o"))
     for t in range(T):
-        a = _project(p["W_ih" + s], x[t]) + h[t] @ p["W_hh" + s] + b
+        a = _project(mm, p["W_ih" + s], x[t]) + mm(h[t], p["W_hh" + s]) + b
         ai, af, ag, ao = np.split(a, 4, axis=-1)  # gate order i, f, g, o
         i = _sigmoid(ai + pi * c[t])
         f = _sigmoid(af + pf * c[t])
@@ -122,7 +187,7 @@ def _lstm_forward(spec, p, s, x, h, c):
     return gates
 
 
-def _gru_forward(spec, p, s, x, h):
+def _gru_forward(spec, p, s, x, h, mm):
     """Fill ``h[1:]`` from ``h[0]``; returns the gates ``r, z, n`` and ``un`` (T, B, H).
 
     ``a = x_t W_ih + b`` and ``u = h_{t-1} W_hh`` split in gate order r, z, n;
@@ -136,23 +201,23 @@ def _gru_forward(spec, p, s, x, h):
     W_hrz, W_hn = W_hh[:, : 2 * H], W_hh[:, 2 * H :]
     gates = {k: np.zeros((T, B, H), h.dtype) for k in ("r", "z", "n", "un")}
     for t in range(T):
-        a_r, a_z, a_n = np.split(_project(p["W_ih" + s], x[t]) + b, 3, axis=-1)  # gate order r, z, n
-        u_r, u_z = np.split(h[t] @ W_hrz, 2, axis=-1)
+        a_r, a_z, a_n = np.split(_project(mm, p["W_ih" + s], x[t]) + b, 3, axis=-1)  # gate order r, z, n
+        u_r, u_z = np.split(mm(h[t], W_hrz), 2, axis=-1)
         r = _sigmoid(a_r + u_r)
         z = _sigmoid(a_z + u_z)
         if spec.reset_after:
-            un = h[t] @ W_hn + b_hn
+            un = mm(h[t], W_hn) + b_hn
             n = np.tanh(a_n + r * un)
             gates["un"][t] = un
         else:
-            n = np.tanh(a_n + (r * h[t]) @ W_hn)
+            n = np.tanh(a_n + mm(r * h[t], W_hn))
         h[t + 1] = (1 - z) * n + z * h[t]
         for k, v in zip("rzn", (r, z, n)):
             gates[k][t] = v
     return gates
 
 
-def forward(model, params, x, state=None):
+def forward(model, params, x, state=None, precision: Precision = EXACT):
     """Run the network over ``x``; returns ``(z, cache)``.
 
     ``state`` optionally gives each layer's starting ``h`` (and ``c``) as a list of
@@ -161,11 +226,11 @@ def forward(model, params, x, state=None):
     ``d = 1``), ``h`` and ``c`` of shape (T+1, B, H) in its own time order with index 0 the
     starting state, and the cell's gate activations of shape (T, B, H).
     """
-    spec, p = as_model(model), params
+    spec, p, mm = as_model(model), _arrays(params, precision), precision.mm
     T, B = x.shape[:2]
     H = spec.hidden
     dtype = p["W_hy"].dtype
-    inp = x
+    inp = x if x.dtype.kind in "iu" else x.astype(dtype, copy=False)
     layers = []
     for layer in range(spec.layers):
         dirs = []
@@ -177,23 +242,23 @@ def forward(model, params, x, state=None):
                 h[0], c[0] = state[layer]
             seq = inp if d == 0 else inp[::-1]
             if spec.kind == "elman":
-                gates = _elman_forward(spec, p, s, seq, h)
+                gates = _elman_forward(spec, p, s, seq, h, mm)
             elif spec.kind == "lstm":
-                gates = _lstm_forward(spec, p, s, seq, h, c)
+                gates = _lstm_forward(spec, p, s, seq, h, c, mm)
             else:
-                gates = _gru_forward(spec, p, s, seq, h)
+                gates = _gru_forward(spec, p, s, seq, h, mm)
             dirs.append({"inp": seq, "h": h, "c": c, **gates})
         layers.append(dirs)
         # the layer's output at t: [h_t, h_t_rev] (the reverse run's step T-1-t)
         inp = np.concatenate([dirs[0]["h"][1:]] + [dd["h"][1:][::-1] for dd in dirs[1:]], axis=-1)
-    z = inp @ p["W_hy"] + p.get("b_y", 0)
+    z = mm(inp, p["W_hy"]) + p.get("b_y", 0)
     return z, {"layers": layers, "top": inp}
 
 
-def outputs(model, params, x):
+def outputs(model, params, x, precision: Precision = EXACT):
     """What inference returns: softmax probabilities, or ``z`` / ``tanh(z)`` for the mse head."""
     spec = as_model(model)
-    z, _ = forward(spec, params, x)
+    z, _ = forward(spec, params, x, precision=precision)
     if spec.head == "softmax_xent":
         e = np.exp(z - z.max(axis=-1, keepdims=True))
         return e / e.sum(axis=-1, keepdims=True)
@@ -220,7 +285,7 @@ def head(model, z, y):
     return l, dz
 
 
-def _elman_backward(spec, p, s, cache, dh_out, t0, t1, grads, want_dx):
+def _elman_backward(spec, p, s, cache, dh_out, t0, t1, grads, want_dx, mm):
     """Backprop through steps t1..t0 of one Elman layer; ``h[t0]`` (= h_{t0-1}) is held constant."""
     x, h = cache["inp"], cache["h"]
     W_xh, W_hh = p["W_xh" + s], p["W_hh" + s]
@@ -231,17 +296,17 @@ def _elman_backward(spec, p, s, cache, dh_out, t0, t1, grads, want_dx):
         if x.dtype.kind in "iu":
             np.add.at(grads["W_xh" + s], x[t], da)
         else:
-            grads["W_xh" + s] += x[t].T @ da
-        grads["W_hh" + s] += h[t].T @ da
+            grads["W_xh" + s] += mm(x[t].T, da)
+        grads["W_hh" + s] += mm(h[t].T, da)
         if spec.bias:
             grads["b_h" + s] += da.sum(axis=0)
-        dh_next = da @ W_hh.T
+        dh_next = mm(da, W_hh.T)
         if want_dx:
-            dx[t] = da @ W_xh.T
+            dx[t] = mm(da, W_xh.T)
     return dx
 
 
-def _lstm_backward(spec, p, s, cache, dh_out, t0, t1, grads, want_dx):
+def _lstm_backward(spec, p, s, cache, dh_out, t0, t1, grads, want_dx, mm):
     """Backprop through steps t1..t0 of one LSTM layer; ``h[t0]``, ``c[t0]`` are held constant."""
     x, h, c = cache["inp"], cache["h"], cache["c"]
     W_ih, W_hh = p["W_ih" + s], p["W_hh" + s]
@@ -265,22 +330,22 @@ def _lstm_backward(spec, p, s, cache, dh_out, t0, t1, grads, want_dx):
         if x.dtype.kind in "iu":
             np.add.at(grads["W_ih" + s], x[t], da)
         else:
-            grads["W_ih" + s] += x[t].T @ da
-        grads["W_hh" + s] += h[t].T @ da
+            grads["W_ih" + s] += mm(x[t].T, da)
+        grads["W_hh" + s] += mm(h[t].T, da)
         if spec.bias:
             grads["b" + s] += da.sum(axis=0)
         if spec.peephole:
             grads["p_i" + s] += (dai * c_prev).sum(axis=0)
             grads["p_f" + s] += (daf * c_prev).sum(axis=0)
             grads["p_o" + s] += (dao * c_t).sum(axis=0)
-        dh_next = da @ W_hh.T
+        dh_next = mm(da, W_hh.T)
         dc_next = dc * f + dai * pi + daf * pf
         if want_dx:
-            dx[t] = da @ W_ih.T
+            dx[t] = mm(da, W_ih.T)
     return dx
 
 
-def _gru_backward(spec, p, s, cache, dh_out, t0, t1, grads, want_dx):
+def _gru_backward(spec, p, s, cache, dh_out, t0, t1, grads, want_dx, mm):
     """Backprop through steps t1..t0 of one GRU layer; ``h[t0]`` is held constant.
 
     With ``dh`` the gradient reaching ``h_t``: ``h_{t-1}`` gets ``dh z`` directly,
@@ -303,34 +368,34 @@ def _gru_backward(spec, p, s, cache, dh_out, t0, t1, grads, want_dx):
         if spec.reset_after:
             dun = dan * r  # gradient of un = h_{t-1} W_hn + b_hn
             dar = dan * un * r * (1 - r)
-            dW_hh[:, 2 * H :] += h_prev.T @ dun
+            dW_hh[:, 2 * H :] += mm(h_prev.T, dun)
             if spec.bias:
                 grads["b_hn" + s] += dun.sum(axis=0)
-            dh_prev = dun @ W_hn.T
+            dh_prev = mm(dun, W_hn.T)
         else:
-            drh = dan @ W_hn.T  # gradient of r * h_{t-1}
+            drh = mm(dan, W_hn.T)  # gradient of r * h_{t-1}
             dar = drh * h_prev * r * (1 - r)
-            dW_hh[:, 2 * H :] += (r * h_prev).T @ dan
+            dW_hh[:, 2 * H :] += mm((r * h_prev).T, dan)
             dh_prev = drh * r
         drz = np.concatenate([dar, daz], axis=-1)
-        dW_hh[:, : 2 * H] += h_prev.T @ drz
-        dh_next = dh * z + dh_prev + drz @ W_hrz.T
+        dW_hh[:, : 2 * H] += mm(h_prev.T, drz)
+        dh_next = dh * z + dh_prev + mm(drz, W_hrz.T)
         da = np.concatenate([dar, daz, dan], axis=-1)
         if x.dtype.kind in "iu":
             np.add.at(grads["W_ih" + s], x[t], da)
         else:
-            grads["W_ih" + s] += x[t].T @ da
+            grads["W_ih" + s] += mm(x[t].T, da)
         if spec.bias:
             grads["b" + s] += da.sum(axis=0)
         if want_dx:
-            dx[t] = da @ W_ih.T
+            dx[t] = mm(da, W_ih.T)
     return dx
 
 
 _BACKWARD = {"elman": _elman_backward, "lstm": _lstm_backward, "gru": _gru_backward}
 
 
-def _backward_window(spec, p, cache, dh_top, t0, t1, grads):
+def _backward_window(spec, p, cache, dh_top, t0, t1, grads, mm):
     """Backprop ``dh_top`` (gradient w.r.t. the top layer's output at each step, (T, B, dirs*H))
     through steps t1..t0 of every layer (a window other than the whole sequence: one direction only).
 
@@ -345,41 +410,45 @@ def _backward_window(spec, p, cache, dh_top, t0, t1, grads):
         for d, dcache in enumerate(cache["layers"][layer]):
             dh_d = dh[..., d * H : (d + 1) * H]
             if d == 0:
-                got = layer_backward(spec, p, _sfx(layer, d), dcache, dh_d, t0, t1, grads, want_dx=layer > 0)
+                got = layer_backward(spec, p, _sfx(layer, d), dcache, dh_d, t0, t1, grads, layer > 0, mm)
             else:
                 assert (t0, t1) == (0, T - 1), "a reverse direction is backpropagated over the whole sequence"
-                got = layer_backward(spec, p, _sfx(layer, d), dcache, dh_d[::-1], t0, t1, grads, want_dx=layer > 0)
+                got = layer_backward(spec, p, _sfx(layer, d), dcache, dh_d[::-1], t0, t1, grads, layer > 0, mm)
                 got = got[::-1] if got is not None else None
             dx = dx + got if got is not None else None
         dh = dx
 
 
-def loss_and_grads(model, params, x, y):
-    """Reported loss and the gradients of the objective, honouring ``bptt`` (SPEC.md)."""
-    spec, p = as_model(model), params
+def loss_and_grads(model, params, x, y, precision: Precision = EXACT):
+    """Reported loss and the gradients of the objective, honouring ``bptt`` (SPEC.md) and ``precision``'s
+    roundings (its loss scale multiplies ``dL/dz`` and divides the gradients again)."""
+    spec, p, mm = as_model(model), _arrays(params, precision), precision.mm
     T, B = x.shape[:2]
-    z, cache = forward(spec, p, x)
+    z, cache = forward(spec, p, x, precision=precision)
     l, dz = head(spec, z, y)
     loss = float(l.sum() / (B * T))
+    dz = dz * np.asarray(precision.loss_scale, dz.dtype) if precision.loss_scale != 1 else dz
     grads = {k: np.zeros_like(v) for k, v in p.items()}
     mode, K = spec.bptt.mode, spec.bptt.k
     if mode == "tail":  # only the last K steps contribute, the output layer included
         dz[: max(0, T - K)] = 0
     assert mode == "full" or not spec.bidirectional, "bidirectional layers need bptt full"
     h_top = cache["top"]
-    grads["W_hy"] += np.einsum("tbh,tbo->ho", h_top, dz)
+    grads["W_hy"] += mm(h_top.reshape(T * B, -1).T, dz.reshape(T * B, -1))
     if spec.bias:
         grads["b_y"] += dz.sum(axis=(0, 1))
-    dh_top = dz @ p["W_hy"].T
+    dh_top = mm(dz, p["W_hy"].T)
     if mode == "full":
-        _backward_window(spec, p, cache, dh_top, 0, T - 1, grads)
+        _backward_window(spec, p, cache, dh_top, 0, T - 1, grads, mm)
     elif mode == "tail":
-        _backward_window(spec, p, cache, dh_top, max(0, T - K), T - 1, grads)
+        _backward_window(spec, p, cache, dh_top, max(0, T - K), T - 1, grads, mm)
     else:  # truncated: output t reaches back through steps t, t-1, ..., t-K only
         for t in range(T):
             only_t = np.zeros_like(dh_top)
             only_t[t] = dh_top[t]
-            _backward_window(spec, p, cache, only_t, max(0, t - K), t, grads)
+            _backward_window(spec, p, cache, only_t, max(0, t - K), t, grads, mm)
+    if precision.loss_scale != 1:
+        grads = {k: g / np.asarray(precision.loss_scale, g.dtype) for k, g in grads.items()}
     return loss, grads
 
 
@@ -392,11 +461,14 @@ def sgd_update(params, grads, lr: float, clip: float | None = None) -> dict[str,
     return out
 
 
-def sgd_step(model, params, x, y, lr: float):
-    """One training step: ``(loss before the update, updated parameters)``."""
+def sgd_step(model, params, x, y, lr: float, precision: Precision = EXACT):
+    """One training step: ``(loss before the update, updated parameters)``. Under mixed precision a
+    non-finite gradient (a float16 overflow) makes the loss NaN: the cell is diverged."""
     spec = as_model(model)
-    loss, grads = loss_and_grads(spec, params, x, y)
-    return loss, sgd_update(params, grads, lr, spec.clip)
+    loss, grads = loss_and_grads(spec, params, x, y, precision)
+    if precision.reduced and not all(np.isfinite(g).all() for g in grads.values()):
+        loss = float("nan")
+    return loss, sgd_update(_arrays(params, precision), grads, lr, spec.clip)
 
 
 def params_like(params: Mapping[str, np.ndarray], dtype) -> dict[str, np.ndarray]:

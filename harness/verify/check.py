@@ -7,6 +7,7 @@ isolated environment are checked there, by a worker that runs this module's
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import traceback
 from dataclasses import dataclass, field
@@ -15,8 +16,8 @@ import numpy as np
 
 from backends.base import supports
 from harness.spec import reference as ref
-from harness.spec.model import ModelSpec, Problem
-from harness.spec.tolerance import SPEC_TOLERANCES as TOLERANCES, Tolerance, compare, nudged, worst  # noqa: F401  (re-exported)
+from harness.spec.model import REDUCED_DTYPES, ModelSpec, Problem, master_dtype
+from harness.spec.tolerance import SPEC_TOLERANCES as TOLERANCES, Tolerance, compare, worst  # noqa: F401  (re-exported)
 
 LR = 0.1
 N_STEPS = 3
@@ -45,6 +46,10 @@ HEADS = {
     "mse-tanh": {"head": "mse", "output_act": "tanh"},
 }
 BPTTS = {"full": "full", "truncated:3": {"truncated": 3}, "tail:3": {"tail": 3}}
+#: the mixed-precision cases of the quick matrix: (cell, head, bptt, tokens, dtype); the whole matrix has one
+#: bfloat16 case per cell, head and bptt mode, and one float16 case per cell and bptt mode
+QUICK_REDUCED = (("lstm", "softmax", "full", False, "bfloat16"), ("gru", "mse", "truncated:3", True, "bfloat16"),
+                 ("elman-tanh", "mse-tanh", "full", False, "float16"))
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,11 @@ class Case:
     batch: int
     dtype: str
     seed: int = 0
+    loss_scale: float | None = None  # float16 only (None: the default)
 
     def problem(self, workload: str = "train_step", device: str = "cpu") -> Problem:
         return Problem(self.model, self.input_size, self.output_size, self.tokens, self.dtype,
-                       self.batch, self.seq_len, device, workload)
+                       self.batch, self.seq_len, device, workload, self.loss_scale)
 
 
 @dataclass
@@ -120,9 +126,43 @@ def all_cases(quick: bool = False) -> list[Case]:
     if quick:
         first = [c for c in cases if c.label.split()[0] in FIRST_CELLS]
         cases = _pairwise_subset(first) + _cell_bptt_subset([c for c in cases if c not in first])
+    cases += _reduced(quick)
     for dtype in ("float64", "float32"):
         cases += _realistic(dtype)
+    if not quick:
+        for dtype in REDUCED_DTYPES:
+            cases += [c for c in _realistic(dtype) if c.model.kind in ("lstm", "gru") and not c.model.bidirectional]
     return cases
+
+
+def _reduced(quick: bool) -> list[Case]:
+    """The mixed-precision cases at the small shape: QUICK_REDUCED, or one bfloat16 case per cell, head and
+    bptt mode and one float16 case per cell and bptt mode (input kinds, and the options of :func:`_small`,
+    alternating)."""
+    if quick:
+        # seeds 2001, 2004, 2007: with biases, one with clipping (the GRU), one with two layers (the Elman)
+        return [_small(cell, head, bptt, tokens, dtype, 3, 2001 + 3 * i)
+                for i, (cell, head, bptt, tokens, dtype) in enumerate(QUICK_REDUCED)]
+    cases = []
+    for i, (cell, head, bptt) in enumerate(itertools.product(CELLS, HEADS, BPTTS)):
+        if _valid(cell, bptt):
+            cases.append(_small(cell, head, bptt, i % 2 == 0, "bfloat16", 3, 2000 + i))
+    for i, (cell, bptt) in enumerate(itertools.product(CELLS, BPTTS)):
+        if _valid(cell, bptt):
+            head = list(HEADS)[i % len(HEADS)]
+            case = _small(cell, head, bptt, i % 2 == 1, "float16", 3, 3000 + i)
+            # every other one with a loss scale of its own: train.loss_scale must reach the backend
+            cases.append(case if i % 2 else with_loss_scale(case, FLOAT16_OTHER_SCALE))
+    return cases
+
+
+#: the loss scale of half the float16 cases of the whole matrix (the others have the default, 1024)
+FLOAT16_OTHER_SCALE = 128.0
+
+
+def with_loss_scale(case: Case, scale: float) -> Case:
+    """``case`` with its own loss scale (float16), said in its label."""
+    return dataclasses.replace(case, loss_scale=scale, label=f"{case.label} scale={scale:g}")
 
 
 def gru_or_bidirectional(case: Case) -> bool:
@@ -142,8 +182,9 @@ def _valid(cell: str, bptt: str) -> bool:
 
 def representative_cases() -> list[Case]:
     """A handful of cases covering every cell, head, bptt mode, input kind and dtype at least once
-    (with no pairs): what CI runs for backends whose every case costs a compile."""
-    cases = [c for c in all_cases(quick=True) if not c.label.startswith("realistic")]
+    (with no pairs): what CI runs for backends whose every case costs a compile. float32 and float64
+    only: every compile-heavy backend refuses mixed precision (which tests/test_mixed_precision.py checks)."""
+    cases = [c for c in all_cases(quick=True) if not c.label.startswith("realistic") and c.dtype not in REDUCED_DTYPES]
     wanted = {(i, v) for c in cases for i, v in enumerate(_factors(c)[:5])}
     chosen: list[Case] = []
     while wanted:
@@ -196,11 +237,12 @@ def make_data(case: Case, step: int = 0):
     """Deterministic inputs and targets for a case (one batch per step)."""
     rng = np.random.default_rng([case.seed, step])
     T, B, D, O = case.seq_len, case.batch, case.input_size, case.output_size
-    x = rng.integers(0, D, size=(T, B)) if case.tokens else rng.normal(size=(T, B, D)).astype(case.dtype)
+    dtype = master_dtype(case.dtype)
+    x = rng.integers(0, D, size=(T, B)) if case.tokens else rng.normal(size=(T, B, D)).astype(dtype)
     if case.model.head == "softmax_xent":
         y = rng.integers(0, O, size=(T, B))
     else:
-        y = (0.5 * rng.normal(size=(T, B, O))).astype(case.dtype)
+        y = (0.5 * rng.normal(size=(T, B, O))).astype(dtype)
     return x, y
 
 
@@ -211,23 +253,27 @@ def initial_params(case: Case) -> dict[str, np.ndarray]:
     for k, v in params.items():
         if v.ndim == 1:
             params[k] = rng.uniform(-0.1, 0.1, size=v.shape)
-    return ref.params_like(params, case.dtype)
+    return ref.params_like(params, master_dtype(case.dtype))
 
 
-def reference_run(case: Case, params: dict[str, np.ndarray], dtype, forward: bool) -> dict[str, object]:
-    """What the reference gives for every compared quantity of a case, computed in ``dtype`` from the
-    same (already rounded) parameters and data: outputs, loss, gradients, step losses, parameters."""
-    p = ref.params_like(params, dtype)
+def reference_run(case: Case, params: dict[str, np.ndarray], dtype, forward: bool,
+                  outputs_rounded: bool = False) -> dict[str, object]:
+    """What the reference gives for every compared quantity of a case, computed in ``dtype`` (bfloat16,
+    float16: in float32 with that type's roundings) from the same (already rounded) parameters and data:
+    outputs, loss, gradients, step losses, parameters. ``outputs_rounded``: every product's result rounded too
+    (not the spec's: what the mixed-precision bound reads, see :meth:`Tolerance.judge`)."""
+    precision = ref.Precision.of(dtype, case.loss_scale, outputs_rounded)
+    p = ref.params_like(params, master_dtype(dtype))
     x, y = make_data(case)
     want: dict[str, object] = {}
     if forward:
-        want["outputs"] = ref.outputs(case.model, p, x)
-    want["loss"], grads = ref.loss_and_grads(case.model, p, x, y)
+        want["outputs"] = ref.outputs(case.model, p, x, precision)
+    want["loss"], grads = ref.loss_and_grads(case.model, p, x, y, precision)
     want.update({f"d{k}": g for k, g in grads.items()})
     losses = []
     for step in range(N_STEPS):
         xs, ys = make_data(case, step)
-        loss, p = ref.sgd_step(case.model, p, xs, ys, LR)
+        loss, p = ref.sgd_step(case.model, p, xs, ys, LR, precision)
         losses.append(loss)
     want["step losses"] = losses
     want.update({f"{k} after {N_STEPS} steps": v for k, v in p.items()})
@@ -251,10 +297,10 @@ def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
     try:
         fwd = case.problem("forward", device)
         if supports(backend, fwd)[0]:
-            backend.prepare(fwd, ref.params_like(params, case.dtype), device=device, threads=1)
+            backend.prepare(fwd, ref.params_like(params, master_dtype(case.dtype)), device=device, threads=1)
             backend.warm_up((x, y))
             got["outputs"] = backend.forward(x)
-        backend.prepare(train, ref.params_like(params, case.dtype), device=device, threads=1)
+        backend.prepare(train, ref.params_like(params, master_dtype(case.dtype)), device=device, threads=1)
         backend.warm_up((x, y))
         got["loss"], grads = backend.loss_and_grads(x, y)
         losses = []
@@ -264,14 +310,16 @@ def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
         backend.sync()
         got["step losses"] = losses
         got_params = backend.get_params()
-        # the reference in float64 from the float32-rounded values, and (only when needed) in float32
+        # the reference in float64 from the float32-rounded values, and (only when needed; always under mixed
+        # precision) in the case's dtype
         want = reference_run(case, params, np.float64, "outputs" in got)
         for k in case.model.param_names():
             got[f"d{k}"] = grads.get(k, np.full_like(want[f"d{k}"], np.nan))
             got[f"{k} after {N_STEPS} steps"] = got_params[k]
         ratios = tol.judge({k: (got[k], want[k]) for k in want},
                            low=lambda: [reference_run(case, q, tol.low_dtype, "outputs" in got)
-                                        for q in nudged(ref.params_like(params, tol.low_dtype))])
+                                        for q in tol.starts(ref.params_like(params, master_dtype(tol.low_dtype)))],
+                           other=lambda: reference_run(case, params, tol.low_dtype, "outputs" in got, True))
     except Exception as exc:  # a crash is a result of the check, shown with its reason
         res.status = "error"
         res.reason = f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,281 @@
+"""Mixed precision (docs/spec.md, "Reduced precision"): the reference's roundings, the bound derived from
+them, the backends that implement it passing and deliberately wrong ones caught, and the config."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import backends
+from harness.spec import reference as ref
+from harness.spec.model import REDUCED_DTYPES, ModelSpec, Problem
+from harness.spec.tolerance import SPREAD, Tolerance
+from harness.verify.check import (FLOAT16_OTHER_SCALE, Case, all_cases, initial_params, make_data, run_case,
+                                  with_loss_scale)
+from wrong_backends import WrongBackend
+
+
+def _case(kind: str, dtype: str, batch: int, tokens: bool = False, hidden: int = 64, seq_len: int = 25,
+          **model) -> Case:
+    """The check's realistic shape (D=32, H=64, T=25) at any batch (or a smaller hidden and sequence)."""
+    spec = ModelSpec.from_mapping({"kind": kind, "hidden": hidden, "head": "softmax_xent", **model})
+    return Case(f"{spec.describe()} D=32 T={seq_len} B={batch}", spec, tokens, 32, 50, seq_len, batch, dtype, seed=11)
+
+
+def _by_cell(cases):
+    """One case per cell (the first word of the label) and batch: every shape of the check, every cell."""
+    picked = {}
+    for c in cases:
+        picked.setdefault((c.label.split()[0], c.batch, c.input_size), c)
+    return list(picked.values())
+
+
+FULL = all_cases()
+BF16_SHAPES = _by_cell([c for c in FULL if c.dtype == "bfloat16"])
+FP16_SHAPES = _by_cell([c for c in FULL if c.dtype == "float16"])
+
+
+# -- the reference's roundings ---------------------------------------------------------------------
+
+def test_round_to_is_round_to_nearest_even():
+    one = np.float32(1)
+    assert ref.round_to(one + np.float32(2 ** -8), "bfloat16") == one  # a tie goes to the even neighbour
+    assert ref.round_to(one + np.float32(3 * 2 ** -9), "bfloat16") == one + np.float32(2 ** -7)
+    assert ref.round_to(one + np.float32(2 ** -11), "float16") == one
+    assert ref.round_to(np.float32(70000), "float16") == np.inf  # past float16's largest, 65504
+
+
+def test_precision_rounds_every_product_and_nothing_else():
+    case = _case("lstm", "bfloat16", 4, peephole=True)
+    params = initial_params(case)
+    x, y = make_data(case)
+    low, exact = ref.Precision.of("bfloat16"), ref.EXACT
+    _, g_low = ref.loss_and_grads(case.model, params, x, y, low)
+    _, g_32 = ref.loss_and_grads(case.model, params, x, y, exact)
+    assert all(g.dtype == np.float32 for g in g_low.values())  # float32 masters and gradients
+    moved = {k: np.abs(g_low[k] - g_32[k]).max() / np.abs(g_32[k]).max() for k in g_32}
+    assert all(1e-5 < m < 0.05 for m in moved.values()), moved  # bfloat16's roundings, and no more
+    # products of numbers already on bfloat16's grid are exact: one Elman step from rounded weights and
+    # data is float64's to float32's accuracy (the rounding touches the products' inputs and nothing else)
+    model = ModelSpec.from_mapping({"kind": "elman", "hidden": 8, "head": "mse"})
+    p = {k: ref.round_to(v, "bfloat16") for k, v in ref.init_params(model, 32, 6, 0, "float32").items()}
+    x1 = ref.round_to(np.random.default_rng(0).normal(size=(1, 4, 32)), "bfloat16")
+    h_low = ref.forward(model, p, x1, precision=low)[1]["layers"][0][0]["h"][1]
+    h_64 = ref.forward(model, ref.params_like(p, np.float64), x1.astype(np.float64))[1]["layers"][0][0]["h"][1]
+    assert h_low.dtype == np.float32 and np.abs(h_low - h_64).max() < 1e-6
+
+
+def test_loss_scale_is_exact_for_powers_of_two_and_overflow_diverges():
+    case = _case("gru", "float16", 4, reset_after=False)
+    params = initial_params(case)
+    x, y = make_data(case)
+    g = {s: ref.loss_and_grads(case.model, params, x, y, ref.Precision.of("float16", s))[1] for s in (128.0, 1024.0)}
+    # scaling by a power of two commutes with rounding to float16 but where a value falls below float16's
+    # normal range (6.1e-5): the two scales agree to far less than the roundings move the gradients (5e-4)
+    assert all(np.abs(g[128.0][k] - g[1024.0][k]).max() <= 1e-5 * np.abs(g[1024.0][k]).max() for k in g[128.0])
+    loss, after = ref.sgd_step(case.model, params, x, y, 0.1, ref.Precision.of("float16", 2.0 ** 32))
+    assert np.isnan(loss)  # the scaled gradient overflows float16: the cell is diverged
+    numpy_backend = backends.create("numpy")
+    numpy_backend.prepare(replace(case, loss_scale=2.0 ** 32).problem(), initial_params(case))
+    assert np.isnan(numpy_backend.sgd_step(x, y, 0.1))
+
+
+# -- the bound -------------------------------------------------------------------------------------
+
+def test_the_bound_is_shown_and_comes_from_the_reference_run():
+    tol = Tolerance.of("bfloat16")
+    assert tol.low_dtype == "bfloat16" and tol.spread == SPREAD and tol.eps == np.finfo(np.float32).eps
+    assert "max|ref_bf16 - ref|" in tol.describe() and "ref_fp16" in Tolerance.of("float16").describe()
+    want = np.array([1.0, -2.0, 0.5])
+    low = want + np.array([0.01, 0.0, -0.01])  # the roundings move the tensor by 0.01 at most
+    judge = lambda got: tol.judge({"a": (got, want)}, low=lambda: {"a": low})["a"]  # noqa: E731
+    assert judge(low) < 1e-9
+    assert judge(low + 0.9 * SPREAD * 0.01) < 1 < judge(low + 1.1 * SPREAD * 0.01)
+    with pytest.raises(ValueError):
+        tol.judge({"a": (want, want)})
+
+
+# -- correct backends pass -------------------------------------------------------------------------
+
+CORRECT = ["numpy", "jax"]
+
+
+def _available(name):
+    b = backends.create(name)
+    if not b.availability()[0]:
+        pytest.skip(f"{name}: {b.availability()[1]}")
+    return b
+
+
+@pytest.mark.parametrize("name", CORRECT)
+@pytest.mark.parametrize("batch", [1, 256])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_correct_backends_pass_at_batch_1_and_256(name, batch, kind):
+    res = run_case(_available(name), _case(kind, "bfloat16", batch, tokens=batch == 1, hidden=16, seq_len=10))
+    assert res.status == "pass", (res.reason, res.details)
+
+
+@pytest.mark.parametrize("name", CORRECT)
+def test_correct_backends_pass_the_quick_mixed_precision_cases(name):
+    backend = _available(name)
+    for case in (c for c in all_cases(quick=True) if c.dtype in REDUCED_DTYPES):
+        res = run_case(backend, case)
+        assert res.status == "pass", (case.label, case.dtype, res.reason, res.details)
+
+
+@pytest.mark.parametrize("name", ["torch", "torch:fused", "torch:compile"])
+def test_torch_refuses_mixed_precision_and_its_autocast_step_shows_why(name, monkeypatch):
+    """torch.autocast rounds every product's result too: its steps round (they are far from float64) but land
+    beyond the bound on some cases, so torch says unsupported with the reason."""
+    backend = _available(name)
+    case = next(c for c in all_cases(quick=True) if c.dtype == "bfloat16" and c.model.kind == "gru")
+    ok, why = backend.supports(case.problem())
+    assert not ok and "autocast" in why and "5% gradient error" in why
+    if name != "torch":
+        return
+    monkeypatch.setattr(type(backend), "supports", lambda self, problem: (True, ""))
+    res = run_case(backend, case)
+    from harness.spec.tolerance import ROUNDED
+
+    assert res.status in ("pass", "fail") and res.details["ratios"][ROUNDED] < 1, res.details
+    assert res.worst_ratio < 2, res.details  # near the bound, not a bug's orders of magnitude
+
+
+def test_numpy_honours_the_roundings_exactly():
+    """numpy's products round the same inputs as the reference's; only float32 summation order differs."""
+    for case in BF16_SHAPES[:6]:
+        res = run_case(backends.create("numpy"), case)
+        assert res.status == "pass" and res.worst_ratio < 0.2, (case.label, res.worst_ratio)
+
+
+# -- wrong backends are caught ---------------------------------------------------------------------
+
+def _wrong(variant, **attrs):
+    backend = WrongBackend(variant)
+    for k, v in attrs.items():
+        setattr(backend, k, v)
+    return backend
+
+
+@pytest.mark.parametrize("case", BF16_SHAPES + FP16_SHAPES, ids=lambda c: f"{c.label} {c.dtype}")
+def test_wrong_backends_are_caught_at_every_shape(case):
+    assert run_case(backends.create("numpy"), case).status == "pass"
+    wrong = [_wrong("scaled", factor=1.05), _wrong("nobias"), _wrong("nodtype")]
+    for backend in wrong:
+        res = run_case(backend, case)
+        assert res.status == "fail", (backend.variant, res.worst_ratio, res.details)
+    if case.dtype == "float16":  # a loss scale other than the default must reach the step
+        scaled = case if case.loss_scale else with_loss_scale(case, FLOAT16_OTHER_SCALE)
+        assert run_case(backends.create("numpy"), scaled).status == "pass"
+        res = run_case(_wrong("lossscale"), scaled)
+        assert res.status == "fail", res
+
+
+# -- who supports it -------------------------------------------------------------------------------
+
+REFUSING = ["native", "numba", "theano", "pytensor", "halide", "cuda", "numpy:wildml"]
+
+
+@pytest.mark.parametrize("name", REFUSING)
+@pytest.mark.parametrize("dtype", REDUCED_DTYPES)
+def test_backends_without_a_mixed_precision_path_refuse_it_with_their_reason(name, dtype):
+    import backends as registry
+
+    cls = registry.backend_class(registry.split_name(name)[0])
+    backend = cls(registry.split_name(name)[1])
+    device = "gpu" if name == "cuda" else "cpu"
+    problem = Problem(ModelSpec(kind="elman", hidden=8, bias=True), 5, 6, False, dtype, 1, 7, device)
+    ok, why = backend.supports(problem)
+    assert not ok and why.startswith("unsupported: ") and dtype in why, why
+    assert "reduced" in cls.knows
+
+
+def test_a_backend_that_does_not_know_mixed_precision_is_refused_it():
+    from backends.base import Backend, supports
+
+    class Old(Backend):
+        name = "old"
+
+    problem = Problem(ModelSpec(), 5, 6, True, "bfloat16")
+    ok, why = supports(Old(), problem)
+    assert not ok and "mixed precision" in why
+    assert supports(Old(), replace(problem, dtype="float32")) == (True, "")
+
+
+# -- the config ------------------------------------------------------------------------------------
+
+MIXED = """
+name: mixed
+dtype: [float32, bfloat16, float16]
+model: {kind: lstm, hidden: 8}
+task: {kind: random, input_size: 5, output_size: 6, seq_len: 7, n_sequences: 16, n_eval: 8}
+batch: [4]
+backends: [numpy]
+train: {loss_scale: 256}
+"""
+
+
+def test_config_takes_the_mixed_precision_dtypes_and_the_loss_scale(write_config):
+    from harness.run.config import estimate_bytes, load_config
+
+    cells = {c.problem.dtype: c for c in load_config(write_config(MIXED)).cells()}
+    assert set(cells) == {"float32", "bfloat16", "float16"}
+    assert cells["float16"].problem.objective_scale == 256.0 and "train.loss_scale=256.0" in cells["float16"].group_key
+    assert cells["bfloat16"].problem.objective_scale == 1.0 and "loss_scale" not in cells["bfloat16"].group_key
+    assert cells["float32"].problem.objective_scale == 1.0 and "loss_scale" not in cells["float32"].group_key
+    # parameters, gradients and state stay float32: the memory estimate is float32's
+    assert estimate_bytes(cells["bfloat16"]) == estimate_bytes(cells["float32"])
+    default = load_config(write_config(MIXED.replace("train: {loss_scale: 256}", ""), "d.yaml")).cells()
+    assert {c.problem.objective_scale for c in default if c.problem.dtype == "float16"} == {1024.0}
+
+
+@pytest.mark.parametrize("value, said", [("-1", "greater than 0"), ("0", "greater than 0"), ("'x'", "a number"),
+                                         (".inf", "finite"), ("1.0e+10", "less than or equal to")])
+def test_a_bad_loss_scale_is_a_config_error_naming_the_key(write_config, value, said):
+    from harness.run.config import load_config
+    from harness.spec.errors import HarnessError
+
+    with pytest.raises(HarnessError, match=rf"train\.loss_scale: .*{said}"):
+        load_config(write_config(MIXED.replace("loss_scale: 256", f"loss_scale: {value}")))
+
+
+def test_plots_and_roofs_read_the_mixed_precision_dtypes():
+    import pandas as pd
+
+    from harness.results.plots import arithmetic_intensity
+
+    row = {"model": "lstm", "batch": 64, "input_size": 512, "hidden_size": 512, "output_size": 512}
+    df = pd.DataFrame([{**row, "dtype": d} for d in ("float32", "bfloat16", "float16")])
+    ai = arithmetic_intensity(df)
+    assert ai[1] == pytest.approx(2 * ai[0]) and ai[2] == ai[1]  # products read 2-byte numbers
+
+
+# -- a cell's own check before it is timed ---------------------------------------------------------
+
+def test_a_bfloat16_cell_verifies_and_a_wrong_one_does_not(write_config):
+    from harness.run import protocol
+    from harness.run.config import load_config
+    from harness.run.worker import CellState, verify_step
+
+    cell = next(c for c in load_config(write_config(MIXED)).cells() if c.problem.dtype == "bfloat16")
+    p = cell.problem
+    state = CellState(protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed, cell.threads,
+                                    cell.train.lr))
+    start = state.backend.get_params()
+    result = state.verify()
+    assert result["ok"] and "ref_bf16" in result["bound"], result
+    for backend in (_wrong("scaled", factor=1.05), _wrong("nobias")):
+        backend.prepare(p, {k: v.copy() for k, v in start.items()})
+        assert not verify_step(p, backend, state.x, state.y, state.lr)["ok"], backend.variant
+
+
+def test_harness_check_shows_the_mixed_precision_bound_and_the_worst_case():
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    result = CliRunner().invoke(app, ["check", "--backends", "numpy", "--quick", "--match", "B=3"])
+    assert result.exit_code == 0, result.output
+    lines = " ".join(result.output.split())
+    assert "bound numpy [bfloat16] |got - ref_bf16| <=" in lines and "worst case" in lines
+    assert "bound numpy [float16] |got - ref_fp16| <=" in lines
