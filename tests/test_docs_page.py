@@ -115,3 +115,15 @@ def test_an_ms_table_filters_on_results_columns_and_shows_milliseconds(tmp_path)
     page.write_text("<!-- table: ms sobel colour=red -->\n<!-- /table -->\n")
     with pytest.raises(docs.HarnessError, match="no results column 'colour'"):
         docs.write_page(page, EXAMPLES)
+
+
+def test_a_group_label_tells_a_bidirectional_layer_and_the_reset_before_gru_apart():
+    from harness.results.labels import group_label
+
+    row = {"model": "lstm", "hidden_size": 512, "seq_len": 25, "batch": 32, "dtype": "float32", "input_size": 512,
+           "threads": 2, "bidirectional": False, "reset_after": None}
+    assert group_label(row) == "lstm D=512 H=512 T=25 B=32 float32 2 thr"
+    assert group_label({**row, "bidirectional": True}).startswith("bilstm D=512")
+    gru = {**row, "model": "gru", "reset_after": True}
+    assert group_label(gru).startswith("gru D=512")
+    assert group_label({**gru, "reset_after": False, "bidirectional": True}).startswith("bigru-before D=512")

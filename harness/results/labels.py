@@ -52,6 +52,10 @@ def group_label(row, omit: tuple[str, ...] = ()) -> str:
         model += "+peephole"
     if model == "elman" and row.get("activation") not in (None, "tanh"):
         model += f"-{row['activation']}"
+    if model == "gru" and str(row.get("reset_after")) == "False":  # Cho et al.'s form; cuDNN's is the default
+        model += "-before"
+    if str(row.get("bidirectional")) == "True":
+        model = f"bi{model}"
     bits = [model, f"H={row['hidden_size']}", f"T={row['seq_len']}"]
     if "batch" not in omit:
         bits.append(f"B={row['batch']}")
