@@ -11,7 +11,7 @@ moves the answer (a ReLU pre-activation within rounding of zero takes the other 
 kink, a sum that cancels), every correct float32 computation moves with it, and the bound
 widens there and nowhere else. Whether a given order of operations crosses a kink is a coin
 toss, so ``ref_low`` is three runs (the backend's parameters as they are and two copies nudged
-up and down by a few units in the last place, :func:`nudged`) and the bound takes the largest
+up and down by NUDGE = 32 eps, :func:`nudged`) and the bound takes the largest
 ``|ref_low - ref|`` of them: a backend that crossed where one run of the reference happened
 not to is still within it, while an error in the maths moves every element, not a few. ``floor`` is an allowance the caller knows of, like the
 rounding of an update applied to a parameter in place (:func:`update_floor`). In float64
