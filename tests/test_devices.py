@@ -162,8 +162,11 @@ def test_gpu_rows_are_read_against_the_gpu_roofs_and_cpu_rows_against_numpy(tmp_
     runner.gpu_roofs = {"gemm_fp32_gflops": 50e3, "gemm_tf32_gflops": 400e3, "gemm_fp64_gflops": 25e3, "bandwidth_gbs": 3e3}
     cpu = next(c for c in cfg.cells() if c.problem.device == "cpu")
     gpu = next(c for c in cfg.cells() if c.problem.device == "gpu")
-    assert peak_columns(cpu, runner.gemm_peaks, runner.gpu_roofs) == {"gemm_peak_gflops": 90.0}
-    assert peak_columns(gpu, runner.gemm_peaks, runner.gpu_roofs) == {"gemm_peak_gflops": 50e3, "gpu_tf32_gflops": 400e3, "gpu_bandwidth_gbs": 3e3}
+    assert peak_columns(cpu, runner.gemm_peaks, runner.gpu_roofs) == {
+        "gemm_peak_gflops": 90.0, "gemm_peak_library": "numpy", "master_peak_gflops": None}
+    assert peak_columns(gpu, runner.gemm_peaks, runner.gpu_roofs) == {
+        "gemm_peak_gflops": 50e3, "gemm_peak_library": "cublas", "master_peak_gflops": None,
+        "gpu_tf32_gflops": 400e3, "gpu_bandwidth_gbs": 3e3}
 
 
 def test_gpu_roofs_request_travels_the_worker_protocol():

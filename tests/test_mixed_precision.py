@@ -8,6 +8,7 @@ import pytest
 
 import backends
 from harness.spec import reference as ref
+from harness.spec.errors import HarnessError
 from harness.spec.model import REDUCED_DTYPES, ModelSpec, Problem
 from harness.spec.tolerance import SPREAD, Tolerance
 from harness.verify.check import (FLOAT16_OTHER_SCALE, Case, all_cases, initial_params, make_data, run_case,
@@ -248,6 +249,73 @@ def test_plots_and_roofs_read_the_mixed_precision_dtypes():
     df = pd.DataFrame([{**row, "dtype": d} for d in ("float32", "bfloat16", "float16")])
     ai = arithmetic_intensity(df)
     assert ai[1] == pytest.approx(2 * ai[0]) and ai[2] == ai[1]  # products read 2-byte numbers
+
+
+def test_a_low_precision_gemm_rate_is_measured_through_a_library_that_has_the_type():
+    from harness.run.cpu_roofs import gemm_rate
+
+    for library in ("jax", "torch"):
+        pytest.importorskip(library)
+        assert gemm_rate("bfloat16", library, n=64, seconds=0.01) > 0
+    assert gemm_rate("float32", "numpy", n=64, seconds=0.01) > 0
+    with pytest.raises(HarnessError, match="NumPy has no bfloat16 product"):
+        gemm_rate("bfloat16", "numpy", n=64)
+    with pytest.raises(HarnessError, match="no GEMM peak is measured through 'mkl'"):
+        gemm_rate("float32", "mkl", n=64)
+
+
+def test_a_bfloat16_cell_reads_the_fastest_librarys_roof_and_carries_float32s(write_config, monkeypatch):
+    """The run measures float32's roof through NumPy and bfloat16's through each library that has the type;
+    the fastest is the cells' roof, float32's rides along to be drawn beside it."""
+    from harness.results.rows import peak_columns
+    from harness.run import roofs
+    from harness.run.config import load_config
+
+    cfg = load_config(write_config("""
+name: roofs
+dtype: [bfloat16]
+model: {kind: lstm, hidden: 8}
+task: {kind: random, input_size: 4, output_size: 4, seq_len: 5}
+threads: [2]
+backends: [numpy, jax]
+"""))
+    asked = []
+
+    def measure(dtype, threads, library, extra, say, record):
+        asked.append((dtype, threads, library))
+        return {"numpy": 100.0, "jax": 40.0, "torch": 1.5}[library]
+
+    monkeypatch.setattr(roofs, "_measure", measure)
+    peaks = roofs.gemm_peaks(cfg.cells(), {})
+    assert sorted(asked) == [("bfloat16", 2, "jax"), ("bfloat16", 2, "torch"), ("float32", 2, "numpy")]
+    assert peaks == {"float32|threads=2": 100.0, "bfloat16|threads=2|jax": 40.0, "bfloat16|threads=2|torch": 1.5,
+                     "bfloat16|threads=2": 40.0}
+    assert roofs.gemm_peaks(cfg.cells(), peaks) == {} and len(asked) == 3  # measured once per run
+    cell = cfg.cells()[0]
+    assert peak_columns(cell, peaks, None) == {"gemm_peak_gflops": 40.0, "gemm_peak_library": "jax",
+                                               "master_peak_gflops": 100.0}
+
+
+def test_the_roofline_draws_the_low_types_roof_beside_float32s(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from harness.results import plots
+
+    drawn = []
+    save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda plt, fig, *a, **k: (drawn.extend(
+        t.get_text() for ax in fig.axes for t in ax.texts), save(plt, fig, *a, **k))[1])
+
+    base = {"status": "ok", "device": "cpu", "threads": 2, "model": "lstm", "batch": 64, "input_size": 512,
+            "hidden_size": 512, "output_size": 512, "backend": "jax", "variant": None, "workload": "train_step"}
+    df = pd.DataFrame([{**base, "dtype": "float32", "gflops": 60.0, "gemm_peak_gflops": 100.0,
+                        "gemm_peak_library": "numpy", "master_peak_gflops": None},
+                       {**base, "dtype": "bfloat16", "gflops": 30.0, "gemm_peak_gflops": 40.0,
+                        "gemm_peak_library": "jax", "master_peak_gflops": 100.0}])
+    plots.plot_roofline(df, tmp_path / "roofline.png")
+    assert (tmp_path / "roofline.png").stat().st_size > 0
+    assert any("bfloat16 GEMM peak 40 GFLOP/s (JAX" in t for t in drawn), drawn
+    assert sum("float32 GEMM peak 100 GFLOP/s" in t for t in drawn) == 2, drawn  # its own panel's roof, and beside
 
 
 # -- a cell's own check before it is timed ---------------------------------------------------------

@@ -283,6 +283,18 @@ def _gpu_roofs(ax, d: pd.DataFrame) -> None:
         ax.text(x[0], bw * x[0], f" memory {bw:.3g} GB/s", va="bottom", ha="left", fontsize=8, rotation=20)
 
 
+_ROOF_SOURCES = {"numpy": "NumPy", "jax": "JAX, float32 sums", "torch": "PyTorch", "cublas": "cuBLAS"}
+
+
+def _roof_source(d: pd.DataFrame) -> str:
+    """What measured a panel's roof, for its label: the library, a 1024\u00b3 product (GPU: TF32 off)."""
+    gpu = d["device"].iloc[0] == "gpu"
+    libs = d["gemm_peak_library"].dropna() if "gemm_peak_library" in d else pd.Series(dtype=object)
+    lib = str(libs.iloc[0]) if len(libs) else ("cublas" if gpu else "numpy")
+    return f"{_ROOF_SOURCES.get(lib, lib)}, " + ("TF32 off" if gpu and d["dtype"].iloc[0] == "float32" else
+                                                 "4096\u00b3" if gpu else "1024\u00b3")
+
+
 def plot_roofline(timings: pd.DataFrame, out: Path):
     """Achieved GFLOP/s per cell against arithmetic intensity, under the GEMM peak measured at run start."""
     df = timings[(timings["status"] == "ok") & timings["gflops"].notna()].copy()
@@ -303,23 +315,29 @@ def plot_roofline(timings: pd.DataFrame, out: Path):
             ax.scatter(g["intensity"], g["gflops"], color=palette[label], marker=markers.get(workload, "o"),
                        s=46, edgecolor="white", linewidth=0.6, zorder=3)
         peaks = d["gemm_peak_gflops"].dropna()
-        # a CPU panel's roof is NumPy's GEMM, a GPU panel's cuBLAS's (measured at run start)
+        # a CPU panel's roof is NumPy's GEMM (a mixed-precision panel's the fastest library's), a GPU
+        # panel's cuBLAS's, all measured at run start
         peak = float(peaks.iloc[0]) if len(peaks) else None
         gpu = d["device"].iloc[0] == "gpu"
         ax.set_xscale("log")
         ax.set_yscale("log")
-        top = max([float(d["gflops"].max()), peak or 0] + ([float(d["gpu_tf32_gflops"].max())] if gpu and "gpu_tf32_gflops" in d and d["gpu_tf32_gflops"].notna().any() else []))
+        roofs = [float(d[c].max()) for c in ("master_peak_gflops", "gpu_tf32_gflops") if c in d and d[c].notna().any()]
+        top = max([float(d["gflops"].max()), peak or 0, *roofs])
         ax.set_ylim(float(d["gflops"].min()) / 3, top * 2)
         ax.set_xlim(float(d["intensity"].min()) / 2, float(d["intensity"].max()) * 2)
         _number_axis(ax.xaxis)
         _number_axis(ax.yaxis)
         if gpu:
             _gpu_roofs(ax, d)
+        master = d["master_peak_gflops"].dropna() if "master_peak_gflops" in d else pd.Series(dtype=float)
+        if len(master):  # mixed precision: the float32 roof beside the low type's
+            ax.axhline(float(master.iloc[0]), color="black", lw=1, ls="-.")
+            ax.text(0.99, float(master.iloc[0]), f"float32 GEMM peak {float(master.iloc[0]):.3g} GFLOP/s ",
+                    transform=ax.get_yaxis_transform(), va="bottom", ha="right", fontsize=8)
         if peak is not None:
             ax.axhline(peak, color="black", lw=1.3)
-            what = "cuBLAS, TF32 off" if gpu else "NumPy, 1024\u00b3"
-            ax.text(0.01, peak, f" GEMM peak {peak:.3g} GFLOP/s ({what})", transform=ax.get_yaxis_transform(),
-                    va="bottom", ha="left", fontsize=8)
+            ax.text(0.01, peak, f" {d['dtype'].iloc[0]} GEMM peak {peak:.3g} GFLOP/s ({_roof_source(d)})",
+                    transform=ax.get_yaxis_transform(), va="bottom", ha="left", fontsize=8)
             share = ax.twinx()
             share.set_yscale("log")
             share.set_ylim(*(v / peak * 100 for v in ax.get_ylim()))

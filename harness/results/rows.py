@@ -15,6 +15,7 @@ import statistics
 
 from harness.results import schema
 from harness.run import stats
+from harness.run.cpu_roofs import peak_key, roof_library
 from harness.run.stats import Stats, paired_speedup
 from harness.spec.errors import HarnessError
 
@@ -100,16 +101,22 @@ def ran_version(backend: str, versions: dict) -> str | None:
 
 
 def peak_columns(cell, gemm_peaks: dict, gpu_roofs: dict | None) -> dict:
-    """The roof a cell's GFLOP/s is read against: the CPU's NumPy GEMM, or the GPU's cuBLAS rates."""
+    """The roof a cell's GFLOP/s is read against and what measured it: on a CPU the GEMM peak of its
+    dtype and threads (NumPy's; under mixed precision the fastest library's), on a GPU cuBLAS's
+    rate. A mixed-precision cell also carries its master dtype's (float32) roof, drawn beside."""
     p = cell.problem
-    if p.device == "cpu":  # NumPy has no bfloat16/float16 GEMM: mixed-precision cells read float32's
-        return {"gemm_peak_gflops": gemm_peaks.get(f"{p.master_dtype}|threads={cell.threads}")}
+    reduced = p.dtype != p.master_dtype
+    if p.device == "cpu":
+        return {"gemm_peak_gflops": gemm_peaks.get(peak_key(p.dtype, cell.threads)),
+                "gemm_peak_library": roof_library(gemm_peaks, p.dtype, cell.threads),
+                "master_peak_gflops": gemm_peaks.get(peak_key(p.master_dtype, cell.threads)) if reduced else None}
     roofs = gpu_roofs or {}
-    fp32 = p.dtype == "float32"
     rate = {"float32": "gemm_fp32_gflops", "float64": "gemm_fp64_gflops", "bfloat16": "gemm_bf16_gflops",
-            "float16": "gemm_fp16_gflops"}[p.dtype]
-    return {"gemm_peak_gflops": roofs.get(rate),
-            "gpu_tf32_gflops": roofs.get("gemm_tf32_gflops") if fp32 else None,
+            "float16": "gemm_fp16_gflops"}
+    return {"gemm_peak_gflops": roofs.get(rate[p.dtype]),
+            "gemm_peak_library": "cublas" if roofs.get(rate[p.dtype]) is not None else None,
+            "master_peak_gflops": roofs.get(rate[p.master_dtype]) if reduced else None,
+            "gpu_tf32_gflops": roofs.get("gemm_tf32_gflops") if p.dtype == "float32" else None,
             "gpu_bandwidth_gbs": roofs.get("bandwidth_gbs")}
 
 

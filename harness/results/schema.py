@@ -68,6 +68,9 @@ TIMING_COLUMNS = [
     # baseline, or the fastest verified cell when the baseline failed) and how the baseline ended
     "host", "gpu_tf32_gflops", "gpu_bandwidth_gbs", "speedup_over", "baseline_status",
     "reset_after", "bidirectional",
+    # what measured gemm_peak_gflops (numpy, jax, torch, cublas) and, for a mixed-precision cell, the
+    # roof of its float32 master dtype, drawn beside its own
+    "gemm_peak_library", "master_peak_gflops",
     *PRECISION_COLUMNS,
     *VERSION_COLUMNS,
 ]

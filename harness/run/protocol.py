@@ -193,12 +193,14 @@ class Check(Request):
 
 @dataclass
 class GemmPeak(Request):
-    """The machine's best GFLOP/s of an ``n`` x ``n`` x ``n`` NumPy GEMM."""
+    """The machine's best GFLOP/s of an ``n`` x ``n`` x ``n`` GEMM in ``dtype`` through ``library``
+    (:mod:`harness.run.cpu_roofs`)."""
 
     cmd: ClassVar[str] = "gemm_peak"
     Body: ClassVar[type] = GemmPeakReply
     dtype: str
     n: int
+    library: str = "numpy"
 
 
 @dataclass

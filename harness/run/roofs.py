@@ -1,31 +1,60 @@
-"""The roofs a cell's GFLOP/s is read against, measured in a worker of their own: the CPU's NumPy
-GEMM peak per dtype and thread count, and the GPU's GEMM rates and memory bandwidth."""
+"""The roofs a cell's GFLOP/s is read against, measured in a worker of their own: the CPU's GEMM
+peak per dtype and thread count (:mod:`harness.run.cpu_roofs`), and the GPU's GEMM rates and
+memory bandwidth (:mod:`harness.run.gpu_roofs`)."""
 
 from __future__ import annotations
 
-from harness.run import protocol
+from harness.run import cpu_roofs, protocol
 from harness.run.client import WorkerFailure, WorkerProcess, worker_environment
+from harness.spec.model import REDUCED_DTYPES
 
 
 def gemm_peaks(cells, known: dict[str, float], say=None, record=None) -> dict[str, float]:
-    """The GEMM peaks (GFLOP/s, keyed ``dtype|threads=N``) of the CPU cells' settings not in ``known``."""
+    """The GEMM peaks (GFLOP/s, keyed :func:`cpu_roofs.peak_key`) of the CPU cells' settings not in
+    ``known``: NumPy's in float32 and float64; under mixed precision the float32 one (drawn beside it)
+    and the low type's through each of :data:`cpu_roofs.LOW_PRECISION_LIBRARIES` that is installed,
+    the fastest being the cells' roof."""
     found: dict[str, float] = {}
-    # keyed by the master dtype: NumPy has no bfloat16/float16 GEMM, mixed-precision cells read float32's
-    for dtype, threads, extra in {(c.problem.master_dtype, c.threads): (c.problem.master_dtype, c.threads, c.env)
-                                  for c in cells if c.problem.device == "cpu"}.values():
-        key = f"{dtype}|threads={threads}"
+    wanted = {}
+    for c in cells:
+        if c.problem.device != "cpu":
+            continue
+        p = c.problem
+        for dtype in dict.fromkeys((p.master_dtype, p.dtype)):
+            libraries = cpu_roofs.LOW_PRECISION_LIBRARIES if dtype in REDUCED_DTYPES else ("numpy",)
+            for library in libraries:
+                wanted.setdefault((dtype, c.threads, library), c.env)
+    for (dtype, threads, library), extra in wanted.items():
+        key = cpu_roofs.peak_key(dtype, threads, library if dtype in REDUCED_DTYPES else None)
         if key in known or key in found:
             continue
-        _, env = worker_environment("numpy", "cpu", dtype, threads, extra)
-        w = WorkerProcess(None, env, "gemm-peak", record=record)
-        try:
-            found[key] = w.request(protocol.GemmPeak(dtype, 1024), 120).body.gflops
-        except WorkerFailure as exc:
-            if say is not None:
-                say(f"warning: GEMM peak measurement failed: {exc}")
-        finally:
-            w.close()
+        rate = _measure(dtype, threads, library, extra, say, record)
+        if rate is not None:
+            found[key] = rate
+    for dtype, threads in {(d, t) for d, t, _ in wanted if d in REDUCED_DTYPES}:
+        key = cpu_roofs.peak_key(dtype, threads)
+        rates = [v for k, v in {**known, **found}.items() if k.startswith(key + "|")]
+        if rates and key not in known:
+            found[key] = max(rates)
+        elif not rates and say is not None:
+            say(f"note: no {dtype} GEMM peak measured ({' and '.join(cpu_roofs.LOW_PRECISION_LIBRARIES)} "
+                f"unavailable): {dtype} cells show no share of a roof")
     return found
+
+
+def _measure(dtype: str, threads: int, library: str, extra: dict, say, record) -> float | None:
+    """One GEMM peak, in a worker with ``library``'s backend environment (its thread settings)."""
+    _, env = worker_environment(library, "cpu", dtype, threads, extra)
+    w = WorkerProcess(None, env, "gemm-peak", record=record)
+    try:
+        return w.request(protocol.GemmPeak(dtype, 1024, library), 120).body.gflops
+    except WorkerFailure as exc:
+        quiet = dtype in REDUCED_DTYPES and "not installed" in str(exc)  # one of several libraries: fine
+        if say is not None and not quiet:
+            say(f"warning: {dtype} GEMM peak through {library} failed: {str(exc).splitlines()[0]}")
+        return None
+    finally:
+        w.close()
 
 
 def gpu_roofs(cells, say=None, record=None) -> dict | None:

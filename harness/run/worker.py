@@ -231,14 +231,10 @@ class CellState:
                                    status=status, examples=examples, final_lr=lr)
 
 
-def gemm_peak(dtype: str, n: int = 1024, seconds: float = 0.5) -> float:
-    """Best GFLOP/s of an n x n x n NumPy GEMM in this process (thread settings inherited)."""
-    rng = np.random.default_rng(0)
-    a = rng.random((n, n)).astype(dtype)
-    b = rng.random((n, n)).astype(dtype)
-    c = np.empty((n, n), dtype)
-    np.matmul(a, b, out=c)
-    return measure.best_rate(lambda: np.matmul(a, b, out=c), 2.0 * n ** 3, seconds) / 1e9
+def _gemm_rate(req: protocol.GemmPeak) -> float:
+    from harness.run.cpu_roofs import gemm_rate
+
+    return gemm_rate(req.dtype, req.library, req.n)
 
 
 def _gpu_roofs(n: int) -> dict:
@@ -304,7 +300,7 @@ def _rounds(cell: CellState, req: protocol.Rounds) -> protocol.RoundsReply:
 _SERVICES = {
     "init": _init,
     "quit": lambda cell, req: (cell, protocol.QuitReply()),
-    "gemm_peak": lambda cell, req: (cell, protocol.GemmPeakReply(gemm_peak(req.dtype, req.n))),
+    "gemm_peak": lambda cell, req: (cell, protocol.GemmPeakReply(_gemm_rate(req))),
     "gpu_roofs": lambda cell, req: (cell, protocol.GpuRoofsReply(_gpu_roofs(req.n))),
     "check": lambda cell, req: (cell, protocol.CheckReply(check(req))),
 }

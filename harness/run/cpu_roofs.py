@@ -1,0 +1,88 @@
+"""The CPU's GEMM peaks, measured at run start in a worker: an ``n`` x ``n`` x ``n`` product's best
+GFLOP/s through one library, in the worker's thread settings.
+
+float32 and float64 go through NumPy (its BLAS, what the NumPy baseline and most backends call).
+NumPy has no bfloat16 or float16 product, so a mixed-precision roof is measured through each
+library that has one, each in its own backend's worker environment (threads as its cells get them),
+and the run keeps the fastest: JAX (``jnp.dot`` of low-type inputs with
+``preferred_element_type=float32``, what its mixed-precision cells run) and PyTorch (``torch.mm`` of
+low-type inputs, whose result is the low type: the same products at the same rate, rounded once
+more). Where neither library has fast kernels for the type on this CPU (no AVX512-BF16, no
+AVX512-FP16) the roof is low, and says so: that is what the type offers here.
+
+Heavy libraries are imported only by the worker that measures through them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from harness.run import measure
+from harness.spec.errors import HarnessError
+from harness.spec.model import REDUCED_DTYPES
+
+#: the libraries a mixed-precision roof is measured through, fastest taken (each needs its backend)
+LOW_PRECISION_LIBRARIES = ("jax", "torch")
+
+
+def _numpy(dtype: str, n: int) -> Callable[[], object]:
+    rng = np.random.default_rng(0)
+    a, b = rng.random((n, n)).astype(dtype), rng.random((n, n)).astype(dtype)
+    c = np.empty((n, n), dtype)
+    return lambda: np.matmul(a, b, out=c)
+
+
+def _jax(dtype: str, n: int) -> Callable[[], object]:
+    import jax
+    import jax.numpy as jnp
+
+    low = getattr(jnp, dtype)
+    rng = np.random.default_rng(0)
+    a, b = (jax.device_put(jnp.asarray(rng.random((n, n)), dtype=low)) for _ in range(2))
+    product = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+    return lambda: product(a, b).block_until_ready()
+
+
+def _torch(dtype: str, n: int) -> Callable[[], object]:
+    import torch
+
+    low = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.rand(n, n, generator=g).to(low) for _ in range(2))
+    c = torch.empty(n, n, dtype=low)
+    return lambda: torch.mm(a, b, out=c)
+
+
+_LIBRARIES = {"numpy": _numpy, "jax": _jax, "torch": _torch}
+
+
+def gemm_rate(dtype: str, library: str = "numpy", n: int = 1024, seconds: float = 0.5) -> float:
+    """Best GFLOP/s of an ``n`` x ``n`` x ``n`` ``dtype`` product through ``library`` in this process."""
+    if library not in _LIBRARIES:
+        raise HarnessError(f"no GEMM peak is measured through {library!r} (known: {', '.join(_LIBRARIES)})")
+    if library == "numpy" and dtype in REDUCED_DTYPES:
+        raise HarnessError(f"NumPy has no {dtype} product: measure it through {', '.join(LOW_PRECISION_LIBRARIES)}")
+    try:
+        call = _LIBRARIES[library](dtype, n)
+    except ImportError as exc:
+        raise HarnessError(f"{library} is not installed here: {exc}") from None
+    call()  # compile (JAX) and warm the caches
+    return measure.best_rate(call, 2.0 * n ** 3, seconds) / 1e9
+
+
+def peak_key(dtype: str, threads: int, library: str | None = None) -> str:
+    """The key of a peak in a run's ``gemm_peak_gflops``: ``dtype|threads=N`` for the roof a cell reads,
+    ``dtype|threads=N|library`` for each library a mixed-precision roof was measured through."""
+    return f"{dtype}|threads={threads}" + (f"|{library}" if library else "")
+
+
+def roof_library(peaks: dict, dtype: str, threads: int) -> str | None:
+    """The library the roof ``peak_key(dtype, threads)`` was measured through: NumPy in float32 and
+    float64, the fastest of the per-library rates under mixed precision (None: not measured)."""
+    if dtype not in REDUCED_DTYPES:
+        return "numpy" if peak_key(dtype, threads) in peaks else None
+    prefix = peak_key(dtype, threads) + "|"
+    rates = {k[len(prefix):]: v for k, v in peaks.items() if k.startswith(prefix) and v is not None}
+    return max(rates, key=rates.get) if rates else None
