@@ -127,3 +127,36 @@ def test_a_group_label_tells_a_bidirectional_layer_and_the_reset_before_gru_apar
     gru = {**row, "model": "gru", "reset_after": True}
     assert group_label(gru).startswith("gru D=512")
     assert group_label({**gru, "reset_after": False, "bidirectional": True}).startswith("bigru-before D=512")
+
+
+def test_a_dtypes_table_sets_each_problem_and_backend_across_dtypes(tmp_path):
+    """Timed steps: ms per dtype and the low type's time over float32's; training: final losses, their
+    relative difference; a refused cell shows its status, a backend without float32 no ratio."""
+    run = tmp_path / "mp"
+    run.mkdir()
+    (run / "run.json").write_text("{}")
+    base = {"group": "g", "variant": None, "model": "lstm", "hidden_size": 512, "input_size": 512, "seq_len": 25,
+            "batch": 64, "threads": 2, "device": "cpu", "tokens": False, "bptt": "full", "layers": 1}
+    rows = []
+    for backend, f32, bf16 in (("numpy", 0.200, 0.300), ("jax", 0.100, 0.125), ("native", 0.080, None)):
+        for dtype, median in (("float32", f32), ("bfloat16", bf16)):
+            rows.append({**base, "cell_id": f"{backend}-{dtype}", "backend": backend, "dtype": dtype,
+                         "workload": "train_step", "status": "ok" if median else "unsupported", "median_s": median,
+                         "final_loss": None, "train_s": None})
+    for backend, f32, bf16 in (("numpy", 4.000, 4.040), ("jax", 4.000, 3.980)):
+        for dtype, loss in (("float32", f32), ("bfloat16", bf16)):
+            rows.append({**base, "cell_id": f"t-{backend}-{dtype}", "backend": backend, "dtype": dtype,
+                         "workload": "train", "status": "ok", "median_s": None, "final_loss": loss, "train_s": 2.0})
+    pd.DataFrame(rows).to_parquet(run / "timings.parquet")
+    page = tmp_path / "p.md"
+    page.write_text("<!-- table: dtypes mp workload=train_step -->\n<!-- /table -->\n"
+                    "<!-- table: dtypes mp workload=train -->\n<!-- /table -->\n")
+    docs.write_page(page, tmp_path)
+    lines = [line for line in page.read_text().splitlines() if line.startswith("| ")]
+    assert lines[0] == "| problem | backend | float32 ms | bfloat16 ms | bfloat16 time / float32 |"
+    assert "| lstm D=512 H=512 T=25 B=64 2 thr | numpy | 200 | 300 | 1.50x |" in lines
+    assert "| lstm D=512 H=512 T=25 B=64 2 thr | jax | 100 | 125 | 1.25x |" in lines
+    assert "| lstm D=512 H=512 T=25 B=64 2 thr | native | 80 | unsupported |  |" in lines
+    assert "| problem | backend | float32 final loss (train s) | bfloat16 final loss (train s) | bfloat16 loss vs float32 |" in lines
+    assert "| lstm D=512 H=512 T=25 B=64 2 thr | numpy | 4.0000 (2.0 s) | 4.0400 (2.0 s) | +1.00% |" in lines
+    assert "| lstm D=512 H=512 T=25 B=64 2 thr | jax | 4.0000 (2.0 s) | 3.9800 (2.0 s) | -0.50% |" in lines

@@ -20,6 +20,9 @@ The opening marker names the kind of table, the run folder(s) it reads (comma-se
 Any other ``key=value`` names a results column and keeps the rows whose value reads ``value``
 (``model=gru``, ``batch=32``, ``bidirectional=True``).
 * ``training RUNS``: training cells ordered by time to target.
+* ``dtypes RUNS``: a row per problem and backend, a column per dtype, and each other dtype against
+  float32: ms per call for timed steps; for training runs the final loss and training seconds, and
+  the loss's relative difference (what a mixed-precision type buys, and what it costs).
 * ``epochs RUNS``: training time and final loss, a row per batch and a column per backend and threads.
 
 A run folder that does not exist yet gives a line that says how to make it. :func:`render_page`
@@ -38,7 +41,7 @@ from harness.spec.errors import HarnessError
 
 OPEN = re.compile(r"^<!-- table: (?P<spec>.+?) -->\s*$")
 CLOSE = "<!-- /table -->"
-KINDS = ("speedups", "ms", "steps", "training", "epochs")
+KINDS = ("speedups", "ms", "steps", "training", "epochs", "dtypes")
 OPTIONS = ("device", "workload", "threads")  # the options that are not column filters
 
 
@@ -214,6 +217,47 @@ def epochs(df: pd.DataFrame, spec: TableSpec) -> list[str]:
     return _table(["batch"] + heads, rows)
 
 
+def dtypes(df: pd.DataFrame, spec: TableSpec) -> list[str]:
+    """See the module docstring: the same problem and backend across dtypes, float32 the reference."""
+    df = _filter(df, spec)
+    train = bool(len(df)) and (df["workload"] == "train").all()
+    if not train:
+        df = df[df["workload"] != "train"]
+    several = df["workload"].nunique() > 1
+    order = [d for d in ("float64", "float32", "bfloat16", "float16") if d in set(df["dtype"])]
+    others = [d for d in order if d != "float32"] if "float32" in order else []
+    problems: dict[tuple[str, str], dict[str, object]] = {}
+    for _, r in df.iterrows():
+        problems.setdefault((_problem(r, several, omit=("dtype",)), r["label"]), {})[r["dtype"]] = r
+
+    def ok(r) -> bool:
+        return r is not None and r["status"] == "ok" and _ok(r.get("final_loss" if train else "median_s"))
+
+    rows = []
+    for (problem, label), by_dtype in problems.items():
+        row = [problem, label]
+        for d in order:
+            r = by_dtype.get(d)
+            if r is None:
+                row.append("")
+            elif not ok(r):
+                row.append(str(r["status"]))
+            else:
+                row.append(f"{r['final_loss']:.4f} ({r['train_s']:.1f} s)" if train else _ms(r))
+        for d in others:
+            low, ref = by_dtype.get(d), by_dtype.get("float32")
+            if not (ok(low) and ok(ref)):
+                row.append("")
+            elif train:
+                row.append(f"{(low['final_loss'] - ref['final_loss']) / ref['final_loss'] * 100:+.2f}%")
+            else:
+                row.append(f"{low['median_s'] / ref['median_s']:.2f}x")
+        rows.append(row)
+    heads = [f"{d} final loss (train s)" if train else f"{d} ms" for d in order]
+    heads += [f"{d} loss vs float32" if train else f"{d} time / float32" for d in others]
+    return _table(["problem", "backend"] + heads, rows)
+
+
 def render_table(spec: TableSpec, examples: Path) -> list[str]:
     """The lines between a table's markers."""
     loaded = _load(examples, spec.runs)
@@ -230,6 +274,8 @@ def render_table(spec: TableSpec, examples: Path) -> list[str]:
         return steps(df, spec)
     if spec.kind == "training":
         return training(df, curves, spec)
+    if spec.kind == "dtypes":
+        return dtypes(df, spec)
     return epochs(df, spec)
 
 

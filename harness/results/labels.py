@@ -59,7 +59,8 @@ def group_label(row, omit: tuple[str, ...] = ()) -> str:
     bits = [model, f"H={row['hidden_size']}", f"T={row['seq_len']}"]
     if "batch" not in omit:
         bits.append(f"B={row['batch']}")
-    bits.append(row["dtype"])
+    if "dtype" not in omit:
+        bits.append(row["dtype"])
     bits.insert(1, f"V={row['input_size']}" if row.get("tokens") else f"D={row['input_size']}")
     if "threads" not in omit and row.get("threads", 1) != 1:
         bits.append(f"{row['threads']} thr")
