@@ -372,6 +372,7 @@ using Matrix = nb::ndarray<float, nb::ndim<2>, nb::device::cpu>;
 
 // Row stride of a float32 matrix whose rows are contiguous (a C-ordered array or a slice of one).
 int row_stride(const Matrix& a, const char* what) {
+    if (a.shape(0) == 0 || a.shape(1) == 0) return (int)std::max<std::size_t>(a.shape(1), 1);  // nothing is read
     if (a.shape(1) > 1 && a.stride(1) != 1)
         throw nb::value_error((std::string(what) + " must have contiguous rows (unit column stride)").c_str());
     if (a.shape(0) > 1 && a.stride(0) < (std::int64_t)a.shape(1))
