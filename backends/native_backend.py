@@ -22,6 +22,17 @@ are busy a team loses to one thread, and more threads should never be slower.
 - ``async``: a parameter server: each thread pulls the shared parameters, computes the
   gradient of one sequence at a time on its local copy and pushes ``lr * g / B`` back
   under a lock. Not the spec's SGD, so it is only run for ``workload: train``.
+
+Mixed precision: ``bfloat16`` is the float32 engine with every product (forward and
+backward, the same panels and threads) going through the bfloat16 GEMM of
+``native/gemm_bf16.hpp``: both operands rounded to bfloat16 (nearest even) while they are
+packed in pairs for AVX512-BF16's VDPBF16PS, the products summed in float32; parameters,
+gradients, state, element-wise maths and the update stay float32, which is the spec's
+rounding and nothing more. A recurrence packs W_hh once per pass, not once per step. The
+kernel is picked at run time; on a CPU without AVX512-BF16 bfloat16 is unsupported, since
+the portable kernel only emulates the instruction (``bf16_kernel = "portable"`` accepts
+it anyway, for tests). ``float16`` is unsupported: no float16 dot-product instruction is
+used. ``benchmarks/measure_native.py --bf16`` measures bfloat16 against float32.
 """
 
 from __future__ import annotations
@@ -32,9 +43,11 @@ import os
 import numpy as np
 
 from backends.base import Backend, unsupported
+from harness.spec.errors import HarnessError
 from harness.spec.model import Problem
 
 _INT32_MAX = 2**31 - 1
+_BF16_KERNELS = ("auto", "portable")
 _OPENMP_VERSIONS = {201511: "4.5", 201811: "5.0", 202011: "5.1", 202111: "5.2"}
 
 
@@ -98,6 +111,10 @@ class NativeBackend(Backend):
         #: let the engine time one thread against all ``threads`` per call shape and run
         #: the faster (now and then a call tries the other); off: every call forks the whole team
         self.adapt_threads = True
+        #: the bfloat16 GEMM's kernel: "auto" (AVX512-BF16 where the CPU has it; bfloat16 is
+        #: refused elsewhere) or "portable" (the instruction's emulation, accepted on any CPU:
+        #: for tests, which check the engine's bfloat16 path on machines without the instruction)
+        self.bf16_kernel = "auto"
 
     def availability(self) -> tuple[bool, str]:
         """Usable when the compiled module imports and SciPy's BLAS capsules load."""
@@ -113,12 +130,14 @@ class NativeBackend(Backend):
         return {"OMP_WAIT_POLICY": "passive"} if threads > 1 else {}
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
-        """Every model, head and bptt mode on the CPU; async only for workload train."""
+        """Every model, head and bptt mode on the CPU; async only for workload train; bfloat16 where the
+        CPU has AVX512-BF16 (or ``bf16_kernel`` is "portable"), float16 nowhere."""
         if problem.device != "cpu":
             return unsupported("the native backend runs on the CPU only")
         if problem.reduced:
-            return unsupported(f"a {problem.dtype} GEMM path is not built: the C++ engine calls the BLAS's float32 "
-                               f"or float64 GEMM (sgemm/dgemm) on the parameters' own dtype")
+            ok, why = self._mixed_precision(problem.dtype)
+            if not ok:
+                return ok, why
         if self.variant == "async" and problem.workload != "train":
             return unsupported(
                 "asynchronous parameter-server updates are not the spec's synchronous SGD; timed in workload train only"
@@ -128,6 +147,22 @@ class NativeBackend(Backend):
         if (problem.seq_len + 1) * problem.batch * widest > _INT32_MAX or problem.input_size * m.gates * m.hidden > _INT32_MAX:
             return unsupported("a matrix exceeds the 32-bit BLAS index range")
         return True, ""
+
+    def _mixed_precision(self, dtype: str) -> tuple[bool, str]:
+        """bfloat16 where its GEMM runs on VDPBF16PS (or ``bf16_kernel = "portable"`` asks for the emulation)."""
+        if dtype != "bfloat16":
+            return unsupported(f"no {dtype} product path: the engine's low-precision GEMM multiplies bfloat16 pairs "
+                               f"(AVX512-BF16 VDPBF16PS); {dtype} would need a dot-product instruction of its own")
+        if self.bf16_kernel not in _BF16_KERNELS:
+            return unsupported(f"bf16_kernel {self.bf16_kernel!r} is not one of {', '.join(_BF16_KERNELS)}")
+        try:
+            has = _load().bf16_cpu()
+        except Exception as exc:
+            return unsupported(f"native extension not usable ({type(exc).__name__}: {exc})")
+        if self.bf16_kernel == "portable" or has:
+            return True, ""
+        return unsupported("bfloat16: this CPU has no AVX512-BF16 (VDPBF16PS); the engine's portable kernel emulates "
+                           "the instruction at float32 speed or worse, so a bfloat16 time would not measure bfloat16")
 
     def versions(self) -> dict[str, str]:
         """Compiler, flags, OpenMP, SIMD level and the BLAS the engine calls."""
@@ -148,6 +183,8 @@ class NativeBackend(Backend):
         source = blas["config"] or "unknown BLAS"
         where = os.path.realpath(blas["library"]) if blas["library"] else "library not located: BLAS threads uncontrolled"
         out["blas"] = f"{source} via scipy.linalg.cython_blas ({where})"
+        out["bf16_gemm"] = ("AVX512-BF16 (vdpbf16ps)" if mod.bf16_cpu() else "no AVX512-BF16 on this CPU") + \
+            f"; kernel {mod.bf16_kernel()}"
         out["gemm_routes"] = ("few-row routes (SkylakeX kernels)" if blas["few_row_routes"] else "plain calls") + (
             ", single rows by GEMV" if blas.get("gemv") else "")
         return out
@@ -157,15 +194,20 @@ class NativeBackend(Backend):
         mod = _load()
         self.close()
         self.problem = problem
-        self._dtype = np.dtype(problem.dtype)
+        self._dtype = np.dtype(problem.master_dtype)  # bfloat16: float32 masters, data and state
         self._tokens = problem.tokens
         self._names = problem.model.param_names()
         arrays = [np.ascontiguousarray(params[k], dtype=self._dtype) for k in self._names]
         net_class = mod.Net32 if self._dtype == np.float32 else mod.Net64
         # the engine's threads each call the BLAS: its own pool would oversubscribe the cores
         self._blas_threads_before = mod.set_blas_threads(1)
+        if problem.reduced:
+            ok, why = self._mixed_precision(problem.dtype)
+            if not ok:
+                raise HarnessError(f"native: {why}")
+            mod.set_bf16_kernel("portable" if self.bf16_kernel == "portable" else "auto")
         spec = _engine_spec(problem) | {"split_scale": float(self.split_scale), "recurrence": self.recurrence,
-                                        "adapt_threads": bool(self.adapt_threads)}
+                                        "adapt_threads": bool(self.adapt_threads), "bf16": problem.reduced}
         self._threads = max(1, int(threads))
         self._net = net_class(spec, self.variant, self._threads, 1, arrays)
         self._net.set_profiling(bool(self.profiling))

@@ -15,12 +15,24 @@ settings of DESIGN.md, applied identically to all. GFLOP/s is
 ``--profile`` switches on the native engine's counters and prints, per native
 contender, each phase's CPU milliseconds per step on every thread (robust to a
 loaded machine) and the barrier waits.
+
+``--bf16`` measures the engine's bfloat16 path against its float32 one instead, on a CPU
+with AVX512-BF16 (VDPBF16PS; elsewhere it stops, since the portable kernel only emulates
+the instruction): GFLOP/s of each product of the LSTM H=512, B=64, T=50 step (input 512,
+softmax 512: ``lstm512-b64``), the engine's float32 GEMM (SciPy's OpenBLAS sgemm) against
+its bfloat16 GEMM, column blocks split over the threads as the engine splits its panels;
+then that model's sgd_step and forward, native float32 against native bfloat16, in
+alternating rounds. The ratio column is float32 time / bfloat16 time.
+
+    python benchmarks/measure_native.py --bf16 --threads 1,16
+    python benchmarks/measure_native.py --bf16 --portable --rounds 3   # any CPU: the emulation (no speed claim)
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import json
 import os
 import subprocess
@@ -59,6 +71,18 @@ SHAPES = {
                     seq_len=187, batch=32),
     "gru1536-t20": dict(model={"kind": "gru", "hidden": 1536}, input_size=1536, output_size=1536, tokens=False,
                         seq_len=20, batch=32),
+    # the bfloat16 measurement's model (--bf16)
+    "lstm512-b64": dict(model={"kind": "lstm", "hidden": 512}, input_size=512, output_size=512, tokens=False,
+                        seq_len=50, batch=64),
+}
+BF16_SHAPE = "lstm512-b64"
+# --bf16: the products of one lstm512-b64 step (M, N, K, op(A) transposed, op(B) transposed)
+BF16_GEMMS = {
+    "recurrent h W_hh 64x2048x512": (64, 2048, 512, False, False),
+    "input X W_ih 3200x2048x512": (3200, 2048, 512, False, False),
+    "output H W_hy 3200x512x512": (3200, 512, 512, False, False),
+    "carry dA W_hh^T 64x512x2048": (64, 512, 2048, False, True),
+    "weight grad X^T dA 512x2048x3200": (512, 2048, 3200, True, False),
 }
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1000000000", "MALLOC_TRIM_THRESHOLD_": "1000000000"}
 CONTENDERS = ("native", "native:sync", "numpy", "torch", "torch:fused")
@@ -107,7 +131,7 @@ def _make(shape: dict, dtype="float32"):
     rng = np.random.default_rng(1)
     T, B = problem.seq_len, problem.batch
     x = rng.integers(0, problem.input_size, size=(T, B)) if problem.tokens else \
-        rng.normal(size=(T, B, problem.input_size)).astype(dtype)
+        rng.normal(size=(T, B, problem.input_size)).astype(problem.master_dtype)
     y = rng.integers(0, problem.output_size, size=(T, B))
     return problem, params, x, y
 
@@ -192,6 +216,63 @@ def child(args) -> None:
                           "numpy_blas": pinned, "loadavg": os.getloadavg(), "profiles": profiles}), flush=True)
 
 
+def bf16_child(args) -> None:
+    """--bf16: the engine's float32 against its bfloat16 GEMM on the products of the BF16_SHAPE step, then that
+    step (sgd_step and forward) natively in float32 against bfloat16; one JSON line each."""
+    from backends.native_backend import NativeBackend, _load
+    from harness.run import measure
+
+    mod = _load()
+    if not mod.bf16_cpu() and not args.portable:
+        raise SystemExit("this CPU has no AVX512-BF16 (vdpbf16ps): the portable kernel emulates it and would not "
+                         "measure bfloat16 (--portable runs it anyway, to check this script)")
+    mod.set_bf16_kernel("portable" if args.portable else "auto")
+    mod.set_blas_threads(1)  # one single-threaded call per thread, as in the engine
+    rng = np.random.default_rng(0)
+    for label, (M, N, K, ta, tb) in BF16_GEMMS.items():
+        a = rng.normal(size=(K, M) if ta else (M, K)).astype(np.float32)
+        b = rng.normal(size=(N, K) if tb else (K, N)).astype(np.float32)
+        c = np.zeros((M, N), np.float32)
+        calls = {p: (lambda p=p: mod.gemm(a, b, c, ta, tb, 1.0, 0.0, p, args.threads)) for p in ("float32", "bfloat16")}
+        for f in calls.values():
+            f()
+        samples = measure.time_interleaved(calls, args.rounds)
+        med = {p: float(np.median(v)) for p, v in samples.items()}
+        print(json.dumps({"kind": "gemm", "what": label, "threads": args.threads, "kernel": mod.bf16_kernel(),
+                          "ms": {p: m * 1e3 for p, m in med.items()},
+                          "gflops": {p: 2.0 * M * N * K / m / 1e9 for p, m in med.items()}}), flush=True)
+    for workload in ("train_step", "forward"):
+        steps = {}
+        for dtype in ("float32", "bfloat16"):
+            problem, params, x, y = _make(SHAPES[BF16_SHAPE], dtype)
+            problem = dataclasses.replace(problem, workload=workload)
+            b = NativeBackend()
+            b.bf16_kernel = "portable" if args.portable else "auto"
+            ok, why = b.supports(problem)
+            if not ok:
+                raise SystemExit(f"native {dtype}: {why}")
+            b.prepare(problem, {k: v.copy() for k, v in params.items()}, threads=args.threads)
+            b.warm_up((x, y))
+            steps[dtype] = (lambda b=b, x=x, y=y: b.sgd_step(x, y, LR)) if workload == "train_step" else \
+                (lambda b=b, x=x: b.forward(x))
+            steps[dtype]()
+        samples = measure.time_interleaved(steps, args.rounds)
+        med = {p: float(np.median(v)) for p, v in samples.items()}
+        print(json.dumps({"kind": "step", "what": f"{BF16_SHAPE} {workload}", "threads": args.threads,
+                          "kernel": mod.bf16_kernel(), "ms": {p: m * 1e3 for p, m in med.items()},
+                          "gflops": {p: problem.flops(workload) / m / 1e9 for p, m in med.items()}}), flush=True)
+
+
+def _bf16_table(results) -> str:
+    lines = ["| what | threads | kernel | float32 ms | bfloat16 ms | float32 GFLOP/s | bfloat16 GFLOP/s | ratio |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        ms, gf = r["ms"], r["gflops"]
+        lines.append(f"| {r['what']} | {r['threads']} | {r['kernel']} | {ms['float32']:.3f} | {ms['bfloat16']:.3f} | "
+                     f"{gf['float32']:.1f} | {gf['bfloat16']:.1f} | {ms['float32'] / ms['bfloat16']:.2f}x |")
+    return "\n".join(lines)
+
+
 def _table(results) -> str:
     lines = ["| shape | threads | contender | median ms | IQR ms | GFLOP/s | % GEMM peak | reference / it | numpy / it |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -231,11 +312,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--ref-rounds", type=int, default=5, help="rounds that include the (slow) reference")
     ap.add_argument("--profile", action="store_true", help="print the native engine's per-phase CPU time per thread")
+    ap.add_argument("--bf16", action="store_true",
+                    help=f"the engine's bfloat16 GEMM and {BF16_SHAPE} step against its float32 ones (AVX512-BF16 CPUs)")
+    ap.add_argument("--portable", action="store_true", help="with --bf16: the portable kernel (checks the script)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         args.threads = int(args.threads)
-        child(args)
+        (bf16_child if args.bf16 else child)(args)
         return 0
     from harness.run.client import worker_cpus
 
@@ -246,6 +330,9 @@ def main(argv=None) -> int:
         cmd = [sys.executable, __file__, "--child", "--threads", str(threads), "--shapes", args.shapes,
                "--contenders", args.contenders, "--rounds", str(args.rounds), "--ref-rounds", str(args.ref_rounds)]
         cmd += ["--profile"] if args.profile else []
+        cmd += (["--bf16"] if args.bf16 else []) + (["--portable"] if args.portable else [])
+        if args.bf16:  # native alone
+            env = {**os.environ, **MALLOC_ENV, **_contender_env(["native"], threads)}
         cpus = worker_cpus(threads)  # as the harness confines its workers: the first `threads` cores
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                               preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
@@ -256,13 +343,15 @@ def main(argv=None) -> int:
             if line.startswith("{"):
                 res = json.loads(line)
                 results.append(res)
+                if args.bf16:
+                    continue
                 for k, note in res["notes"].items():
                     print(f"# {res['shape']} threads={threads}: {k} {note}")
                 print(f"# {res['shape']} threads={threads}: load average {res['loadavg']}, "
                       f"NumPy BLAS {res['numpy_blas']}", flush=True)
                 for k, prof in res["profiles"].items():
                     print(_profile_text(res["shape"], threads, k, prof), flush=True)
-    print(_table(results))
+    print(_bf16_table(results) if args.bf16 else _table(results))
     return 0
 
 

@@ -174,7 +174,7 @@ def test_wrong_backends_are_caught_at_every_shape(case):
 
 # -- who supports it -------------------------------------------------------------------------------
 
-REFUSING = ["native", "numba", "theano", "pytensor", "halide", "cuda", "numpy:wildml"]
+REFUSING = ["numba", "theano", "pytensor", "halide", "cuda", "numpy:wildml"]
 
 
 @pytest.mark.parametrize("name", REFUSING)
@@ -189,6 +189,22 @@ def test_backends_without_a_mixed_precision_path_refuse_it_with_their_reason(nam
     ok, why = backend.supports(problem)
     assert not ok and why.startswith("unsupported: ") and dtype in why, why
     assert "reduced" in cls.knows
+
+
+@pytest.mark.parametrize("dtype", REDUCED_DTYPES)
+def test_native_refuses_float16_and_bfloat16_without_avx512_bf16(dtype):
+    """native runs bfloat16 on the CPU's VDPBF16PS (tests/test_native_bfloat16.py) and refuses it where the
+    CPU has none, with the reason; float16 everywhere."""
+    backend = _available("native")
+    from backends.native_backend import _load
+
+    problem = Problem(ModelSpec(kind="elman", hidden=8, bias=True), 5, 6, False, dtype, 1, 7, "cpu")
+    ok, why = backend.supports(problem)
+    if dtype == "bfloat16" and _load().bf16_cpu():
+        assert ok, why
+    else:
+        assert not ok and why.startswith("unsupported: ") and dtype in why, why
+    assert "reduced" in type(backend).knows
 
 
 def test_a_backend_that_does_not_know_mixed_precision_is_refused_it():

@@ -11,8 +11,10 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "rnn.hpp"
@@ -167,6 +169,7 @@ Config make_config(nb::dict s) {
     c.tokens = nb::cast<bool>(s["tokens"]);
     if (s.contains("split_scale")) c.split_scale = nb::cast<double>(s["split_scale"]);
     if (s.contains("adapt_threads")) c.adapt = nb::cast<bool>(s["adapt_threads"]);
+    if (s.contains("bf16")) c.bf16 = nb::cast<bool>(s["bf16"]);
     if (s.contains("recurrence")) {
         const std::string r = str("recurrence");
         if (r == "auto") c.recurrence = 0;
@@ -193,7 +196,10 @@ class PyNet {
         else if (variant == "async") v = Variant::Async;
         else if (variant != "default") throw nb::value_error(("unknown variant " + variant).c_str());
         if (!blas().sgemm) throw std::runtime_error("BLAS not initialised: call init_blas first");
-        net_ = std::make_unique<Net<T>>(make_config(spec), v, threads, chunk);
+        const Config cfg = make_config(spec);
+        if (cfg.bf16 && !std::is_same_v<T, float>)
+            throw nb::value_error("bfloat16 mixed precision keeps float32 masters: use Net32");
+        net_ = std::make_unique<Net<T>>(cfg, v, threads, chunk);
         const Layout& lay = net_->layout();
         if (params.size() != lay.tensors.size())
             throw nb::value_error(("expected " + std::to_string(lay.tensors.size()) + " parameter arrays").c_str());
@@ -362,6 +368,75 @@ std::vector<int> tuner_trace(int threads, const std::vector<double>& team_ns, co
     return out;
 }
 
+using Matrix = nb::ndarray<float, nb::ndim<2>, nb::device::cpu>;
+
+// Row stride of a float32 matrix whose rows are contiguous (a C-ordered array or a slice of one).
+int row_stride(const Matrix& a, const char* what) {
+    if (a.shape(0) == 0 || a.shape(1) == 0) return (int)std::max<std::size_t>(a.shape(1), 1);  // nothing is read
+    if (a.shape(1) > 1 && a.stride(1) != 1)
+        throw nb::value_error((std::string(what) + " must have contiguous rows (unit column stride)").c_str());
+    if (a.shape(0) > 1 && a.stride(0) < (std::int64_t)a.shape(1))
+        throw nb::value_error((std::string(what) + " rows overlap").c_str());
+    return (int)std::max<std::int64_t>(a.shape(0) > 1 ? a.stride(0) : (std::int64_t)a.shape(1), 1);
+}
+
+// c = alpha op(a) op(b) + beta c in place, by the engine's float32 product (the BLAS, gemm<float>)
+// or its bfloat16 one; `threads` > 1 splits the columns of c among OpenMP threads as the engine's
+// panels do (each thread one single-threaded call). For tests and measurements.
+void py_gemm(Matrix a, Matrix b, Matrix c, bool ta, bool tb, float alpha, float beta, const std::string& precision,
+             int threads) {
+    const int M = (int)c.shape(0), N = (int)c.shape(1);
+    const int K = (int)(ta ? a.shape(0) : a.shape(1));
+    if ((int)(ta ? a.shape(1) : a.shape(0)) != M || (int)(tb ? b.shape(1) : b.shape(0)) != K ||
+        (int)(tb ? b.shape(0) : b.shape(1)) != N)
+        throw nb::value_error("gemm: shapes of op(a) (M x K), op(b) (K x N) and c (M x N) disagree");
+    const int lda = row_stride(a, "a"), ldb = row_stride(b, "b"), ldc = row_stride(c, "c");
+    const bool low = precision == "bfloat16";
+    if (!low && precision != "float32") throw nb::value_error("gemm: precision is float32 or bfloat16");
+    if (!low && !blas().sgemm) throw std::runtime_error("BLAS not initialised: call init_blas first");
+    const float *A = a.data(), *B = b.data();
+    float* C = c.data();
+    nb::gil_scoped_release release;
+    auto part = [&](int c0, int c1) {
+        if (c0 >= c1) return;
+        const float* Bc = tb ? B + (std::size_t)c0 * ldb : B + c0;
+        if (low)
+            bf16::gemm(ta, tb, M, c1 - c0, K, alpha, A, lda, Bc, ldb, beta, C + c0, ldc);
+        else
+            gemm(ta, tb, M, c1 - c0, K, alpha, A, lda, Bc, ldb, beta, C + c0, ldc);
+    };
+    if (threads <= 1) {
+        part(0, N);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        const int n = omp_get_num_threads(), id = omp_get_thread_num();
+        int per = (N + n - 1) / n;
+        per = (per + bf16::NR - 1) / bf16::NR * bf16::NR;
+        part(std::min(N, id * per), std::min(N, (id + 1) * per));
+    }
+}
+
+// x rounded to bfloat16 (nearest, ties to even) and widened back to float32, as the GEMM packs it.
+nb::object round_bf16(nb::ndarray<const float, nb::c_contig, nb::device::cpu> x) {
+    const std::size_t n = x.size();
+    float* out = new float[n ? n : 1];
+    nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+    for (std::size_t i = 0; i < n; ++i) out[i] = bf16::widen(bf16::round(x.data()[i]));
+    std::vector<std::size_t> shape(x.ndim());
+    for (std::size_t d = 0; d < x.ndim(); ++d) shape[d] = x.shape(d);
+    return nb::cast(nb::ndarray<nb::numpy, float>(out, x.ndim(), shape.data(), owner));
+}
+
+std::string set_bf16_kernel(const std::string& name) {
+    const std::string before = bf16::kernel_name();
+    if (name != "auto" && name != "portable" && name != "avx512bf16")
+        throw nb::value_error(("unknown bfloat16 kernel " + name + " (auto, portable, avx512bf16)").c_str());
+    if (!bf16::set_kernel(name)) throw nb::value_error("this CPU has no AVX512-BF16 (vdpbf16ps)");
+    return before;
+}
+
 template <class T>
 void bind_net(nb::module_& m, const char* name) {
     nb::class_<PyNet<T>>(m, name)
@@ -390,6 +465,14 @@ NB_MODULE(_native, m) {
     // calls of one kind and shape the thread tuner spends timing a team against one thread
     m.attr("tuner_probe_calls") = 2 * rnn::TeamTuner::kProbe * rnn::TeamTuner::kBurst;
     m.def("tuner_trace", &rnn::tuner_trace, "threads"_a, "team_ns"_a, "solo_ns"_a);
+    // the bfloat16 GEMM: whether the CPU has VDPBF16PS, which kernel runs ("avx512bf16" or
+    // "portable", its emulation), and a switch for tests ("auto", "portable", "avx512bf16")
+    m.def("bf16_cpu", &rnn::bf16::cpu_has_avx512bf16);
+    m.def("bf16_kernel", [] { return std::string(rnn::bf16::kernel_name()); });
+    m.def("set_bf16_kernel", &rnn::set_bf16_kernel, "name"_a);
+    m.def("round_bf16", &rnn::round_bf16, "x"_a);
+    m.def("gemm", &rnn::py_gemm, "a"_a, "b"_a, "c"_a, "ta"_a = false, "tb"_a = false, "alpha"_a = 1.0f,
+          "beta"_a = 0.0f, "precision"_a = "float32", "threads"_a = 1);
     rnn::bind_net<float>(m, "Net32");
     rnn::bind_net<double>(m, "Net64");
 }

@@ -29,9 +29,11 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "blas.hpp"
+#include "gemm_bf16.hpp"
 #include "vmath.hpp"
 
 namespace rnn {
@@ -62,6 +64,9 @@ struct Config {
     int input_size = 0;
     int output_size = 0;
     bool tokens = false;
+    // bfloat16 mixed precision (float engines only): every product's inputs rounded to
+    // bfloat16, the products summed in float32 (gemm_bf16.hpp); all else stays float32
+    bool bf16 = false;
 
     int gates() const { return kind == Kind::Lstm ? 4 * hidden : kind == Kind::Gru ? 3 * hidden : hidden; }
     int dirs() const { return bidirectional ? 2 : 1; }
@@ -368,15 +373,6 @@ void run_team(int n, double scale, Profile* prof, F&& f) {
     }
 }
 
-// The block [r0, r1) x [c0, c1) of C = alpha op(A) op(B) + beta C.
-template <class T>
-void block_gemm(bool ta, bool tb, int r0, int r1, int c0, int c1, int K, T alpha, const T* A, int lda, const T* B,
-                int ldb, T beta, T* C, int ldc) {
-    if (r0 >= r1 || c0 >= c1) return;
-    gemm(ta, tb, r1 - r0, c1 - c0, K, alpha, ta ? A + r0 : A + (std::size_t)r0 * lda, lda,
-         tb ? B + (std::size_t)c0 * ldb : B + c0, ldb, beta, C + (std::size_t)r0 * ldc + c0, ldc);
-}
-
 // This member's block of an M x N product with K-deep sums shared as panels across the
 // team, along the larger output dimension (the whole product on the leader, nothing
 // elsewhere, below kParGemm). The same split for every caller, so a later pass over
@@ -390,15 +386,6 @@ inline void gemm_block(const Team& tm, int M, int N, double K, int& r0, int& r1,
     } else {
         tm.share(M, 1, r0, r1);
     }
-}
-
-// A GEMM split over the team as panels (gemm_block); no barrier.
-template <class T>
-void pgemm(const Team& tm, bool ta, bool tb, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb,
-           T beta, T* C, int ldc) {
-    int r0, r1, c0, c1;
-    gemm_block(tm, M, N, K, r0, r1, c0, c1);
-    block_gemm(ta, tb, r0, r1, c0, c1, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 template <class T>
@@ -707,6 +694,37 @@ class Worker {
     }
     const T* opt(const T* P, std::size_t off) const { return off == kNone ? zeros_.data() : P + off; }
 
+    // Every product of the engine goes through these three. gemm: C (M x N, row stride
+    // ldc) = alpha op(A) op(B) + beta C by the BLAS (gemm<T>, blas.hpp), or under bfloat16
+    // (Config::bf16, float engines) with op(A) and op(B) rounded to bfloat16 and summed in
+    // float32 (gemm_bf16.hpp). Both are single-threaded: the team shares the work.
+    void gemm(bool ta, bool tb, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb, T beta, T* C,
+              int ldc, bool resident = false) const {
+        if constexpr (std::is_same_v<T, float>) {
+            if (cfg_.bf16) {
+                bf16::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+                return;
+            }
+        }
+        rnn::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, resident);
+    }
+
+    // The block [r0, r1) x [c0, c1) of C = alpha op(A) op(B) + beta C.
+    void block_gemm(bool ta, bool tb, int r0, int r1, int c0, int c1, int K, T alpha, const T* A, int lda, const T* B,
+                    int ldb, T beta, T* C, int ldc) const {
+        if (r0 >= r1 || c0 >= c1) return;
+        gemm(ta, tb, r1 - r0, c1 - c0, K, alpha, ta ? A + r0 : A + (std::size_t)r0 * lda, lda,
+             tb ? B + (std::size_t)c0 * ldb : B + c0, ldb, beta, C + (std::size_t)r0 * ldc + c0, ldc);
+    }
+
+    // A GEMM split over the team as panels (gemm_block); no barrier.
+    void pgemm(const Team& tm, bool ta, bool tb, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb,
+               T beta, T* C, int ldc) const {
+        int r0, r1, c0, c1;
+        gemm_block(tm, M, N, K, r0, r1, c0, c1);
+        block_gemm(ta, tb, r0, r1, c0, c1, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
+
     // How a per-step recurrence of Bn rows is shared by the team. By batch rows: each
     // thread runs its own sequences through every step with no barrier at all, but reads
     // all of W_hh and needs kMinRows rows to use the GEMM well. By hidden units: each
@@ -776,6 +794,8 @@ class Worker {
             tm.barrier();
         }
         PhaseScope ps(tm, kRecurFwd);
+        // bfloat16: every step multiplies by the same W_hh; this thread rounds and packs it once
+        bf16::ReuseScope reuse(cfg_.bf16);
         int parts;
         const Split how = recurrence_split(tm, Bn, parts);
         const T* Whh = P + sl.W_hh;
@@ -1194,6 +1214,7 @@ class Worker {
     // The O(T) backward of one layer over steps t1 = T-1 down to t0 (h_{t0-1} held constant),
     // shared like the forward recurrence.
     void window_backward(const Team& tm, const T* P, const Batch<T>& in, int l, int d, int t0) {
+        bf16::ReuseScope reuse(cfg_.bf16);  // W_hh is read, never written, until the layer's update
         if (cfg_.kind == Kind::Gru) {
             gru_window_backward(tm, P, in, l, d, t0);
             return;

@@ -1,0 +1,449 @@
+// The bfloat16 GEMM of the mixed-precision engine (SPEC.md "Reduced precision"):
+//
+//     C (float32) = alpha * op(A) op(B) + beta * C
+//
+// with A, B and C float32 in memory (row-major, transposes as gemm<T> in blas.hpp takes
+// them), every element of op(A) and op(B) rounded to bfloat16 (nearest, ties to even, as
+// ml_dtypes) while it is packed, the products summed in float32 and the float32 result
+// written. Single-threaded: the engine calls it from inside its own thread teams, on
+// the same panels as its float32 products (rnn.hpp, Worker::gemm).
+//
+// Layout. The AVX512-BF16 instruction VDPBF16PS multiplies bfloat16 PAIRS: lane j of the
+// float32 accumulator gets a[2j] b[2j] + a[2j+1] b[2j+1], with the pairs packed in one
+// 32-bit word (the even element in the low half). So op(A) and op(B) are packed by pairs
+// of K (an odd K gets a zero partner): A in MR-row panels [panel][pair][MR words], B in
+// NR-column panels [panel][pair][NR words]. The micro-kernel holds an R x NR tile
+// (R <= MR) of float32 accumulators, and per pair of K broadcasts one A word per row and
+// multiplies it into two 16-lane B vectors. Blocking: KC pairs of K per pass (a B
+// micro-panel of KC x NR words, 32 KiB, stays in L1), MC rows of A per block (in L2).
+// A C tile is written once per KC block (alpha * sum + beta * C on the first, + C after),
+// so a product of K <= 2 KC (512, kFuseDepth in rnn.hpp) rounds into C once.
+//
+// Kernels. The micro-kernel is written once against four primitives (load a vector of
+// pairs, broadcast one pair, the pair dot-product accumulate, store/add float32) and
+// instantiated twice: with AVX512-BF16 intrinsics (compiled under a target attribute, not
+// -march, so the module builds for any x86-64 CPU) and with a portable emulation of the
+// same instruction. Which one runs is decided at run time: the AVX512-BF16 kernel where
+// the CPU has the instruction (__builtin_cpu_supports("avx512bf16")), else the portable
+// one; set_kernel() can force the portable kernel (tests compare the two).
+//
+// The emulation follows the Intel SDM's pseudo-code of VDPBF16PS: per lane,
+//     acc = acc + a[2j+1] * b[2j+1]   (one rounding, to nearest even)
+//     acc = acc + a[2j]   * b[2j]     (one rounding)
+// with bfloat16 inputs widened exactly to float32, denormal inputs (bfloat16 and the
+// accumulator) read as zero and denormal results flushed to zero, whatever MXCSR says.
+// Products of two bfloat16 numbers are exact in float32 (8 + 8 significant bits) unless
+// they fall below float32's normal range, where the emulation's fused multiply-add still
+// rounds once; how the hardware rounds there (and whether it rounds the two additions of
+// a lane separately, as the pseudo-code says) is not something this machine-independent
+// code can check, so the tests compare the two kernels within float32 summation noise,
+// and exactly on inputs whose sums are exact.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define RNN_BF16_X86 1
+#endif
+
+// the AVX-512 kernel's templates hold __m512 values; they are only ever inlined into a
+// function compiled for AVX-512 (macro_avx512), so the ABI note GCC gives them is moot
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace rnn {
+namespace bf16 {
+
+constexpr int MR = 8;    // rows of a micro-tile (and of an A panel)
+constexpr int NR = 32;   // columns of a micro-tile: two 16-lane vectors
+constexpr int KC = 256;  // pairs of K per pass (512 elements of K)
+constexpr int MC = 256;  // rows of A per block
+
+// float32 -> bfloat16 bits, nearest with ties to even (ml_dtypes' rounding): beyond
+// bfloat16's largest finite value the result is infinite; a NaN stays a (quiet) NaN.
+inline std::uint16_t round(float f) {
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (std::uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (std::uint16_t)(u >> 16);
+}
+
+inline float widen(std::uint16_t h) {
+    const std::uint32_t u = (std::uint32_t)h << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+inline std::uint32_t pair(float even, float odd) {
+    return (std::uint32_t)round(even) | ((std::uint32_t)round(odd) << 16);
+}
+
+// ---- the primitives -------------------------------------------------------------------
+
+// Portable: the instruction's semantics in plain C++ (GCC vectorises the lane loops).
+struct Portable {
+    struct F {
+        float v[16];
+    };
+    struct P {
+        std::uint32_t v[16];
+    };
+
+    static inline float daz(float x) {  // a denormal input reads as a zero of its sign
+        std::uint32_t u;
+        std::memcpy(&u, &x, 4);
+        if ((u & 0x7f800000u) == 0) u &= 0x80000000u;
+        std::memcpy(&x, &u, 4);
+        return x;
+    }
+    static inline float lo(std::uint32_t w) { return widen((std::uint16_t)(w & 0xffffu)); }
+    static inline float hi(std::uint32_t w) { return widen((std::uint16_t)(w >> 16)); }
+
+    static inline F zero() {
+        F r;
+        for (int j = 0; j < 16; ++j) r.v[j] = 0.0f;
+        return r;
+    }
+    static inline P load(const std::uint32_t* p) {
+        P r;
+        for (int j = 0; j < 16; ++j) r.v[j] = p[j];
+        return r;
+    }
+    static inline P bcast(std::uint32_t w) {
+        P r;
+        for (int j = 0; j < 16; ++j) r.v[j] = w;
+        return r;
+    }
+    // acc[j] += a.hi[j] b.hi[j], then += a.lo[j] b.lo[j]: each a fused multiply-add with
+    // one rounding, denormals in read as zero, denormals out flushed (daz of the result)
+    static inline F dp(F acc, P a, P b) {
+        for (int j = 0; j < 16; ++j) {
+            float s = daz(acc.v[j]);
+            s = daz(std::fma(daz(hi(a.v[j])), daz(hi(b.v[j])), s));
+            s = daz(std::fma(daz(lo(a.v[j])), daz(lo(b.v[j])), s));
+            acc.v[j] = s;
+        }
+        return acc;
+    }
+    // c[0:n] = alpha * acc + beta * c (beta == 0: c is not read), n <= 16
+    static inline void store(float* c, F acc, int n, float alpha, float beta) {
+        if (beta == 0.0f)
+            for (int j = 0; j < n; ++j) c[j] = alpha * acc.v[j];
+        else
+            for (int j = 0; j < n; ++j) c[j] = std::fma(alpha, acc.v[j], beta * c[j]);
+    }
+};
+
+#ifdef RNN_BF16_X86
+#define RNN_BF16_TARGET __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl")))
+
+// AVX512-BF16: VDPBF16PS on 16 lanes (only ever executed where the CPU has it).
+struct Avx512 {
+    using F = __m512;
+    using P = __m512i;
+
+    RNN_BF16_TARGET static inline F zero() { return _mm512_setzero_ps(); }
+    RNN_BF16_TARGET static inline P load(const std::uint32_t* p) { return _mm512_loadu_si512((const void*)p); }
+    RNN_BF16_TARGET static inline P bcast(std::uint32_t w) { return _mm512_set1_epi32((int)w); }
+    RNN_BF16_TARGET static inline F dp(F acc, P a, P b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+    RNN_BF16_TARGET static inline void store(float* c, F acc, int n, float alpha, float beta) {
+        const __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
+        const F r = _mm512_mul_ps(_mm512_set1_ps(alpha), acc);
+        if (beta == 0.0f) {
+            _mm512_mask_storeu_ps(c, m, r);
+        } else {
+            const F old = _mm512_mul_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m, c));
+            _mm512_mask_storeu_ps(c, m, _mm512_fmadd_ps(_mm512_set1_ps(alpha), acc, old));
+        }
+    }
+};
+#endif
+
+// ---- the micro- and macro-kernel, once for both ---------------------------------------
+
+// C[0:R, 0:ncols] (row stride ldc) = alpha * (kp pairs of a x b) + beta * C. `a`: kp x MR
+// words (rows past R unused), `b`: kp x NR words (columns past ncols are zero).
+template <class K, int R>
+inline void tile(int kp, const std::uint32_t* a, const std::uint32_t* b, float* C, int ldc, int ncols, float alpha,
+                 float beta) {
+    typename K::F acc0[R], acc1[R];
+    for (int i = 0; i < R; ++i) acc0[i] = acc1[i] = K::zero();
+    for (int p = 0; p < kp; ++p) {
+        const typename K::P b0 = K::load(b + (std::size_t)p * NR), b1 = K::load(b + (std::size_t)p * NR + 16);
+        for (int i = 0; i < R; ++i) {
+            const typename K::P ai = K::bcast(a[(std::size_t)p * MR + i]);
+            acc0[i] = K::dp(acc0[i], ai, b0);
+            acc1[i] = K::dp(acc1[i], ai, b1);
+        }
+    }
+    for (int i = 0; i < R; ++i) {
+        float* c = C + (std::size_t)i * ldc;
+        K::store(c, acc0[i], ncols < 16 ? ncols : 16, alpha, beta);
+        if (ncols > 16) K::store(c + 16, acc1[i], ncols - 16, alpha, beta);
+    }
+}
+
+// Every tile of one (KC block, MC block): Ap holds the block's MR-row panels (panel
+// stride pa words, starting at this KC block's pair), Bp the NR-column panels (stride pb).
+template <class K>
+inline void macro(int kp, int rows, int N, const std::uint32_t* Ap, std::size_t pa, const std::uint32_t* Bp,
+                  std::size_t pb, float* C, int ldc, float alpha, float beta) {
+    for (int j = 0; j < N; j += NR) {
+        const std::uint32_t* b = Bp + (std::size_t)(j / NR) * pb;
+        const int nc = N - j < NR ? N - j : NR;
+        for (int i = 0; i < rows; i += MR) {
+            const std::uint32_t* a = Ap + (std::size_t)(i / MR) * pa;
+            float* c = C + (std::size_t)i * ldc + j;
+            switch (rows - i < MR ? rows - i : MR) {
+                case 1: tile<K, 1>(kp, a, b, c, ldc, nc, alpha, beta); break;
+                case 2: tile<K, 2>(kp, a, b, c, ldc, nc, alpha, beta); break;
+                case 3: tile<K, 3>(kp, a, b, c, ldc, nc, alpha, beta); break;
+                case 4: tile<K, 4>(kp, a, b, c, ldc, nc, alpha, beta); break;
+                case 5: tile<K, 5>(kp, a, b, c, ldc, nc, alpha, beta); break;
+                case 6: tile<K, 6>(kp, a, b, c, ldc, nc, alpha, beta); break;
+                case 7: tile<K, 7>(kp, a, b, c, ldc, nc, alpha, beta); break;
+                default: tile<K, MR>(kp, a, b, c, ldc, nc, alpha, beta); break;
+            }
+        }
+    }
+}
+
+using MacroFn = void (*)(int, int, int, const std::uint32_t*, std::size_t, const std::uint32_t*, std::size_t, float*,
+                         int, float, float);
+
+inline void macro_portable(int kp, int rows, int N, const std::uint32_t* Ap, std::size_t pa, const std::uint32_t* Bp,
+                           std::size_t pb, float* C, int ldc, float alpha, float beta) {
+    macro<Portable>(kp, rows, N, Ap, pa, Bp, pb, C, ldc, alpha, beta);
+}
+
+#ifdef RNN_BF16_X86
+// flatten: the primitives (target functions) inline into this one target function
+RNN_BF16_TARGET __attribute__((flatten)) inline void macro_avx512(int kp, int rows, int N, const std::uint32_t* Ap,
+                                                                  std::size_t pa, const std::uint32_t* Bp,
+                                                                  std::size_t pb, float* C, int ldc, float alpha,
+                                                                  float beta) {
+    macro<Avx512>(kp, rows, N, Ap, pa, Bp, pb, C, ldc, alpha, beta);
+}
+#endif
+
+// ---- which kernel runs ----------------------------------------------------------------
+
+// Whether this CPU (and the OS, which must save the AVX-512 state) has VDPBF16PS.
+inline bool cpu_has_avx512bf16() {
+#if defined(RNN_BF16_X86) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16");
+#else
+    return false;
+#endif
+}
+
+struct Dispatch {
+    MacroFn fn = macro_portable;
+    const char* name = "portable";
+};
+
+inline Dispatch auto_dispatch() {
+#ifdef RNN_BF16_X86
+    if (cpu_has_avx512bf16()) return {macro_avx512, "avx512bf16"};
+#endif
+    return {macro_portable, "portable"};
+}
+
+inline Dispatch& dispatch() {
+    static Dispatch d = auto_dispatch();
+    return d;
+}
+
+inline const char* kernel_name() { return dispatch().name; }
+
+// "auto" (AVX512-BF16 where the CPU has it, else portable), "portable" or "avx512bf16";
+// false (nothing changed) for a kernel this CPU cannot run or an unknown name. Set it
+// outside parallel regions: every thread reads it.
+inline bool set_kernel(const std::string& name) {
+    if (name == "auto") {
+        dispatch() = auto_dispatch();
+        return true;
+    }
+    if (name == "portable") {
+        dispatch() = {macro_portable, "portable"};
+        return true;
+    }
+#ifdef RNN_BF16_X86
+    if (name == "avx512bf16" && cpu_has_avx512bf16()) {
+        dispatch() = {macro_avx512, "avx512bf16"};
+        return true;
+    }
+#endif
+    return false;
+}
+
+// ---- packing ----------------------------------------------------------------------------
+
+inline std::size_t round_up(std::size_t n, std::size_t m) { return (n + m - 1) / m * m; }
+
+// op(A) (M x K; ta: A stored K x M) into ceil(M / MR) panels of kp x MR words: word
+// [panel][p][i] = pair(op(A)[panel*MR + i][2p], [2p + 1]); rows past M and the partner of
+// an odd K's last element are zero.
+inline void pack_a(bool ta, int M, int K, const float* A, int lda, std::uint32_t* out) {
+    const int kp = (K + 1) / 2;
+    for (int i0 = 0; i0 < M; i0 += MR) {
+        std::uint32_t* panel = out + (std::size_t)(i0 / MR) * kp * MR;
+        const int rows = M - i0 < MR ? M - i0 : MR;
+        for (int i = 0; i < MR; ++i) {
+            if (i >= rows) {
+                for (int p = 0; p < kp; ++p) panel[(std::size_t)p * MR + i] = 0;
+                continue;
+            }
+            const int r = i0 + i;
+            for (int p = 0; p < kp; ++p) {
+                const int k = 2 * p;
+                const float e = ta ? A[(std::size_t)k * lda + r] : A[(std::size_t)r * lda + k];
+                const float o = k + 1 >= K ? 0.0f : ta ? A[(std::size_t)(k + 1) * lda + r] : A[(std::size_t)r * lda + k + 1];
+                panel[(std::size_t)p * MR + i] = pair(e, o);
+            }
+        }
+    }
+}
+
+// op(B) (K x N; tb: B stored N x K) into ceil(N / NR) panels of kp x NR words: word
+// [panel][p][j] = pair(op(B)[2p][panel*NR + j], [2p + 1][...]); columns past N and the
+// partner of an odd K's last row are zero.
+inline void pack_b(bool tb, int K, int N, const float* B, int ldb, std::uint32_t* out) {
+    const int kp = (K + 1) / 2;
+    for (int j0 = 0; j0 < N; j0 += NR) {
+        std::uint32_t* panel = out + (std::size_t)(j0 / NR) * kp * NR;
+        const int cols = N - j0 < NR ? N - j0 : NR;
+        for (int p = 0; p < kp; ++p) {
+            const int k = 2 * p;
+            std::uint32_t* w = panel + (std::size_t)p * NR;
+            if (tb) {
+                for (int j = 0; j < cols; ++j) {
+                    const float* row = B + (std::size_t)(j0 + j) * ldb;
+                    w[j] = pair(row[k], k + 1 < K ? row[k + 1] : 0.0f);
+                }
+            } else {
+                const float* e = B + (std::size_t)k * ldb + j0;
+                if (k + 1 < K) {
+                    const float* o = e + ldb;
+                    for (int j = 0; j < cols; ++j) w[j] = pair(e[j], o[j]);
+                } else {
+                    for (int j = 0; j < cols; ++j) w[j] = pair(e[j], 0.0f);
+                }
+            }
+            for (int j = cols; j < NR; ++j) w[j] = 0;
+        }
+    }
+}
+
+inline std::size_t packed_a_words(int M, int K) { return round_up((std::size_t)M, MR) * (std::size_t)((K + 1) / 2); }
+inline std::size_t packed_b_words(int K, int N) { return round_up((std::size_t)N, NR) * (std::size_t)((K + 1) / 2); }
+
+// Packed B operands this thread may reuse while a ReuseScope is open on it: the engine
+// opens one around a recurrence over time, where every step multiplies by the same W_hh
+// (or its column blocks), so W_hh is rounded and packed once per pass, not once per step.
+struct PackedB {
+    const float* B = nullptr;
+    int ldb = 0, K = 0, N = 0;
+    bool tb = false;
+    std::uint64_t use = 0;
+    std::vector<std::uint32_t> words;
+};
+
+struct ThreadPacks {
+    int scopes = 0;  // open ReuseScopes on this thread
+    std::uint64_t clock = 0;
+    PackedB cache[4];  // a gate block each (the LSTM's split by hidden units uses four)
+    std::vector<std::uint32_t> a, b;
+};
+
+inline ThreadPacks& thread_packs() {
+    thread_local ThreadPacks t;
+    return t;
+}
+
+// While one is open on a thread, the B operands (pointer, stride, shape, transpose) that
+// the thread's products packed are taken to be unchanged: open it only where they are.
+class ReuseScope {
+  public:
+    explicit ReuseScope(bool on = true) : on_(on) {
+        if (on_) ++thread_packs().scopes;
+    }
+    ~ReuseScope() {
+        if (!on_) return;
+        ThreadPacks& t = thread_packs();
+        if (--t.scopes == 0)
+            for (PackedB& e : t.cache) e.B = nullptr;
+    }
+    ReuseScope(const ReuseScope&) = delete;
+    ReuseScope& operator=(const ReuseScope&) = delete;
+
+  private:
+    bool on_;
+};
+
+inline const std::uint32_t* packed_b(bool tb, int K, int N, const float* B, int ldb) {
+    ThreadPacks& t = thread_packs();
+    const std::size_t words = packed_b_words(K, N);
+    if (t.scopes == 0) {
+        if (t.b.size() < words) t.b.resize(words);
+        pack_b(tb, K, N, B, ldb, t.b.data());
+        return t.b.data();
+    }
+    PackedB* slot = &t.cache[0];
+    for (PackedB& e : t.cache) {
+        if (e.B == B && e.ldb == ldb && e.K == K && e.N == N && e.tb == tb) {
+            e.use = ++t.clock;
+            return e.words.data();
+        }
+        if (e.use < slot->use) slot = &e;
+    }
+    if (slot->words.size() < words) slot->words.resize(words);
+    pack_b(tb, K, N, B, ldb, slot->words.data());
+    slot->B = B, slot->ldb = ldb, slot->K = K, slot->N = N, slot->tb = tb, slot->use = ++t.clock;
+    return slot->words.data();
+}
+
+// ---- the GEMM ----------------------------------------------------------------------------
+
+// C (M x N, row stride ldc) = alpha * bf16(op(A)) bf16(op(B)) + beta * C in float32; op as
+// in gemm<T>: ta means A is stored K x M (lda its row stride), tb that B is N x K.
+inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
+                 float beta, float* C, int ldc) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {  // the product is empty: C = beta * C
+        for (int i = 0; i < M; ++i)
+            for (int j = 0; j < N; ++j) C[(std::size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(std::size_t)i * ldc + j];
+        return;
+    }
+    const MacroFn fn = dispatch().fn;
+    ThreadPacks& t = thread_packs();
+    const int kp = (K + 1) / 2;
+    const std::uint32_t* Bp = packed_b(tb, K, N, B, ldb);
+    const std::size_t awords = packed_a_words(M, K);
+    if (t.a.size() < awords) t.a.resize(awords);
+    pack_a(ta, M, K, A, lda, t.a.data());
+    const std::size_t pa = (std::size_t)kp * MR, pb = (std::size_t)kp * NR;
+    for (int p0 = 0; p0 < kp; p0 += KC) {
+        const int kc = kp - p0 < KC ? kp - p0 : KC;
+        const float b = p0 == 0 ? beta : 1.0f;
+        for (int i0 = 0; i0 < M; i0 += MC) {
+            const int rows = M - i0 < MC ? M - i0 : MC;
+            fn(kc, rows, N, t.a.data() + (std::size_t)(i0 / MR) * pa + (std::size_t)p0 * MR, pa,
+               Bp + (std::size_t)p0 * NR, pb, C + (std::size_t)i0 * ldc, ldc, alpha, b);
+        }
+    }
+}
+
+}  // namespace bf16
+}  // namespace rnn
+
+#pragma GCC diagnostic pop
