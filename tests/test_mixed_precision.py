@@ -278,6 +278,13 @@ def test_a_low_precision_gemm_rate_is_measured_through_a_library_that_has_the_ty
         gemm_rate("bfloat16", "numpy", n=64)
     with pytest.raises(HarnessError, match="no GEMM peak is measured through 'mkl'"):
         gemm_rate("float32", "mkl", n=64)
+    from backends import _native
+
+    if _native.bf16_cpu():  # the engine's own bfloat16 GEMM, where the CPU has the instruction
+        assert gemm_rate("bfloat16", "native", n=64, seconds=0.01) > 0
+    else:
+        with pytest.raises(HarnessError, match="unavailable: this CPU has no AVX512-BF16"):
+            gemm_rate("bfloat16", "native", n=64)
 
 
 def test_a_bfloat16_cell_reads_the_fastest_librarys_roof_and_carries_float32s(write_config, monkeypatch):
@@ -299,14 +306,17 @@ backends: [numpy, jax]
 
     def measure(dtype, threads, library, extra, say, record):
         asked.append((dtype, threads, library))
-        return {"numpy": 100.0, "jax": 40.0, "torch": 1.5}[library]
+        return {"numpy": 100.0, "jax": 40.0, "torch": 1.5, "native": None}[library]
 
     monkeypatch.setattr(roofs, "_measure", measure)
+    monkeypatch.setattr(roofs, "_UNAVAILABLE", set())
     peaks = roofs.gemm_peaks(cfg.cells(), {})
-    assert sorted(asked) == [("bfloat16", 2, "jax"), ("bfloat16", 2, "torch"), ("float32", 2, "numpy")]
+    assert sorted(asked) == [("bfloat16", 2, "jax"), ("bfloat16", 2, "native"), ("bfloat16", 2, "torch"),
+                             ("float32", 2, "numpy")]
     assert peaks == {"float32|threads=2": 100.0, "bfloat16|threads=2|jax": 40.0, "bfloat16|threads=2|torch": 1.5,
                      "bfloat16|threads=2": 40.0}
-    assert roofs.gemm_peaks(cfg.cells(), peaks) == {} and len(asked) == 3  # measured once per run
+    asked.clear()
+    assert roofs.gemm_peaks(cfg.cells(), peaks) == {} and asked == []  # once per run, unavailable ones too
     cell = cfg.cells()[0]
     assert peak_columns(cell, peaks, None) == {"gemm_peak_gflops": 40.0, "gemm_peak_library": "jax",
                                                "master_peak_gflops": 100.0}

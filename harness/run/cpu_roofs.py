@@ -5,10 +5,11 @@ float32 and float64 go through NumPy (its BLAS, what the NumPy baseline and most
 NumPy has no bfloat16 or float16 product, so a mixed-precision roof is measured through each
 library that has one, each in its own backend's worker environment (threads as its cells get them),
 and the run keeps the fastest: JAX (``jnp.dot`` of low-type inputs with
-``preferred_element_type=float32``, what its mixed-precision cells run) and PyTorch (``torch.mm`` of
+``preferred_element_type=float32``, what its mixed-precision cells run), PyTorch (``torch.mm`` of
 low-type inputs, whose result is the low type: the same products at the same rate, rounded once
-more). Where neither library has fast kernels for the type on this CPU (no AVX512-BF16, no
-AVX512-FP16) the roof is low, and says so: that is what the type offers here.
+more) and, for bfloat16 on a CPU with AVX512-BF16, the native engine's own GEMM. Where no library
+has fast kernels for the type on this CPU (no AVX512-BF16, no AVX512-FP16) the roof is low, and
+says so: that is what the type offers here.
 
 Heavy libraries are imported only by the worker that measures through them.
 """
@@ -24,17 +25,17 @@ from harness.spec.errors import HarnessError
 from harness.spec.model import REDUCED_DTYPES
 
 #: the libraries a mixed-precision roof is measured through, fastest taken (each needs its backend)
-LOW_PRECISION_LIBRARIES = ("jax", "torch")
+LOW_PRECISION_LIBRARIES = ("jax", "torch", "native")
 
 
-def _numpy(dtype: str, n: int) -> Callable[[], object]:
+def _numpy(dtype: str, n: int, threads: int) -> Callable[[], object]:
     rng = np.random.default_rng(0)
     a, b = rng.random((n, n)).astype(dtype), rng.random((n, n)).astype(dtype)
     c = np.empty((n, n), dtype)
     return lambda: np.matmul(a, b, out=c)
 
 
-def _jax(dtype: str, n: int) -> Callable[[], object]:
+def _jax(dtype: str, n: int, threads: int) -> Callable[[], object]:
     import jax
     import jax.numpy as jnp
 
@@ -45,7 +46,7 @@ def _jax(dtype: str, n: int) -> Callable[[], object]:
     return lambda: product(a, b).block_until_ready()
 
 
-def _torch(dtype: str, n: int) -> Callable[[], object]:
+def _torch(dtype: str, n: int, threads: int) -> Callable[[], object]:
     import torch
 
     low = getattr(torch, dtype)
@@ -55,19 +56,34 @@ def _torch(dtype: str, n: int) -> Callable[[], object]:
     return lambda: torch.mm(a, b, out=c)
 
 
-_LIBRARIES = {"numpy": _numpy, "jax": _jax, "torch": _torch}
+def _native(dtype: str, n: int, threads: int) -> Callable[[], object]:
+    from backends import _native
+
+    if dtype != "bfloat16":
+        raise HarnessError(f"unavailable: the native engine has no {dtype} product")
+    if not _native.bf16_cpu():
+        raise HarnessError("unavailable: this CPU has no AVX512-BF16, so the native engine refuses bfloat16")
+    rng = np.random.default_rng(0)
+    a, b = rng.random((n, n), np.float32), rng.random((n, n), np.float32)
+    c = np.empty((n, n), np.float32)
+    return lambda: _native.gemm(a, b, c, precision="bfloat16", threads=threads)
 
 
-def gemm_rate(dtype: str, library: str = "numpy", n: int = 1024, seconds: float = 0.5) -> float:
-    """Best GFLOP/s of an ``n`` x ``n`` x ``n`` ``dtype`` product through ``library`` in this process."""
+_LIBRARIES = {"numpy": _numpy, "jax": _jax, "torch": _torch, "native": _native}
+
+
+def gemm_rate(dtype: str, library: str = "numpy", n: int = 1024, seconds: float = 0.5, threads: int = 1) -> float:
+    """Best GFLOP/s of an ``n`` x ``n`` x ``n`` ``dtype`` product through ``library`` in this process
+    (``threads``: for a library that takes them per call; the others inherit the worker's settings).
+    A library that cannot run the product here raises a HarnessError starting ``unavailable:``."""
     if library not in _LIBRARIES:
         raise HarnessError(f"no GEMM peak is measured through {library!r} (known: {', '.join(_LIBRARIES)})")
     if library == "numpy" and dtype in REDUCED_DTYPES:
         raise HarnessError(f"NumPy has no {dtype} product: measure it through {', '.join(LOW_PRECISION_LIBRARIES)}")
     try:
-        call = _LIBRARIES[library](dtype, n)
+        call = _LIBRARIES[library](dtype, n, threads)
     except ImportError as exc:
-        raise HarnessError(f"{library} is not installed here: {exc}") from None
+        raise HarnessError(f"unavailable: {library} is not installed here ({exc})") from None
     call()  # compile (JAX) and warm the caches
     return measure.best_rate(call, 2.0 * n ** 3, seconds) / 1e9
 

@@ -201,6 +201,7 @@ class GemmPeak(Request):
     dtype: str
     n: int
     library: str = "numpy"
+    threads: int = 1  # for a library that takes them per call (the native engine's GEMM)
 
 
 @dataclass

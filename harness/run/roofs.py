@@ -9,6 +9,9 @@ from harness.run.client import WorkerFailure, WorkerProcess, worker_environment
 from harness.spec.model import REDUCED_DTYPES
 
 
+_UNAVAILABLE: set[str] = set()  # the per-library mixed-precision peaks a library could not measure here
+
+
 def gemm_peaks(cells, known: dict[str, float], say=None, record=None) -> dict[str, float]:
     """The GEMM peaks (GFLOP/s, keyed :func:`cpu_roofs.peak_key`) of the CPU cells' settings not in
     ``known``: NumPy's in float32 and float64; under mixed precision the float32 one (drawn beside it)
@@ -26,19 +29,21 @@ def gemm_peaks(cells, known: dict[str, float], say=None, record=None) -> dict[st
                 wanted.setdefault((dtype, c.threads, library), c.env)
     for (dtype, threads, library), extra in wanted.items():
         key = cpu_roofs.peak_key(dtype, threads, library if dtype in REDUCED_DTYPES else None)
-        if key in known or key in found:
+        if key in known or key in found or key in _UNAVAILABLE:
             continue
         rate = _measure(dtype, threads, library, extra, say, record)
         if rate is not None:
             found[key] = rate
+        elif dtype in REDUCED_DTYPES:
+            _UNAVAILABLE.add(key)  # asked once per process: the library lacks the type here
     for dtype, threads in {(d, t) for d, t, _ in wanted if d in REDUCED_DTYPES}:
         key = cpu_roofs.peak_key(dtype, threads)
         rates = [v for k, v in {**known, **found}.items() if k.startswith(key + "|")]
         if rates and key not in known:
             found[key] = max(rates)
         elif not rates and say is not None:
-            say(f"note: no {dtype} GEMM peak measured ({' and '.join(cpu_roofs.LOW_PRECISION_LIBRARIES)} "
-                f"unavailable): {dtype} cells show no share of a roof")
+            say(f"note: no {dtype} GEMM peak measured (none of {', '.join(cpu_roofs.LOW_PRECISION_LIBRARIES)} "
+                f"has the product here): {dtype} cells show no share of a roof")
     return found
 
 
@@ -47,9 +52,9 @@ def _measure(dtype: str, threads: int, library: str, extra: dict, say, record) -
     _, env = worker_environment(library, "cpu", dtype, threads, extra)
     w = WorkerProcess(None, env, "gemm-peak", record=record)
     try:
-        return w.request(protocol.GemmPeak(dtype, 1024, library), 120).body.gflops
+        return w.request(protocol.GemmPeak(dtype, 1024, library, threads), 120).body.gflops
     except WorkerFailure as exc:
-        quiet = dtype in REDUCED_DTYPES and "not installed" in str(exc)  # one of several libraries: fine
+        quiet = dtype in REDUCED_DTYPES and "unavailable:" in str(exc)  # one of several libraries: fine
         if say is not None and not quiet:
             say(f"warning: {dtype} GEMM peak through {library} failed: {str(exc).splitlines()[0]}")
         return None

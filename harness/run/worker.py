@@ -234,7 +234,7 @@ class CellState:
 def _gemm_rate(req: protocol.GemmPeak) -> float:
     from harness.run.cpu_roofs import gemm_rate
 
-    return gemm_rate(req.dtype, req.library, req.n)
+    return gemm_rate(req.dtype, req.library, req.n, threads=req.threads)
 
 
 def _gpu_roofs(n: int) -> dict:
