@@ -31,6 +31,18 @@ Truncated K runs its per-output windows side by side: at backward depth j every 
 at step t-j, so the K+1 depths are K+1 batched steps over (T-j)*B rows, with the same kernels and
 GEMMs. Token input is a row gather of the layer-0 input weights, their gradient an index_add.
 
+Mixed precision (``bfloat16``, ``float16``), as the spec has it, on every variant: parameters, gradients,
+the update, the recurrent state and every Triton element-wise kernel stay float32; every product (the
+hoisted input GEMM, the recurrent GEMMs, the head, and the backward pass's products of the gradients)
+is cuBLAS's ``torch.mm(a_low, b_low, out_dtype=float32)`` (``backends.low_precision``: operands rounded,
+float32 sums and result; the weights rounded once per pass, not per step), which ``prepare`` probes once
+on the device and ``supports`` refuses with the reason where this torch lacks it. The persistent
+kernel rounds ``h`` and its resident ``W_hh`` to the low type itself before its float32 multiply-add.
+float16 multiplies ``dL/dz`` by the static loss scale and divides the gradients by it with
+``torch._amp_foreach_non_finite_check_and_unscale_``, whose flag makes the step's loss NaN on the
+device (no host sync, so the graph variant captures it). Under the interpreter the product is its
+float32 emulation, numerically the same.
+
 Without a GPU, ``TRITON_INTERPRET=1`` runs the same kernels on CPU tensors through Triton's
 interpreter, on device ``cpu``, for conformance checks only (``harness check``). There the streams
 variant issues the same wavefront in the same order on no streams, and the graph variant runs the

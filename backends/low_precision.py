@@ -29,19 +29,15 @@ EMULATE_ON_CPU = False
 
 #: why a CPU torch step refuses mixed precision (the torch backend's reason, said once)
 CPU_REASON = ("PyTorch has no matrix product on the CPU that takes {dtype} inputs and returns a float32 result "
-              "(aten::mm.dtype, torch.mm(..., out_dtype=torch.float32), has CUDA kernels only); a {dtype} a @ b on "
-              "the CPU returns its result in {dtype}, rounding every product's result as autocast does (which "
-              "lands up to 1.5x past the mixed-precision bound that must catch a 5% gradient error), and runs at "
-              "about 1 GFLOP/s on a CPU without bfloat16 instructions (AVX2), 60x slower than float32. On a GPU "
+              "(aten::mm.dtype, torch.mm(..., out_dtype=torch.float32), has CUDA kernels only): a {dtype} a @ b there "
+              "returns {dtype}, a rounding of every product's result the spec does not make, and torch.autocast, "
+              "built on such products, rounds them forward and backward and landed up to 1.5x past the "
+              "mixed-precision bound that must catch a 5% gradient error; and a {dtype} product runs at about "
+              "1 GFLOP/s on a CPU without bfloat16 instructions (AVX2), 50-60x slower than its float32 one. On a GPU "
               "torch:autograd and torch:compile run the spec's product exactly")
 
 _emulated = None  # the custom operator, registered on first use
 _checked: dict[tuple[str, str], str | None] = {}  # (device, dtype) -> why the product failed its probe, or None
-
-
-def low_dtype(torch, dtype: str):
-    """The torch dtype of ``bfloat16`` / ``float16``."""
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
 def gpu_product_missing(torch) -> str | None:
