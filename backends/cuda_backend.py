@@ -179,6 +179,10 @@ class CudaBackend(Backend):
         torch.set_num_threads(threads)
         torch.backends.cuda.matmul.allow_tf32 = False  # the spec's float32 tolerances assume IEEE products
         torch.backends.cudnn.allow_tf32 = False
+        # Mixed precision: cuBLAS's low-precision products sum in float32 all the way (no split-K partial sums
+        # kept in bfloat16 / float16), as the spec's product does.
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
         self.problem = problem
         dev = torch.device("cuda" if device == "gpu" else "cpu")
         cls = _GraphedNet if self.variant == "graph" else _Net

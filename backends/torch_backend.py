@@ -152,6 +152,10 @@ class TorchBackend(Backend):
         # The spec's tolerances assume IEEE float32 products; TF32 would miss them on GPUs.
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+        # Mixed precision: cuBLAS's low-precision products sum in float32 all the way (no split-K partial sums
+        # kept in bfloat16 / float16), as the spec's product does.
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
         self.problem = problem
         dev = torch.device("cuda" if device == "gpu" else "cpu")
         if self.variant == "fused":
