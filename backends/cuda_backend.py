@@ -31,6 +31,18 @@ Truncated K runs its per-output windows side by side: at backward depth j every 
 at step t-j, so the K+1 depths are K+1 batched steps over (T-j)*B rows, with the same kernels and
 GEMMs. Token input is a row gather of the layer-0 input weights, their gradient an index_add.
 
+Mixed precision (``bfloat16``, ``float16``), as the spec has it, on every variant: parameters, gradients,
+the update, the recurrent state and every Triton element-wise kernel stay float32; every product (the
+hoisted input GEMM, the recurrent GEMMs, the head, and the backward pass's products of the gradients)
+is cuBLAS's ``torch.mm(a_low, b_low, out_dtype=float32)`` (``backends.low_precision``: operands rounded,
+float32 sums and result; the weights rounded once per pass, not per step), which ``prepare`` probes once
+on the device and ``supports`` refuses with the reason where this torch lacks it. The persistent
+kernel rounds ``h`` and its resident ``W_hh`` to the low type itself before its float32 multiply-add.
+float16 multiplies ``dL/dz`` by the static loss scale and divides the gradients by it with
+``torch._amp_foreach_non_finite_check_and_unscale_``, whose flag makes the step's loss NaN on the
+device (no host sync, so the graph variant captures it). Under the interpreter the product is its
+float32 emulation, numerically the same.
+
 Without a GPU, ``TRITON_INTERPRET=1`` runs the same kernels on CPU tensors through Triton's
 interpreter, on device ``cpu``, for conformance checks only (``harness check``). There the streams
 variant issues the same wavefront in the same order on no streams, and the graph variant runs the
@@ -119,10 +131,16 @@ class CudaBackend(Backend):
         ok, why = self.supports_device(problem.device)
         if not ok:
             return ok, why
-        if problem.reduced:
-            return unsupported(f"{self.full_name}'s Triton kernels and cuBLAS products run in the parameters' dtype "
-                               f"(float32 or float64); no kernel that rounds the products' inputs to {problem.dtype} "
-                               f"is written")
+        if problem.reduced and problem.device == "gpu":  # on the CPU (the interpreter) the product is emulated
+            from backends import low_precision
+
+            if importlib.util.find_spec("torch") is None:
+                return False, _NOT_INSTALLED
+            import torch
+
+            missing = low_precision.gpu_product_missing(torch)
+            if missing:
+                return unsupported(f"{self.full_name}: {missing}")
         if self.variant == "persistent" and problem.model.hidden > PERSISTENT_MAX_HIDDEN:
             return unsupported(f"cuda:persistent keeps each program's W_hh columns in registers across steps; "
                                f"hidden {problem.model.hidden} > {PERSISTENT_MAX_HIDDEN} would spill them")
@@ -161,6 +179,10 @@ class CudaBackend(Backend):
         torch.set_num_threads(threads)
         torch.backends.cuda.matmul.allow_tf32 = False  # the spec's float32 tolerances assume IEEE products
         torch.backends.cudnn.allow_tf32 = False
+        # Mixed precision: cuBLAS's low-precision products sum in float32 all the way (no split-K partial sums
+        # kept in bfloat16 / float16), as the spec's product does.
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
         self.problem = problem
         dev = torch.device("cuda" if device == "gpu" else "cpu")
         cls = _GraphedNet if self.variant == "graph" else _Net
@@ -244,7 +266,18 @@ class _Net:
             torch, elementwise, lstm, elman, gru, persistent
         self.problem, self.spec, self.device, self.variant = problem, problem.model, device, variant
         spec = self.spec
-        self.dtype = getattr(torch, problem.dtype)
+        self.dtype = getattr(torch, problem.master_dtype)  # parameters, state, gradients (float32 when mixed)
+        # mixed precision: the products' operand type, float16's loss scale, and the weights rounded once per pass
+        self.low = getattr(torch, problem.dtype) if problem.reduced else None
+        self.scale = problem.objective_scale
+        self._low_w: dict[str, object] = {}
+        if self.low is None:
+            self._mm = torch.mm
+        else:  # cuBLAS's low-precision product with a float32 result; under the interpreter its emulation
+            from backends import low_precision
+
+            self._mm = low_precision.raw_product(torch, self.low, device, emulate=device.type == "cpu")
+            low_precision.check_product(torch, self._mm, self.low, device)
         self.H, self.L = spec.hidden, spec.layers
         H = self.H
         self.is_lstm = spec.kind == "lstm"
@@ -303,6 +336,19 @@ class _Net:
     def P(self, name: str, u):
         return self.p.get(name + self._sfx(u))
 
+    def W(self, full: str):
+        """Weight ``full`` as the products read it: itself, or under mixed precision its copy rounded to the
+        low type at the start of the pass (:meth:`_round_weights`)."""
+        return self.p[full] if self.low is None else self._low_w[full]
+
+    def _round_weights(self):
+        """Mixed precision: every weight matrix a product reads, rounded once per pass (the token tables are
+        gathered, not multiplied: they stay float32)."""
+        if self.low is None:
+            return
+        tables = {self.w_in + layer_suffix(0, d) for d in range(self.dirs)} if self.tokens else set()
+        self._low_w = {k: v.to(self.low) for k, v in self.p.items() if v.dim() == 2 and k not in tables}
+
     def _is_table(self, u) -> bool:
         """Whether unit ``u``'s input weights are a token table (rows gathered, not multiplied)."""
         return u[0] == 0 and self.tokens
@@ -324,18 +370,18 @@ class _Net:
 
     def _times_w(self, name: str, u, a, cols=None):
         """``a @ W`` (or of W's columns ``cols``), whichever layout W is stored in."""
-        W = self.P(name, u)
+        W = self.W(name + self._sfx(u))
         if name + self._sfx(u) in self.transposed:
             W = W if cols is None else W[cols]
-            return self.torch.mm(a, W.t())
-        return self.torch.mm(a, W if cols is None else W[:, cols])
+            return self._mm(a, W.t())
+        return self._mm(a, W if cols is None else W[:, cols])
 
     def _times_wt(self, name: str, u, da, cols=None):
         """``da @ W^T`` (or with W's columns ``cols`` only)."""
-        W = self.P(name, u)
+        W = self.W(name + self._sfx(u))
         if name + self._sfx(u) in self.transposed:
-            return self.torch.mm(da, W if cols is None else W[cols])
-        return self.torch.mm(da, (W if cols is None else W[:, cols]).t())
+            return self._mm(da, W if cols is None else W[cols])
+        return self._mm(da, (W if cols is None else W[:, cols]).t())
 
     def _times_wt_map(self, name: str, u, da, pairs):
         """``sum over gate pairs of da[:, da gate] @ W[:, weight gate]^T``: one GEMM per run of gates
@@ -363,7 +409,7 @@ class _Net:
         runs = _runs(pairs, self.naive)
         (k0, k1), (j0, j1) = runs[0]
         if len(runs) == 1 and self._gates(k0, k1) is None and (j0, j1) == (0, da.shape[1] // H):
-            value = self.torch.mm(da.t(), left) if name in self.transposed else self.torch.mm(left.t(), da)
+            value = self._mm(da.t(), left) if name in self.transposed else self._mm(left.t(), da)
             self._accumulate(grads, name, value)
             return
         if name not in grads:
@@ -371,9 +417,9 @@ class _Net:
         for (k0, k1), (j0, j1) in runs:
             part = da[:, j0 * H:j1 * H]
             if name in self.transposed:
-                grads[name][k0 * H:k1 * H] += self.torch.mm(part.t(), left)
+                grads[name][k0 * H:k1 * H] += self._mm(part.t(), left)
             else:
-                grads[name][:, k0 * H:k1 * H] += self.torch.mm(left.t(), part)
+                grads[name][:, k0 * H:k1 * H] += self._mm(left.t(), part)
 
     def _project(self, u, inp):
         """The hoisted input GEMM over steps: (S, B, D) (token ids (S, B)) -> (S, B, G) with the bias."""
@@ -384,8 +430,12 @@ class _Net:
             return rows if b is None else rows + b
         S, B = inp.shape[:2]
         flat = inp.reshape(S * B, -1)
-        W = self.P(self.w_in, u)
-        out = torch.mm(flat, W.t()) if b is None else torch.addmm(b, flat, W.t())
+        W = self.W(self.w_in + self._sfx(u))
+        if self.low is not None:  # the float32 product, the bias added in float32
+            out = self._mm(flat, W.t())
+            out = out if b is None else out.add_(b)
+        else:
+            out = torch.mm(flat, W.t()) if b is None else torch.addmm(b, flat, W.t())
         return out.view(S, B, self.G)
 
     def _stream(self, layer: int):
@@ -432,6 +482,7 @@ class _Net:
         layer's output (T, B, directions * H)."""
         torch = self.torch
         T, B = xt.shape[:2]
+        self._round_weights()
         if self.dirs == 1:
             caches = []
             for layer in range(self.L):
@@ -461,12 +512,13 @@ class _Net:
             return
         pre = self._project(u, c.inp)
         if self.persistent:
-            w = self.P("W_hh", u)
+            w = self.P("W_hh", u)  # float32: the kernel rounds it (and h) to the low type itself when mixed
+            low = None if self.low is None else self.problem.dtype
             if self.is_gru:
-                bar = self.k_pers.run_gru_layer(pre, w, self.P("b_hn", u), c.hs, c.gates, self.reset_after)
+                bar = self.k_pers.run_gru_layer(pre, w, self.P("b_hn", u), c.hs, c.gates, self.reset_after, low=low)
             else:
                 bar = self.k_pers.run_layer(pre, w, c.hs, c.cs, c.gates, self._peep(u), self.is_lstm,
-                                            self.spec.activation)
+                                            self.spec.activation, low=low)
             self._barriers.append(bar)
             return
         for t in range(T):
@@ -624,6 +676,9 @@ class _Net:
     def _logits(self, top):
         flat = top.reshape(-1, self.dirs * self.H)
         b = self.p.get("b_y")
+        if self.low is not None:
+            z = self._mm(flat, self.W("W_hy"))
+            return z if b is None else z.add_(b)
         return self.torch.mm(flat, self.p["W_hy"]) if b is None else self.torch.addmm(b, flat, self.p["W_hy"])
 
     def _outputs_dev(self, xt):
@@ -666,16 +721,30 @@ class _Net:
         return [(t, t + 1) for t in range(T - 1, t0 - 1, -1)]
 
     def _grads_dev(self, xt, yt):
-        """Loss and gradients (device tensors, in the stored layouts): forward, head, BPTT."""
+        """Loss and gradients (device tensors, in the stored layouts): forward, head, BPTT; under mixed
+        precision the gradients divided by the loss scale, and the loss NaN where one is not finite."""
+        loss, grads = self._grads_scaled(xt, yt)
+        if self.low is None:
+            return loss, grads
+        torch = self.torch
+        found_inf = torch.zeros(1, dtype=torch.float32, device=self.device)
+        inv = torch.full((1,), 1.0 / self.scale, dtype=torch.float32, device=self.device)
+        torch._amp_foreach_non_finite_check_and_unscale_(list(grads.values()), found_inf, inv)
+        return torch.where(found_inf[0] > 0, torch.full_like(loss, float("nan")), loss), grads
+
+    def _grads_scaled(self, xt, yt):
+        """Loss and gradients of the objective times the loss scale (float16's; 1 otherwise)."""
         torch = self.torch
         T, B = xt.shape[:2]
         caches, top = self._forward(xt, train=True)
         loss, dz = self._head(top, yt, T, B)
         width = self.dirs * self.H
-        grads = {"W_hy": torch.mm(top.reshape(-1, width).t(), dz)}
+        if self.scale != 1:  # float16: the objective times the loss scale (undone in _grads_dev)
+            dz = dz * self.scale
+        grads = {"W_hy": self._mm(top.reshape(-1, width).t(), dz)}
         if "b_y" in self.p:
             grads["b_y"] = dz.sum(0)
-        dh_top = torch.mm(dz, self.p["W_hy"].t()).view(T, B, width)
+        dh_top = self._mm(dz, self.W("W_hy").t()).view(T, B, width)
         stages = self._stages(T)
         if self.dirs == 2:
             self._backward_bidirectional(caches, stages, dh_top, grads)

@@ -13,23 +13,31 @@ embedding update would be, never through one-hot matrices or a dense (vocab, H)
 gradient in the training step. The GRU's gates are grouped as the LSTM's: one input
 GEMM over all steps and one recurrent GEMM per step (two before the reset).
 
-Mixed precision (``bfloat16``, ``float16``) is written as PyTorch users train: ``torch.autocast``
-over the forward pass, float32 parameters, gradients and update; the products' results are taken
-back to float32 at once (biases added in float32, the cells' gates and state float32), and float16
-scales the objective by the static loss scale and unscales with
+Mixed precision (``bfloat16``, ``float16``) is the spec's: float32 parameters, gradients, update,
+element-wise maths and state; every matrix product (the input projection over all steps, the
+recurrent product of each step, the head, and in the backward pass the products of the gradients)
+goes through ``backends.low_precision``'s autograd product, which rounds its operands, the gradients
+included, to the low type and returns the float32 sum, ``torch.mm(a_low, b_low, out_dtype=float32)``
+on a GPU (a recurrent weight is rounded once per sequence, not once per step). float16 multiplies
+the objective by the static loss scale and unscales with
 ``torch._amp_foreach_non_finite_check_and_unscale_``, whose non-finite flag makes the step's loss
-NaN. Autocast still rounds every product's result to the low type, in the backward pass too: at
-the check's shapes that lands up to about 5x as far from float64 as the spec's own roundings
-(``benchmarks/measure_mixed_precision.py --force``: the realistic LSTM's dW_hh 1.01x the bound,
-a GRU case 1.16x, torch:fused's GRU 1.53x), past the bound that catches a 5% gradient error
-(1.5x at least), so ``supports`` refuses mixed precision until the bound or the implementation
-closes that gap (tests/test_mixed_precision.py runs the step nonetheless). On the CPU nn.LSTM
-under autocast also fails in oneDNN on CPUs without bfloat16 instructions.
+NaN. There is no autocast: it rounds every product's result to the low type as well, forward and
+backward, which landed up to 1.5x past the bound that catches a 5% gradient error (the realistic
+LSTM's dW_hh 1.01x, a GRU case 1.16x, nn.GRU 1.53x; ``benchmarks/measure_mixed_precision.py``).
+
+Where that runs: torch:autograd and torch:compile on a GPU whose torch has ``aten::mm.dtype``
+(checked when the cell is screened, and the product probed once on the device in ``prepare``).
+On the CPU mixed precision is refused: PyTorch has no CPU matrix product with low-precision inputs
+and a float32 result, its low-precision ``a @ b`` returns the low type (autocast's extra rounding)
+and runs at about 1 GFLOP/s on CPUs without bfloat16 instructions. Tests run the same step on the
+CPU with the product emulated (``low_precision.EMULATE_ON_CPU``), which checks the maths, never a
+speed. torch:fused refuses it everywhere: cuDNN's (and oneDNN's) half-precision RNNs run in the
+module's dtype, keeping ``h``, ``c`` and the gates in the low type and rounding every product's
+result, and the one measurement of such a module (nn.GRU under autocast) landed 1.53x past the bound.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 
 import numpy as np
@@ -78,14 +86,12 @@ class TorchBackend(Backend):
         return True, ""
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
-        """Everything for autograd and compile in float32 and float64; what nn.RNN / nn.LSTM / nn.GRU can
-        express for fused. Mixed precision is refused (see the module docstring)."""
+        """Everything for autograd and compile in float32 and float64, and in bfloat16 and float16 on a GPU
+        with the spec's product; what nn.RNN / nn.LSTM / nn.GRU can express for fused, in float32 and float64
+        (see the module docstring for mixed precision)."""
         m = problem.model
         if problem.reduced:
-            return unsupported(f"{self.full_name}: torch.autocast rounds every product's result to {problem.dtype} too "
-                               f"(forward and backward); at the check's shapes that moves gradients up to about 5x as "
-                               f"far from float64 as the spec's roundings do, up to 1.5x past the mixed-precision bound "
-                               f"(which must catch a 5% gradient error), so its mixed-precision cells would not verify")
+            return self._supports_reduced(problem)
         if self.variant != "fused":
             return True, ""
         if m.kind == "gru" and not m.reset_after:
@@ -95,6 +101,29 @@ class TorchBackend(Backend):
             return unsupported("torch:fused: nn.RNN offers only the tanh and relu nonlinearities")
         if m.peephole:
             return unsupported("torch:fused: nn.LSTM has no peephole connections")
+        return True, ""
+
+    def _supports_reduced(self, problem: Problem) -> tuple[bool, str]:
+        """Mixed precision: the spec's product on a GPU (torch:autograd, torch:compile), nowhere else."""
+        from backends import low_precision
+
+        if self.variant == "fused":
+            return unsupported(f"torch:fused: nn.RNN / nn.LSTM / nn.GRU (cuDNN, oneDNN) run in the module's dtype: in "
+                               f"{problem.dtype} they keep h, c and the gates in {problem.dtype} and round every "
+                               f"product's result, and the one measurement of such a module (nn.GRU under autocast) "
+                               f"landed 1.53x past the mixed-precision bound, which must catch a 5% gradient error; "
+                               f"float32 modules would not round at all")
+        if problem.device == "cpu":
+            if low_precision.EMULATE_ON_CPU:  # tests: the spec's product emulated, the maths checked, never timed
+                return True, ""
+            return unsupported(f"{self.full_name} on the CPU: " + low_precision.CPU_REASON.format(dtype=problem.dtype))
+        if not self.availability()[0]:
+            return self.availability()
+        import torch
+
+        missing = low_precision.gpu_product_missing(torch)
+        if missing:
+            return unsupported(f"{self.full_name}: {missing}")
         return True, ""
 
     def versions(self) -> dict[str, str]:
@@ -123,6 +152,10 @@ class TorchBackend(Backend):
         # The spec's tolerances assume IEEE float32 products; TF32 would miss them on GPUs.
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+        # Mixed precision: cuBLAS's low-precision products sum in float32 all the way (no split-K partial sums
+        # kept in bfloat16 / float16), as the spec's product does.
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
         self.problem = problem
         dev = torch.device("cuda" if device == "gpu" else "cpu")
         if self.variant == "fused":
@@ -179,7 +212,7 @@ class _Net:
         self.torch, self.F = torch, F
         self.problem, self.spec, self.device = problem, problem.model, device
         self.dtype = getattr(torch, problem.master_dtype)  # parameters and gradients (float32 masters when mixed)
-        self.low = getattr(torch, problem.dtype) if problem.reduced else None  # autocast's type, if any
+        self.low = getattr(torch, problem.dtype) if problem.reduced else None  # the products' input type, if any
         self.scale = problem.objective_scale  # float16's static loss scale, else 1
         self.found_inf = None  # the last gradient's non-finite flag (mixed precision)
         spec = self.spec
@@ -195,8 +228,10 @@ class _Net:
         self._load(params)
         self.train_names = [k for k in self.names if k not in self.tables]
         self.act = {"tanh": torch.tanh, "relu": torch.relu, "sigmoid": torch.sigmoid}[spec.activation]
-        self._addmm = _addmm(torch, problem.reduced)
-        self._elman_cell, self._lstm_cell, self._gru_cell = _cells(torch, self.act, spec.reset_after, problem.reduced)
+        self._mm = self._product()
+        self._addmm = _addmm(torch, self._mm if self.low is not None else None)
+        self._elman_cell, self._lstm_cell, self._gru_cell = _cells(torch, self.act, spec.reset_after,
+                                                                   self._mm if self.low is not None else None)
         self._windows: dict[int, object] = {}
 
     # -- set-up ---------------------------------------------------------------------
@@ -205,12 +240,21 @@ class _Net:
             t = self.torch.tensor(np.asarray(params[k]), dtype=self.dtype, device=self.device)
             self.p[k] = t.requires_grad_(k not in self.tables)
 
-    def _autocast(self):
-        """Mixed precision as PyTorch users train it: ``torch.autocast`` over the forward pass, whose
-        products then run in the low type (and so do their backward products); a no-op otherwise."""
+    def _product(self):
+        """``mm(a, b, b_low=None)``: ``torch.mm``, or under mixed precision the spec's product (operands rounded
+        to the low type, float32 sums and result, in the backward pass too; ``backends.low_precision``)."""
+        torch = self.torch
         if self.low is None:
-            return contextlib.nullcontext()
-        return self.torch.autocast(self.device.type, dtype=self.low)
+            return lambda a, b, b_low=None: torch.mm(a, b)
+        from backends import low_precision
+
+        raw = low_precision.raw_product(torch, self.low, self.device, emulate=low_precision.EMULATE_ON_CPU)
+        low_precision.check_product(torch, raw, self.low, self.device)
+        return low_precision.autograd_product(torch, raw)
+
+    def _rounded(self, W):
+        """A weight rounded to the low type once for every step that multiplies by it (None: not mixed)."""
+        return None if self.low is None else W.detach().to(self.low)
 
     def _unscale(self, grads: list) -> None:
         """Mixed precision: divide the gradients by the loss scale in place and note whether any is
@@ -273,7 +317,7 @@ class _Net:
         W, b = P[self.w_in + s], P.get(self.b_in + s)
         S, N = inp.shape[:2]
         flat = inp.reshape(S * N, -1)
-        out = self.torch.mm(flat, W) if b is None else self._addmm(b, flat, W)
+        out = self._mm(flat, W) if b is None else self._addmm(b, flat, W)
         return out.view(S, N, -1)
 
     def _project0(self, P, xt, rows, start: int, stop: int, direction: int = 0):
@@ -294,26 +338,26 @@ class _Net:
         """
         s = layer_suffix(layer, direction)
         W_hh = P["W_hh" + s]
-        steps = steps.to(self.dtype)  # under autocast the input projections come in the low type: to float32
+        W_low = self._rounded(W_hh)  # mixed precision: rounded once for every step
         hs, cs = [], []
         if self.spec.kind == "gru":
             b_hn, cell = P.get("b_hn" + s), self._gru_cell
             if h is None:
                 h = steps.new_zeros(steps.shape[1], self.H)
             for a_in in steps.unbind(0):
-                h = cell(a_in, h, W_hh) if b_hn is None else cell(a_in, h, W_hh, b_hn)
+                h = cell(a_in, h, W_hh, W_low) if b_hn is None else cell(a_in, h, W_hh, W_low, b_hn)
                 hs.append(h)
             return self.torch.stack(hs), h, None, None
         if self.spec.kind == "elman":
             act, cell = self.act, self._elman_cell
             for a_in in steps.unbind(0):
-                h = act(a_in) if h is None else cell(a_in, h, W_hh)
+                h = act(a_in) if h is None else cell(a_in, h, W_hh, W_low)
                 hs.append(h)
             return self.torch.stack(hs), h, None, None
         peeps = (P["p_i" + s], P["p_f" + s], P["p_o" + s]) if self.spec.peephole else ()
         cell = self._lstm_cell
         for a_in in steps.unbind(0):
-            h, c = _lstm_first(self.torch, a_in, *peeps) if h is None else cell(a_in, h, c, W_hh, *peeps)
+            h, c = _lstm_first(self.torch, a_in, *peeps) if h is None else cell(a_in, h, c, W_hh, W_low, *peeps)
             hs.append(h)
             if want_c:
                 cs.append(c)
@@ -343,12 +387,12 @@ class _Net:
     def _logits(self, P, hs):
         flat = hs.reshape(-1, hs.shape[-1])
         b = P.get("b_y")
-        return self.torch.mm(flat, P["W_hy"]) if b is None else self._addmm(b, flat, P["W_hy"])
+        return self._mm(flat, P["W_hy"]) if b is None else self._addmm(b, flat, P["W_hy"])
 
     def _head_sum(self, z, y):
         """``sum l`` over the rows of ``z`` (N, O) against ``y`` (rows of targets)."""
         F = self.F
-        z = z.to(self.dtype)  # the head and the loss in float32, whatever type autocast left the logits in
+        z = z.to(self.dtype)  # the head and the loss in the parameters' dtype (float32 under mixed precision)
         if self.spec.head == "softmax_xent":
             return F.cross_entropy(z, y.reshape(-1), reduction="sum")
         out = self.torch.tanh(z) if self.spec.output_act == "tanh" else z
@@ -416,15 +460,14 @@ class _Net:
 
     # -- what the backend calls -----------------------------------------------------
     def outputs(self, x) -> np.ndarray:
-        with self.torch.inference_mode(), self._autocast():
+        with self.torch.inference_mode():
             return self._outputs(self.p, self._x(x)).to(self.dtype).cpu().numpy()
 
     def _grads(self, x, y):
         """``(loss sum tensor, dense grads, row grads or None, token ids of the rows)``."""
         xt, yt = self._x(x), self._y(y)
         rows = self._leaf_rows(xt)
-        with self._autocast():
-            obj, total = self._objective(self.p, xt, yt, rows, self._aux(xt.shape[0]))
+        obj, total = self._objective(self.p, xt, yt, rows, self._aux(xt.shape[0]))
         dense = [self.p[k] for k in self.train_names]
         inputs = dense + (rows or [])
         gs = list(self.torch.autograd.grad(obj * self.scale if self.scale != 1 else obj, inputs, allow_unused=True))
@@ -480,41 +523,48 @@ class _Net:
         return self._reported(total, B, T)
 
 
-def _addmm(torch, mixed: bool):
-    """``c + a @ b``: ``torch.addmm``, or under mixed precision the product alone in the low type and ``c``
-    added in float32 (autocast would round ``c``, a bias or the input projection, to the low type first)."""
-    if not mixed:
+def _addmm(torch, mm=None):
+    """``c + a @ b``: ``torch.addmm``, or under mixed precision (``mm`` the spec's product) the float32 product
+    and ``c`` (a bias, or a step's input projection) added in float32."""
+    if mm is None:
         return torch.addmm
-    return lambda c, a, b: c + torch.mm(a, b).float()
+    return lambda c, a, b, b_low=None: c + mm(a, b, b_low)
 
 
-def _cells(torch, act, reset_after=True, mixed=False):
-    """One time step of each cell, from a previous state: ``(elman(a_in, h, W_hh) -> h,
-    lstm(a_in, h, c, W_hh[, p_i, p_f, p_o]) -> (h, c), gru(a_in, h, W_hh[, b_hn]) -> h)``;
-    ``a_in`` is the step's input projection (with the bias ``b``)."""
+def _cells(torch, act, reset_after=True, mm=None):
+    """One time step of each cell, from a previous state: ``(elman(a_in, h, W_hh, W_low) -> h,
+    lstm(a_in, h, c, W_hh, W_low[, p_i, p_f, p_o]) -> (h, c), gru(a_in, h, W_hh, W_low[, b_hn]) -> h)``;
+    ``a_in`` is the step's input projection (with the bias ``b``). ``mm``: under mixed precision the spec's
+    product (``W_low`` then ``W_hh`` rounded once per sequence), None for float32 and float64 (``W_low`` None)."""
 
-    # Under autocast (``mixed``) every product runs in the low type and its result is taken to float32 at once,
-    # so the gates, the cell state and h stay float32 as the spec has them.
-    addmm = _addmm(torch, mixed)
-    result = (lambda t: t.float()) if mixed else (lambda t: t)
+    # Under mixed precision every product returns float32, so the gates, the cell state and h stay float32.
+    if mm is None:
+        addmm = lambda c, a, b, b_low=None: torch.addmm(c, a, b)  # noqa: E731
+        product = lambda a, b, b_low=None: torch.mm(a, b)  # noqa: E731
+    else:
+        addmm, product = _addmm(torch, mm), mm
 
-    def gru(a_in, h, W_hh, b_hn=None):
+    def cols(W_low, part):
+        return None if W_low is None else W_low[:, part]
+
+    def gru(a_in, h, W_hh, W_low, b_hn=None):
         H = h.shape[1]
         if reset_after:  # one GEMM for all three gates: r * (h W_hn + b_hn)
-            u = result(torch.mm(h, W_hh))
+            u = product(h, W_hh, W_low)
             r, z = torch.sigmoid(a_in[:, : 2 * H] + u[:, : 2 * H]).chunk(2, 1)
             un = u[:, 2 * H:] if b_hn is None else u[:, 2 * H:] + b_hn
             n = torch.tanh(torch.addcmul(a_in[:, 2 * H:], r, un))
         else:  # (r * h) W_hn needs r first: a second GEMM
-            r, z = torch.sigmoid(addmm(a_in[:, : 2 * H], h, W_hh[:, : 2 * H])).chunk(2, 1)
-            n = torch.tanh(addmm(a_in[:, 2 * H:], r * h, W_hh[:, 2 * H:]))
+            rz, rn = slice(0, 2 * H), slice(2 * H, 3 * H)
+            r, z = torch.sigmoid(addmm(a_in[:, rz], h, W_hh[:, rz], cols(W_low, rz))).chunk(2, 1)
+            n = torch.tanh(addmm(a_in[:, rn], r * h, W_hh[:, rn], cols(W_low, rn)))
         return torch.addcmul(n, z, h - n)
 
-    def elman(a_in, h, W_hh):
-        return act(addmm(a_in, h, W_hh))
+    def elman(a_in, h, W_hh, W_low):
+        return act(addmm(a_in, h, W_hh, W_low))
 
-    def lstm(a_in, h, c, W_hh, *peeps):
-        a = addmm(a_in, h, W_hh)
+    def lstm(a_in, h, c, W_hh, W_low, *peeps):
+        a = addmm(a_in, h, W_hh, W_low)
         if peeps:
             pi, pf, po = peeps
             ai, af, ag, ao = a.chunk(4, 1)

@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import os
 
+import numpy as np
 import pytest
 
 if importlib.util.find_spec("torch") is None or importlib.util.find_spec("triton") is None:
@@ -332,6 +333,40 @@ def test_persistent_gru_layer_matches_step_by_step(K, dtype, T, B, H, block_b, r
             P.run_gru_layer(pre, w_t, None, hs, None, False)
 
 
+@pytest.mark.parametrize("low", ["bfloat16", "float16"])
+@pytest.mark.parametrize("cell", ["lstm", "gru-before"])
+def test_persistent_kernels_round_the_products_operands(K, low, cell):
+    """Mixed precision: the persistent kernels' recurrent products are those of h and W_hh rounded to the low
+    type, summed in float32 (the state and gates float32): the step-by-step cell with rounded operands."""
+    P = K["persistent"]
+    g = torch.Generator().manual_seed(5)
+    T, B, H = 3, 2, 5
+    lt = getattr(torch, low)
+    r = lambda t: t.to(lt).float()  # noqa: E731
+    G = 3 * H if cell.startswith("gru") else 4 * H
+    pre = torch.randn(T, B, G, generator=g)
+    w_t = 0.5 * torch.randn(G, H, generator=g)
+    hs = torch.zeros(T + 1, B, H)
+    hs[0] = torch.randn(B, H, generator=g)
+    gates = torch.empty(T, B, 4 * H)
+    if cell == "lstm":
+        cs = torch.zeros_like(hs)
+        P.raise_on_barrier_timeout(P.run_layer(pre, w_t, hs, cs, gates, None, True, low=low))
+    else:
+        P.raise_on_barrier_timeout(P.run_gru_layer(pre, w_t, None, hs, gates, False, low=low))
+    for t in range(T):  # each step from the kernel's own previous state (a state within rounding of a tie may
+        h = hs[t]           # round the other way after a float32 sum in another order, and carry that on)
+        if cell == "lstm":
+            h, _, _ = _lstm_cell(pre[t], r(h) @ r(w_t).t(), cs[t], None)
+        else:  # reset before: r * h_prev is a product's operand too
+            ar, az, an = pre[t].chunk(3, -1)
+            rz = r(h) @ r(w_t[:2 * H]).t()
+            rg, z = torch.sigmoid(ar + rz[:, :H]), torch.sigmoid(az + rz[:, H:])
+            n = torch.tanh(an + r(rg * h) @ r(w_t[2 * H:]).t())
+            h = (1 - z) * n + z * h
+        torch.testing.assert_close(hs[t + 1], h, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_persistent_gru_programs_split_the_hidden_units(K, dtype):
     """Reset after, several programs each owning 2 of 5 units, one step (as for the LSTM above); reset
@@ -388,6 +423,19 @@ GRU_BI_CASES = [
 ]
 
 
+# Mixed precision (the products emulated under the interpreter): each variant once, bfloat16 and float16, on
+# what its machinery changes (per-gate products, grouped gate maps, the wavefront, the persistent kernels)
+MIXED_CASES = [
+    ("naive", _small({"kind": "gru", "reset_after": False, "bptt": {"truncated": 1}}, "gru-before trunc tokens", "float16", tokens=True, layers=1, T=3)),
+    ("grouped", _small({"kind": "lstm", "peephole": True, "bptt": {"tail": 2}, "clip": 0.5}, "lstm-peephole tail clip", "bfloat16", layers=1)),
+    ("fused", _small({"kind": "gru", "bidirectional": True, "head": "mse"}, "gru-bi", "bfloat16", layers=1, T=3)),
+    ("streams", _small({"kind": "lstm", "head": "mse", "output_act": "tanh"}, "lstm L=2", "float16")),
+    ("graph", _small({"kind": "elman", "activation": "relu", "bptt": {"truncated": 2}}, "elman-relu L=2 trunc tokens", "bfloat16", tokens=True)),
+    ("persistent", _small({"kind": "gru", "reset_after": False, "bptt": {"tail": 3}}, "gru-before L=2 tail", "float16", B=3)),
+    ("persistent", _small({"kind": "lstm", "peephole": True}, "lstm-peephole", "bfloat16", layers=1, B=3)),
+]
+
+
 def _passes(name, case):
     res = run_case(backends.create(name), case, "cpu")
     assert res.status == "pass", f"{res.status}: {res.reason}\n{res.details.get('traceback', '')}"
@@ -402,6 +450,31 @@ def test_fused_conformance_representative(K, case):
                          ids=lambda v: v if isinstance(v, str) else v.label)
 def test_each_variant_conforms(K, variant, case):
     _passes(f"cuda:{variant}", case)
+
+
+@pytest.mark.parametrize("variant, case", MIXED_CASES, ids=lambda v: v if isinstance(v, str) else f"{v.label} {v.dtype}")
+def test_each_variant_conforms_in_mixed_precision(K, variant, case):
+    res = run_case(backends.create(f"cuda:{variant}"), case, "cpu")
+    assert res.status == "pass", f"{res.status}: {res.reason}\n{res.details.get('traceback', '')}"
+    from harness.spec.tolerance import ROUNDED
+
+    assert res.worst_ratio < 0.5 and res.details["ratios"][ROUNDED] < 0.05, res.details  # the spec's roundings
+
+
+def test_float16_overflow_makes_the_loss_nan(K):
+    """A loss scale that overflows float16 makes the gradient non-finite: the step's loss is NaN (diverged)."""
+    from dataclasses import replace
+
+    from harness.verify.check import initial_params, make_data
+
+    case = replace(MIXED_CASES[3][1], loss_scale=2.0 ** 32)
+    backend = backends.create("cuda:fused")
+    backend.prepare(case.problem("train_step", "cpu"), initial_params(case), device="cpu")
+    x, y = make_data(case)
+    assert np.isnan(backend.loss_and_grads(x, y)[0]) and np.isnan(float(backend.sgd_step(x, y, 0.1)))
+    ok = backends.create("cuda:fused")
+    ok.prepare(MIXED_CASES[3][1].problem("train_step", "cpu"), initial_params(case), device="cpu")
+    assert np.isfinite(float(ok.sgd_step(x, y, 0.1)))
 
 
 @pytest.mark.fullmatrix
@@ -465,5 +538,5 @@ def test_kernels_compile_for_a_gpu_without_one():
     proc = subprocess.run([sys.executable, "-m", "backends.cuda.compile_check", "--arch", "90"], env=env,
                           cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("compiled ") == 17 and "_persistent_kernel" in proc.stdout
-    assert proc.stdout.count("_persistent_gru_kernel") == 2 and "_gru_bwd_reset_kernel" in proc.stdout
+    assert proc.stdout.count("compiled ") == 19 and proc.stdout.count("_persistent_kernel") == 3
+    assert proc.stdout.count("_persistent_gru_kernel") == 3 and "_gru_bwd_reset_kernel" in proc.stdout

@@ -38,8 +38,10 @@ def _assert_passes(name, case, device="cpu"):
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_autograd_matches_reference(case):
     res = _assert_passes("torch:autograd", case)
-    # mixed precision is refused (tests/test_mixed_precision.py shows why)
+    # mixed precision runs on a GPU only (tests/test_mixed_precision.py runs it with the product emulated)
     assert res.status == "pass" or case.dtype in REDUCED_DTYPES, "torch:autograd implements the whole spec"
+    if case.dtype in REDUCED_DTYPES:
+        assert res.status == "unsupported" and "on the CPU" in res.reason, res.reason
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
@@ -132,6 +134,21 @@ def test_compile_matches_reference(case):
     assert res.status == "pass"
 
 
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("dtype", REDUCED_DTYPES)
+def test_compile_traces_the_mixed_precision_product(dtype, monkeypatch):
+    """torch.compile takes the low-precision product (an autograd function) into its one-step graphs, forward
+    and backward: the compiled step lands on the spec's roundings as the eager one does (product emulated)."""
+    from backends import low_precision
+    from harness.spec.tolerance import ROUNDED
+
+    monkeypatch.setattr(low_precision, "EMULATE_ON_CPU", True)
+    case = next(c for c in CASES if c.dtype == dtype and c.model.kind == "gru" and c.model.bptt.mode == "truncated")
+    res = _assert_passes("torch:compile", case)
+    assert res.status == "pass" and res.worst_ratio < 0.5 and res.details["ratios"][ROUNDED] < 0.05, res.details
+
+
 def test_only_compile_is_compile_heavy():
     assert backends.create("torch:compile").compile_heavy
     assert not backends.create("torch:autograd").compile_heavy
@@ -150,6 +167,21 @@ def test_gpu_reports_missing_cuda(monkeypatch):
     ok, why = backends.create("torch:fused").device_availability("gpu")
     assert (ok, why) == (False, "unavailable: no CUDA device (torch.cuda.is_available() is False)")
     assert backends.create("torch:fused").device_availability("cpu") == (True, "")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["torch:autograd", "torch:compile"])
+def test_gpu_mixed_precision_matches_reference(name):
+    """On a GPU the spec's product is cuBLAS's (aten::mm.dtype): the quick matrix's mixed-precision cases and
+    the realistic ones pass, landing on the spec's roundings (compile: two cases, seconds per graph)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from harness.spec.tolerance import ROUNDED
+
+    cases = [c for c in QUICK + [c for c in CASES if c.label.startswith("realistic")] if c.dtype in REDUCED_DTYPES]
+    for case in cases if name != "torch:compile" else cases[:2]:
+        res = _assert_passes(name, case, device="gpu")
+        assert res.status == "pass" and res.details["ratios"][ROUNDED] < 0.05, (case.label, case.dtype, res.details)
 
 
 @pytest.mark.gpu

@@ -16,6 +16,11 @@ program owning every unit: the same code, the barrier trivially passed.
 The GRU has a kernel of its own (``run_gru_layer``): its reset-before form needs every unit's
 ``r * h_prev`` before any unit's ``n``, a second grid barrier inside each step.
 
+Mixed precision (``LOW``): the recurrent product's operands, the weights once and ``h`` (the reset-before
+GRU's ``r * h_prev``) each step, are rounded to bfloat16 or float16 and back to float32 as they enter
+``_matvec``, whose float32 products of two 8- or 11-bit numbers are then exact and its sums float32: the
+spec's product, with the state and the gates float32.
+
 Layouts: ``pre (T, B, G)`` the hoisted input projection with the bias (``G = 4H`` LSTM, ``H``
 Elman), ``w_t (G, H)`` the pre-transposed ``W_hh``, ``hs``/``cs (T+1, B, H)`` with the starting
 state at index 0, ``gates (T, B, 4H)`` written when ``STORE`` (training).
@@ -40,6 +45,27 @@ def _matvec(hprev, w):
     return tl.sum(hprev[:, :, None] * w[None, :, :], axis=1)
 
 
+#: the ``LOW`` constexpr: no rounding, or the products' operands rounded to bfloat16 / float16 (mixed precision)
+LOW_CODES = {None: 0, "bfloat16": 1, "float16": 2}
+
+
+@triton.jit
+def _rounded(x, LOW: tl.constexpr):
+    """``x`` as a product's operand: rounded to the low type (nearest, ties to even) and back to float32 under
+    mixed precision, so that ``_matvec``'s float32 products are exact and its sums float32 (the spec's product).
+
+    bfloat16 is rounded on the bits (add ``0x7FFF`` plus the kept part's last bit, clear the low 16): Triton's
+    interpreter casts float32 to bfloat16 by truncation, so a cast would check other roundings than the GPU's."""
+    if LOW == 1:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    elif LOW == 2:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x
+
+
 @triton.jit
 def _grid_barrier(bar_ptr, err_ptr, target, spins, MAX_SPIN: tl.constexpr):
     """Wait until ``target`` arrivals; ``spins`` counts polls over the whole launch, so programs that
@@ -58,7 +84,8 @@ def _grid_barrier(bar_ptr, err_ptr, target, spins, MAX_SPIN: tl.constexpr):
 @triton.jit
 def _persistent_kernel(pre_ptr, w_ptr, hs_ptr, cs_ptr, gates_ptr, pi_ptr, pf_ptr, po_ptr, bar_ptr, err_ptr,
                        T, B, H, LSTM: tl.constexpr, ACT: tl.constexpr, PEEP: tl.constexpr, STORE: tl.constexpr,
-                       BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, H_PAD: tl.constexpr, MAX_SPIN: tl.constexpr):
+                       BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, H_PAD: tl.constexpr, MAX_SPIN: tl.constexpr,
+                       LOW: tl.constexpr = 0):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     j = pid * BLOCK_H + tl.arange(0, BLOCK_H)  # this program's hidden units
@@ -68,11 +95,11 @@ def _persistent_kernel(pre_ptr, w_ptr, hs_ptr, cs_ptr, gates_ptr, pi_ptr, pf_ptr
     wmask = km[:, None] & jm[None, :]
     G = 4 * H if LSTM else H
     # W_hh[k, q*H + j] = w_t[q*H + j, k]: loaded once, resident for all T steps
-    w0 = tl.load(w_ptr + (0 * H + j)[None, :] * H + k[:, None], mask=wmask, other=0.0)
+    w0 = _rounded(tl.load(w_ptr + (0 * H + j)[None, :] * H + k[:, None], mask=wmask, other=0.0), LOW)
     if LSTM:
-        w1 = tl.load(w_ptr + (1 * H + j)[None, :] * H + k[:, None], mask=wmask, other=0.0)
-        w2 = tl.load(w_ptr + (2 * H + j)[None, :] * H + k[:, None], mask=wmask, other=0.0)
-        w3 = tl.load(w_ptr + (3 * H + j)[None, :] * H + k[:, None], mask=wmask, other=0.0)
+        w1 = _rounded(tl.load(w_ptr + (1 * H + j)[None, :] * H + k[:, None], mask=wmask, other=0.0), LOW)
+        w2 = _rounded(tl.load(w_ptr + (2 * H + j)[None, :] * H + k[:, None], mask=wmask, other=0.0), LOW)
+        w3 = _rounded(tl.load(w_ptr + (3 * H + j)[None, :] * H + k[:, None], mask=wmask, other=0.0), LOW)
         if PEEP:
             pi = tl.load(pi_ptr + j, mask=jm, other=0.0)[None, :]
             pf = tl.load(pf_ptr + j, mask=jm, other=0.0)[None, :]
@@ -84,6 +111,7 @@ def _persistent_kernel(pre_ptr, w_ptr, hs_ptr, cs_ptr, gates_ptr, pi_ptr, pf_ptr
             bm = rb < B
             hprev = tl.load(hs_ptr + t * B * H + rb[:, None] * H + k[None, :], mask=bm[:, None] & km[None, :],
                             other=0.0, volatile=True)
+            hprev = _rounded(hprev, LOW)  # only the product reads it
             om = bm[:, None] & jm[None, :]
             out = (t + 1) * B * H + rb[:, None] * H + j[None, :]
             pre = pre_ptr + t * B * G + rb[:, None] * G + j[None, :]
@@ -121,7 +149,8 @@ def _persistent_kernel(pre_ptr, w_ptr, hs_ptr, cs_ptr, gates_ptr, pi_ptr, pf_ptr
 @triton.jit
 def _persistent_gru_kernel(pre_ptr, w_ptr, bhn_ptr, hs_ptr, gates_ptr, bar_ptr, err_ptr, T, B, H,
                            RESET_AFTER: tl.constexpr, HAS_BHN: tl.constexpr, STORE: tl.constexpr,
-                           BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, H_PAD: tl.constexpr, MAX_SPIN: tl.constexpr):
+                           BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, H_PAD: tl.constexpr, MAX_SPIN: tl.constexpr,
+                           LOW: tl.constexpr = 0):
     """The GRU's recurrence (gates r, z, n; ``gates`` (T, B, 4H) as backends.cuda.gru lays it out).
 
     Reset after: one pass per step, as the LSTM. Reset before: ``n`` needs ``(r * h_prev) W_hn`` over
@@ -134,9 +163,9 @@ def _persistent_gru_kernel(pre_ptr, w_ptr, bhn_ptr, hs_ptr, gates_ptr, bar_ptr, 
     k = tl.arange(0, H_PAD)
     km = k < H
     wmask = km[:, None] & jm[None, :]
-    wr = tl.load(w_ptr + (0 * H + j)[None, :] * H + k[:, None], mask=wmask, other=0.0)
-    wz = tl.load(w_ptr + (1 * H + j)[None, :] * H + k[:, None], mask=wmask, other=0.0)
-    wn = tl.load(w_ptr + (2 * H + j)[None, :] * H + k[:, None], mask=wmask, other=0.0)
+    wr = _rounded(tl.load(w_ptr + (0 * H + j)[None, :] * H + k[:, None], mask=wmask, other=0.0), LOW)
+    wz = _rounded(tl.load(w_ptr + (1 * H + j)[None, :] * H + k[:, None], mask=wmask, other=0.0), LOW)
+    wn = _rounded(tl.load(w_ptr + (2 * H + j)[None, :] * H + k[:, None], mask=wmask, other=0.0), LOW)
     if HAS_BHN:
         bhn = tl.load(bhn_ptr + j, mask=jm, other=0.0)[None, :]
     spins = 0
@@ -147,6 +176,7 @@ def _persistent_gru_kernel(pre_ptr, w_ptr, bhn_ptr, hs_ptr, gates_ptr, bar_ptr, 
             om = bm[:, None] & jm[None, :]
             hprev = tl.load(hs_ptr + t * B * H + rb[:, None] * H + k[None, :], mask=bm[:, None] & km[None, :],
                             other=0.0, volatile=True)
+            hprev = _rounded(hprev, LOW)  # the products' operand; hp below is the float32 state
             hp = tl.load(hs_ptr + t * B * H + rb[:, None] * H + j[None, :], mask=om, other=0.0)
             pre = pre_ptr + t * B * 3 * H + rb[:, None] * 3 * H + j[None, :]
             gout = gates_ptr + t * B * 4 * H + rb[:, None] * 4 * H + j[None, :]
@@ -175,6 +205,7 @@ def _persistent_gru_kernel(pre_ptr, w_ptr, bhn_ptr, hs_ptr, gates_ptr, bar_ptr, 
                 om = bm[:, None] & jm[None, :]
                 gin = gates_ptr + t * B * 4 * H + rb[:, None] * 4 * H
                 rh = tl.load(gin + 3 * H + k[None, :], mask=bm[:, None] & km[None, :], other=0.0, volatile=True)
+                rh = _rounded(rh, LOW)
                 z = tl.load(gin + H + j[None, :], mask=om, other=0.0)
                 hp = tl.load(hs_ptr + t * B * H + rb[:, None] * H + j[None, :], mask=om, other=0.0)
                 pre = pre_ptr + t * B * 3 * H + rb[:, None] * 3 * H + j[None, :]
@@ -202,11 +233,12 @@ def plan(H: int, B: int, device) -> dict:
 
 
 def run_layer(pre, w_t, hs, cs, gates, peep, lstm: bool, activation: str = "tanh", num_warps: int = 8,
-              block_b: int | None = None, block_h: int | None = None):
+              block_b: int | None = None, block_h: int | None = None, low: str | None = None):
     """Every step of one layer: fills ``hs[1:]`` (and ``cs[1:]``, ``gates`` when given) from ``hs[0]``/``cs[0]``.
 
     Returns the ``[counter, error flag]`` pair for :func:`raise_on_barrier_timeout`; ``block_b``
-    overrides the batch rows per pass, ``block_h`` the hidden units per program (powers of two). Under
+    overrides the batch rows per pass, ``block_h`` the hidden units per program (powers of two); ``low``
+    (bfloat16, float16) rounds the recurrent product's operands, ``h`` and ``W_hh``, to that type. Under
     the interpreter, several programs only for a single step (their barrier would wait forever)."""
     import torch
 
@@ -226,16 +258,17 @@ def run_layer(pre, w_t, hs, cs, gates, peep, lstm: bool, activation: str = "tanh
     _persistent_kernel[(p["programs"],)](
         pre, w_t, hs, cs if cs is not None else hs, gates if gates is not None else pre, pi, pf, po, bar, bar[1:],
         T, B, H, LSTM=lstm, ACT=ACT_CODES[activation], PEEP=peep is not None, STORE=gates is not None,
-        BLOCK_B=p["BLOCK_B"], BLOCK_H=p["BLOCK_H"], H_PAD=p["H_PAD"], MAX_SPIN=MAX_SPIN, **extra)
+        BLOCK_B=p["BLOCK_B"], BLOCK_H=p["BLOCK_H"], H_PAD=p["H_PAD"], MAX_SPIN=MAX_SPIN, LOW=LOW_CODES[low], **extra)
     return bar
 
 
 def run_gru_layer(pre, w_t, b_hn, hs, gates, reset_after: bool, num_warps: int = 8, block_b: int | None = None,
-                  block_h: int | None = None):
+                  block_h: int | None = None, low: str | None = None):
     """Every step of one GRU layer: fills ``hs[1:]`` from ``hs[0]``; ``pre (T, B, 3H)``, ``w_t (3H, H)``,
     ``b_hn`` None without bias. ``gates (T, B, 4H)`` is written for training; reset before needs it
     always (its ``z`` and ``rh`` cross the mid-step barrier through it), reset after takes None for
-    inference. Returns the barrier pair, as :func:`run_layer`."""
+    inference; ``low`` as :func:`run_layer` (``r * h_prev`` is rounded as well). Returns the barrier pair, as
+    :func:`run_layer`."""
     import torch
 
     T, B, H = hs.shape[0] - 1, hs.shape[1], hs.shape[2]
@@ -256,7 +289,7 @@ def run_gru_layer(pre, w_t, b_hn, hs, gates, reset_after: bool, num_warps: int =
     _persistent_gru_kernel[(p["programs"],)](
         pre, w_t, b_hn if b_hn is not None else hs, hs, gates if gates is not None else pre, bar, bar[1:], T, B, H,
         RESET_AFTER=reset_after, HAS_BHN=b_hn is not None, STORE=gates is not None,
-        BLOCK_B=p["BLOCK_B"], BLOCK_H=p["BLOCK_H"], H_PAD=p["H_PAD"], MAX_SPIN=MAX_SPIN, **extra)
+        BLOCK_B=p["BLOCK_B"], BLOCK_H=p["BLOCK_H"], H_PAD=p["H_PAD"], MAX_SPIN=MAX_SPIN, LOW=LOW_CODES[low], **extra)
     return bar
 
 
