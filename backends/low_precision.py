@@ -28,13 +28,10 @@ from harness.spec.errors import HarnessError
 EMULATE_ON_CPU = False
 
 #: why a CPU torch step refuses mixed precision (the torch backend's reason, said once)
-CPU_REASON = ("PyTorch has no matrix product on the CPU that takes {dtype} inputs and returns a float32 result "
-              "(aten::mm.dtype, torch.mm(..., out_dtype=torch.float32), has CUDA kernels only): a {dtype} a @ b there "
-              "returns {dtype}, a rounding of every product's result the spec does not make, and torch.autocast, "
-              "built on such products, rounds them forward and backward and landed up to 1.5x past the "
-              "mixed-precision bound that must catch a 5% gradient error; and a {dtype} product runs at about "
-              "1 GFLOP/s on a CPU without bfloat16 instructions (AVX2), 50-60x slower than its float32 one. On a GPU "
-              "torch:autograd and torch:compile run the spec's product exactly")
+CPU_REASON = ("PyTorch has no CPU product of {dtype} inputs with a float32 result (torch.mm's out_dtype is CUDA-only); "
+              "its {dtype} a @ b returns {dtype}, a rounding of every result the spec does not make (autocast's: up "
+              "to 1.5x past the bound), at ~1 GFLOP/s on an AVX2 core, 50x below float32. On a GPU torch:autograd "
+              "and torch:compile run the spec's product")
 
 _emulated = None  # the custom operator, registered on first use
 _checked: dict[tuple[str, str], str | None] = {}  # (device, dtype) -> why the product failed its probe, or None

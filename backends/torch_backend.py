@@ -108,11 +108,9 @@ class TorchBackend(Backend):
         from backends import low_precision
 
         if self.variant == "fused":
-            return unsupported(f"torch:fused: nn.RNN / nn.LSTM / nn.GRU (cuDNN, oneDNN) run in the module's dtype: in "
-                               f"{problem.dtype} they keep h, c and the gates in {problem.dtype} and round every "
-                               f"product's result, and the one measurement of such a module (nn.GRU under autocast) "
-                               f"landed 1.53x past the mixed-precision bound, which must catch a 5% gradient error; "
-                               f"float32 modules would not round at all")
+            return unsupported(f"torch:fused: cuDNN's and oneDNN's {problem.dtype} RNN modules keep h, c and the gates "
+                               f"in {problem.dtype} and round every product's result (nn.GRU under autocast: 1.53x "
+                               f"past the bound that must catch a 5% gradient error)")
         if problem.device == "cpu":
             if low_precision.EMULATE_ON_CPU:  # tests: the spec's product emulated, the maths checked, never timed
                 return True, ""
