@@ -30,7 +30,7 @@ def examples(tmp_path):
     """Synthetic committed runs: every plain experiment a minute, except deepbench (10 minutes)."""
     ex = tmp_path / "examples"
     for stem in ("quick", "wildml_lm", "numpy_vs_theano", "sobel", "frame_diff", "parallel_minibatch", "threads",
-                 "threads_lstm", "lstm_cpu_gpu", "inference", "wildml_gru", "versions"):
+                 "threads_lstm", "lstm_cpu_gpu", "inference", "wildml_gru", "versions", "mixed_precision"):
         _committed(ex / stem, 60.0)
     _committed(ex / "deepbench", 600.0)
     return ex
@@ -69,10 +69,10 @@ def test_gpu_and_many_cores_come_first_where_the_machine_has_them(shipped, examp
                   env_exists=lambda n: True)
     order = [d.name for d in plan if d.runs]
     assert all(d.runs for d in plan)
-    first = {"quick-gpu", "lstm_gpu", "lstm_cpu_gpu-gpu"}
-    assert set(order[:3]) == first
-    assert set(order[3:6]) == {"threads-many-cores", "threads_lstm-many-cores", "parallel_minibatch-many-cores"}
-    assert set(order[6:8]) == {"lstm_cpu_gpu", "wildml_lm"}  # configs with GPU cells the committed runs lack
+    first = {"quick-gpu", "lstm_gpu", "lstm_cpu_gpu-gpu", "mixed_precision-gpu"}
+    assert set(order[:4]) == first
+    assert set(order[4:7]) == {"threads-many-cores", "threads_lstm-many-cores", "parallel_minibatch-many-cores"}
+    assert set(order[7:9]) == {"lstm_cpu_gpu", "wildml_lm"}  # configs with GPU cells the committed runs lack
     d = _by_name(plan)
     # a profile without a committed run is estimated from its plain run, scaled by cells
     base = next(e for e in shipped if e.name == "threads")
