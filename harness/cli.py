@@ -387,6 +387,7 @@ def check_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object per case.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every case, not only failures.")] = False,
     match: Annotated[Optional[str], typer.Option("--match", help="Only the cases whose label contains this text, e.g. 'truncated' or 'lstm-peephole' (--json lists the labels).")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="Only the cases of this dtype (float64, float32, bfloat16, float16).")] = None,
 ):
     """Conformance of backends against the NumPy reference (SPEC.md tolerances)."""
     from harness.run.conformance import run_conformance
@@ -396,7 +397,7 @@ def check_cmd(
             raise HarnessError(f"--device: expected cpu or gpu, got {device!r}")
         names = _split_csv(backends_opt)
         results = run_conformance(names, quick=quick, device=device,
-                                  progress=None if json_out else err_console, match=match)
+                                  progress=None if json_out else err_console, match=match, dtype=dtype)
     except HarnessError as exc:
         _fail(exc)
     if json_out:

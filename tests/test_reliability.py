@@ -287,7 +287,10 @@ def test_a_read_only_output_folder_is_refused_before_the_run(fake_backends, tmp_
 @pytest.mark.parametrize("args, says", [(["check", "--device", "tpu"], "--device: expected cpu or gpu, got 'tpu'"),
                                         (["check", "--backends", ","], "--backends: expected a comma-separated list"),
                                         (["check", "--backends", " , "], "--backends: expected a comma-separated list"),
-                                        (["check", "--match", "no such case"], "--match: no case label contains 'no such case'")])
+                                        (["check", "--match", "no such case"], "--match: no case label contains 'no such case'"),
+                                        (["check", "--dtype", "int8"], "--dtype: expected one of float32, float64, bfloat16, float16, got 'int8'"),
+                                        (["check", "--match", "wildml", "--dtype", "float16"],
+                                         "--dtype: no float16 case among the --match 'wildml' cases of the whole matrix")])
 def test_check_refuses_what_it_cannot_check(fake_backends, args, says):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
@@ -305,6 +308,11 @@ def test_check_match_runs_only_the_cases_it_names(fake_backends):
     assert {c["status"] for c in plain} == {"pass"} and {c["dtype"] for c in plain} == {"float32", "float64"}
     # the test backend declares no mixed precision: its bfloat16/float16 cases are refused, not run
     assert {c["status"] for c in cases if c not in plain} <= {"unsupported"}
+    result = CliRunner().invoke(app, ["check", "--backends", "ref", "--match", "lstm-peephole mse truncated:3",
+                                      "--dtype", "float32", "--json"])
+    assert result.exit_code == 0, result.output
+    only = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    assert {c["dtype"] for c in only} == {"float32"} and len(only) == sum(c["dtype"] == "float32" for c in cases)
 
 
 def test_check_with_no_backend_available_on_the_device_fails(fake_backends, monkeypatch):

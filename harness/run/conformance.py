@@ -6,6 +6,7 @@ import sys
 
 from harness.verify.check import CaseResult, check_backend
 from harness.spec.errors import HarnessError
+from harness.spec.model import DTYPES
 
 CASE_TIMEOUT_S = 300.0  # a first Theano compile takes ~20 s; a case beyond this is stuck
 
@@ -60,11 +61,12 @@ def _check_isolated(full_name: str, cases: list, quick: bool, device: str,
 
 
 def run_conformance(names: list[str] | None, quick: bool = False, device: str = "cpu", progress=None,
-                    representative: bool = False, match: str | None = None) -> list[CaseResult]:
+                    representative: bool = False, match: str | None = None,
+                    dtype: str | None = None) -> list[CaseResult]:
     """Check each ``name[:variant]`` (default: every available one); returns all case results.
 
     ``quick`` runs the pairwise-covering subset, ``representative`` only a handful of cases,
-    ``match`` only the cases whose label contains that text; ``progress`` (a rich console)
+    ``match`` only the cases whose label contains that text, ``dtype`` only that dtype's; ``progress`` (a rich console)
     gets a line per backend and per case."""
     import setuptools  # noqa: F401  (before any distutils import; see tests/conftest.py)
 
@@ -75,9 +77,15 @@ def run_conformance(names: list[str] | None, quick: bool = False, device: str = 
 
     names = names or default_backends()
     cases = case_list(quick, representative)
-    indices = [i for i, c in enumerate(cases) if match is None or match in c.label]
-    if not indices:
+    if dtype is not None and dtype not in DTYPES:
+        raise HarnessError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    if match is not None and not any(match in c.label for c in cases):
         raise HarnessError(f"--match: no case label contains {match!r}")
+    indices = [i for i, c in enumerate(cases)
+               if (match is None or match in c.label) and (dtype is None or c.dtype == dtype)]
+    if not indices:
+        raise HarnessError(f"--dtype: no {dtype} case among the {'--match ' + repr(match) + ' ' if match else ''}"
+                           f"cases of the {'quick ' if quick else 'whole '}matrix")
     results: list[CaseResult] = []
     for full in names:
         full = backends.validate_name(full)
