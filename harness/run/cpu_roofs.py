@@ -99,6 +99,11 @@ def roof_library(peaks: dict, dtype: str, threads: int) -> str | None:
     float64, the fastest of the per-library rates under mixed precision (None: not measured)."""
     if dtype not in REDUCED_DTYPES:
         return "numpy" if peak_key(dtype, threads) in peaks else None
-    prefix = peak_key(dtype, threads) + "|"
-    rates = {k[len(prefix):]: v for k, v in peaks.items() if k.startswith(prefix) and v is not None}
+    rates = library_rates(peaks, dtype, threads)
     return max(rates, key=rates.get) if rates else None
+
+
+def library_rates(peaks: dict, dtype: str, threads: int) -> dict[str, float]:
+    """The rates a mixed-precision roof was measured at, per library (``dtype|threads=N|library``)."""
+    prefix = peak_key(dtype, threads) + "|"
+    return {k[len(prefix):]: v for k, v in peaks.items() if k.startswith(prefix) and v is not None}

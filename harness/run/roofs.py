@@ -38,9 +38,9 @@ def gemm_peaks(cells, known: dict[str, float], say=None, record=None) -> dict[st
             _UNAVAILABLE.add(key)  # asked once per process: the library lacks the type here
     for dtype, threads in {(d, t) for d, t, _ in wanted if d in REDUCED_DTYPES}:
         key = cpu_roofs.peak_key(dtype, threads)
-        rates = [v for k, v in {**known, **found}.items() if k.startswith(key + "|")]
+        rates = cpu_roofs.library_rates({**known, **found}, dtype, threads)
         if rates and key not in known:
-            found[key] = max(rates)
+            found[key] = max(rates.values())
         elif not rates and say is not None:
             say(f"note: no {dtype} GEMM peak measured (none of {', '.join(cpu_roofs.LOW_PRECISION_LIBRARIES)} "
                 f"has the product here): {dtype} cells show no share of a roof")
