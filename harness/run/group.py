@@ -12,6 +12,8 @@ by the same rule.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass, field
 
 from harness.run import envs, machine, measure, protocol
@@ -135,6 +137,9 @@ class GroupRun:
         state.wants_pass = False
         pending = state.pending
         workers: dict[str, list[WorkerProcess]] = {}
+        # the cells of a group verify from the same parameters and data: the reference's answers are
+        # computed by the first and read by the rest (kept for this pass only)
+        memo = tempfile.mkdtemp(prefix="harness-reference-") if first else ""
         try:
             for cell in group:
                 cid = cell.cell_id
@@ -150,7 +155,7 @@ class GroupRun:
                     continue
                 elif pending is not None and cid not in pending and cid != state.baseline_id:
                     continue  # its speedup is already within the target
-                started, procs = self._start_processes(cell, describe, record, verify=first)
+                started, procs = self._start_processes(cell, describe, record, verify=first, memo=memo)
                 if first:
                     state.outcomes[cid] = started
                 elif not procs:  # a later pass's fresh process failed where the first did not: the cell failed
@@ -164,13 +169,16 @@ class GroupRun:
             for procs in workers.values():
                 for w in procs:
                     w.close()
+            if memo:
+                shutil.rmtree(memo, ignore_errors=True)
             state.passes_done += 1
             here = machine.host_name()
             for outcome in state.outcomes.values():
                 outcome.host = outcome.host or here
         return self.ordered()
 
-    def _start_processes(self, cell: Cell, describe, record, verify: bool = True) -> tuple[Outcome, list[WorkerProcess]]:
+    def _start_processes(self, cell: Cell, describe, record, verify: bool = True,
+                         memo: str = "") -> tuple[Outcome, list[WorkerProcess]]:
         """The cell's ``timing.processes`` warmed workers (the first one verified, if ``verify``), each
         paused as soon as it is ready, so that the next one's start and compile time are taken alone too."""
         n = cell.timing.processes
@@ -178,7 +186,7 @@ class GroupRun:
         outcome = None
         for k in range(n):
             say = describe if n == 1 else (lambda text, k=k: describe(f"{text} (process {k + 1} of {n})"))
-            worker, started = self._start(cell, say, record, verify=verify and k == 0)
+            worker, started = self._start(cell, say, record, verify=verify and k == 0, memo=memo)
             if outcome is None:
                 outcome = started
             elif worker is None:  # a later process failed where the first did not: the cell failed
@@ -292,7 +300,8 @@ class GroupRun:
         return None if status == Status.OK else Outcome(cell, status, why)
 
     @staticmethod
-    def _start(cell: Cell, describe, record=None, verify: bool = True) -> tuple[WorkerProcess | None, Outcome]:
+    def _start(cell: Cell, describe, record=None, verify: bool = True,
+               memo: str = "") -> tuple[WorkerProcess | None, Outcome]:
         outcome = Outcome(cell)
         p = cell.problem
         try:
@@ -312,17 +321,24 @@ class GroupRun:
                                                 cell.threads, cell.train.lr), timing.timeout_s)
             outcome.versions, outcome.data_meta = init.body.versions, init.body.data_meta
             describe(f"{cell.backend}: compiling / warming up")
-            # training must start from the shared initial parameters: compile only, no warm steps
-            n_warm = 0 if p.workload == "train" else timing.warmup
+            # training must start from the shared initial parameters: compile only, no warm steps; a
+            # verified cell is checked from them too (its warm steps follow), so the group's cells share
+            # one reference answer through ``memo``
+            checks = p.workload != "train" and timing.verify and verify
+            n_warm = 0 if p.workload == "train" or checks else timing.warmup
             warm = worker.request(protocol.WarmUp(n_warm), timing.timeout_s)
             outcome.compile_s, outcome.peak_rss_mb = warm.body.compile_s, warm.peak_rss_mb
-            if p.workload != "train" and timing.verify and verify:
+            if checks:
                 describe(f"{cell.backend}: verifying against the reference")
-                outcome.verify = asdict(worker.request(protocol.Verify(), timing.timeout_s).body)
+                outcome.verify = asdict(worker.request(protocol.Verify(memo), timing.timeout_s).body)
                 if not outcome.verify["ok"]:
                     v = outcome.verify
                     raise WorkerFailure(Status.MISMATCH, f"does not match the reference on this cell: {v['worst']} "
                                                     f"off by {v['ratio']:.3g}x the bound {v['bound']}")
+                if timing.warmup:
+                    describe(f"{cell.backend}: warming up")
+                    warm = worker.request(protocol.WarmUp(timing.warmup, compile=False), timing.timeout_s)
+                    outcome.peak_rss_mb = warm.peak_rss_mb
         except WorkerFailure as exc:
             outcome.status, outcome.error = exc.status, str(exc)
             worker.close()

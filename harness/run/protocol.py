@@ -131,19 +131,23 @@ class Init(Request):
 
 @dataclass
 class WarmUp(Request):
-    """Compile (timed as ``compile_s``), then ``n`` untimed calls."""
+    """Compile (timed as ``compile_s``; skipped when ``compile`` is false), then ``n`` untimed calls."""
 
     cmd: ClassVar[str] = "warmup"
     Body: ClassVar[type] = WarmUpReply
     n: int
+    compile: bool = True
 
 
 @dataclass
 class Verify(Request):
-    """This cell's own next step against the reference."""
+    """This cell's own next step against the reference. ``memo``: a folder where the reference's answers
+    are kept by their inputs, so that the other cells of a group, verified from the same parameters
+    and data, read them instead of computing them again ("": none)."""
 
     cmd: ClassVar[str] = "verify"
     Body: ClassVar[type] = VerifyReply
+    memo: str = ""
 
 
 @dataclass

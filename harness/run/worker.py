@@ -11,6 +11,7 @@ isolated environments on numpy 1.23 too. A failed request answers ``status: erro
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import resource
@@ -46,13 +47,56 @@ class DivergedError(Exception):
     """The loss became NaN or infinite."""
 
 
-def verify_step(p, b, x, y, lr: float) -> dict:
+def _digest(*parts) -> str:
+    """A content hash of arrays, mappings of arrays and plain values (their repr)."""
+    h = hashlib.sha256()
+    for part in parts:
+        items = sorted(part.items()) if isinstance(part, dict) else [("", part)]
+        for name, value in items:
+            h.update(name.encode() + b"\0")
+            if isinstance(value, np.ndarray):
+                h.update(f"{value.dtype.str}{value.shape}".encode())
+                h.update(np.ascontiguousarray(value).tobytes())
+            else:
+                h.update(repr(value).encode())
+            h.update(b"\0")
+    return h.hexdigest()
+
+
+def memoised(folder: str, compute, *key) -> dict:
+    """``compute()`` (a mapping of names to arrays or floats), kept in ``folder`` under a hash of ``key``.
+
+    The cells of one comparison group verify from the same parameters and data, so the reference's
+    answer for the first serves the rest (on large models the reference step costs more than a cell's
+    timing). A missing, unreadable or half-written entry is computed again; ``folder`` "" keeps nothing."""
+    if not folder:
+        return compute()
+    path = os.path.join(folder, _digest(*key) + ".npz")
+    try:
+        with np.load(path) as found:
+            return {k: (float(v) if v.ndim == 0 else v) for k, v in found.items()}
+    except (OSError, ValueError, KeyError, EOFError):
+        pass
+    value = compute()
+    try:
+        os.makedirs(folder, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as sink:
+            np.savez(sink, **{k: np.asarray(v) for k, v in value.items()})
+        os.replace(tmp, path)
+    except OSError:
+        pass  # nothing kept: the next cell computes it too
+    return value
+
+
+def verify_step(p, b, x, y, lr: float, memo: str = "") -> dict:
     """The next step (or forward pass) of backend ``b`` on problem ``p`` against the reference, on ``x, y``.
 
     For a step, the parameter *change* is compared with the reference's change from the
     same starting parameters, so a wrong gradient cannot hide behind a small learning rate.
     The bound is :mod:`harness.spec.tolerance`'s: the reference runs a second time in the cell's
     dtype (with its roundings) when the float64 comparison alone is not met, and always under mixed precision.
+    ``memo``: a folder keeping the reference's answers by their inputs (:func:`memoised`).
     """
     from harness.spec import reference
     from harness.spec.tolerance import Tolerance, update_floor, worst
@@ -65,20 +109,27 @@ def verify_step(p, b, x, y, lr: float) -> dict:
     if p.workload == "forward":
         got = b.forward(x)
         b.sync()
-        ratios = tol.judge({"outputs": (got, reference.outputs(p.model, before, x))},
-                           low=lambda: [{"outputs": reference.outputs(p.model, q, x, precision=low)}
-                                        for q in tol.starts(start)],
-                           other=lambda: {"outputs": reference.outputs(p.model, start, x, precision=other)})
+
+        def outputs(params, precision=reference.EXACT):
+            return memoised(memo, lambda: {"outputs": reference.outputs(p.model, params, x, precision=precision)},
+                            "outputs", p.model, precision, params, x)
+
+        ratios = tol.judge({"outputs": (got, outputs(before)["outputs"])},
+                           low=lambda: [outputs(q, low) for q in tol.starts(start)],
+                           other=lambda: outputs(start, other))
     else:
         loss = b.sgd_step(x, y, lr)
         b.sync()
         after = b.get_params()
 
         def changes(params, precision=reference.EXACT):  # each update from its own start (a nudged one too)
-            base = reference.params_like(params, np.float64)
-            want_loss, want = reference.sgd_step(p.model, params, x, y, lr, precision)
-            return {"loss": want_loss} | {f"update of {k}": np.asarray(v, np.float64) - base[k]
-                                          for k, v in want.items()}
+            def compute():
+                base = reference.params_like(params, np.float64)
+                want_loss, want = reference.sgd_step(p.model, params, x, y, lr, precision)
+                return {"loss": want_loss} | {f"update of {k}": np.asarray(v, np.float64) - base[k]
+                                              for k, v in want.items()}
+
+            return memoised(memo, compute, "step", p.model, precision, lr, params, x, y)
 
         got = {"loss": loss} | {f"update of {k}": np.asarray(after[k], np.float64) - before[k] for k in before}
         want = changes(before)
@@ -129,17 +180,20 @@ class CellState:
             if not math.isfinite(loss):
                 raise DivergedError(f"loss became {loss}")
 
-    def warmup(self, n: int) -> protocol.WarmUpReply:
-        """Compile (timed as ``compile_s``), then ``n`` untimed calls (timed together as ``warm_s``)."""
-        compile_s, _ = measure.time_once(lambda: self.backend.warm_up((self.x, self.y)), self.backend.sync)
+    def warmup(self, n: int, compile: bool = True) -> protocol.WarmUpReply:
+        """Compile (timed as ``compile_s``, unless ``compile`` is false), then ``n`` untimed calls (timed
+        together as ``warm_s``)."""
+        compile_s = 0.0
+        if compile:
+            compile_s, _ = measure.time_once(lambda: self.backend.warm_up((self.x, self.y)), self.backend.sync)
         warm_s = measure.time_rounds(self.call, self.backend.sync, 1, n)[0] * n if n else 0.0
         self.check_finite()
         return protocol.WarmUpReply(compile_s, warm_s)
 
-    def verify(self) -> dict:
+    def verify(self, memo: str = "") -> dict:
         """This cell's own next step (or forward pass) against the reference, on its own data
         (the fields of :class:`protocol.VerifyReply`)."""
-        return verify_step(self.problem, self.backend, self.x, self.y, self.lr)
+        return verify_step(self.problem, self.backend, self.x, self.y, self.lr, memo)
 
     def rounds(self, n: int, inner: int) -> list[float]:
         """``n`` rounds of ``inner`` calls each; seconds per call of each round."""
@@ -305,8 +359,8 @@ _SERVICES = {
     "check": lambda cell, req: (cell, protocol.CheckReply(check(req))),
 }
 _CELL_REQUESTS = {
-    "warmup": lambda cell, req: cell.warmup(req.n),
-    "verify": lambda cell, req: protocol.VerifyReply(**cell.verify()),
+    "warmup": lambda cell, req: cell.warmup(req.n, req.compile),
+    "verify": lambda cell, req: protocol.VerifyReply(**cell.verify(req.memo)),
     "calibrate": lambda cell, req: cell.calibrate(req.round_s),
     "rounds": _rounds,
     "train": lambda cell, req: cell.train(req.settings),
