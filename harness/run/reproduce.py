@@ -38,8 +38,19 @@ MANY_CORES = 8
 OVERRUN = 0.10
 #: a first build of an isolated environment (the estimate adds it where the environment is missing)
 ENV_BUILD_S = 120.0
-#: per cell, where no committed run gives a better figure
-DEFAULT_CELL_S = 5.0
+#: a worker's start, compile and verification, per cell and device, where no committed run gives a better figure
+CELL_START_S = {"cpu": 4.0, "gpu": 8.0}
+#: a training cell without a time budget of its own
+TRAIN_CELL_S = 60.0
+#: the GPU conformance check before the experiments: at most this long, the most telling backends first
+GPU_CHECK_S = 90.0
+#: the order of the GPU conformance check: the backends the GPU experiments time, the cuda variants'
+#: default first; any other GPU backend follows, torch:compile (a compile per case) last
+GPU_CHECK_ORDER = ("cuda", "torch:fused", "jax", "torch", "cuda:persistent", "cuda:fused", "cuda:streams",
+                   "cuda:grouped", "cuda:naive")
+#: the GPU experiments by what they answer: the seed's GPU LSTM ablation (the reason the cuda backend
+#: exists), the CPU-versus-GPU crossover, mixed precision, then the default job; any other after these
+GPU_ORDER = ("lstm_gpu", "lstm_cpu_gpu", "mixed_precision", "quick")
 RECORD = "reproduce.json"
 GPU_CHECK = "check-gpu.jsonl"
 
@@ -75,6 +86,7 @@ class Experiment:
     cells: int = 0
     devices: frozenset = frozenset()
     environments: frozenset = frozenset()  # isolated environments its backends run in
+    floor_s: float = 0.0  # what its cells should take by their settings alone (:func:`cell_seconds`)
 
     @property
     def name(self) -> str:
@@ -156,8 +168,19 @@ def experiments(root: Path = PROJECT_ROOT, configs: list[Path] | None = None) ->
                 if env:
                     envs.add(env)
             out.append(Experiment(Path(rel), profile, len(cells), frozenset(c.problem.device for c in cells),
-                                  frozenset(envs)))
+                                  frozenset(envs), sum(cell_seconds(c) for c in cells)))
     return out
+
+
+def cell_seconds(cell) -> float:
+    """One cell's time by its settings: its worker's start (compile and verification included) and its
+    share of the timed rounds (the floor, or the cap when a precision target may keep it going), each pass."""
+    t = cell.timing
+    start = CELL_START_S.get(cell.problem.device, CELL_START_S["cpu"])
+    if cell.problem.workload == "train":
+        return start + (cell.train.time_budget_s or TRAIN_CELL_S)
+    timed = t.max_time_s if t.speedup_precision else t.min_time_s
+    return (start + timed) * (t.max_passes or t.passes)
 
 
 # -- estimates -------------------------------------------------------------------------------
@@ -200,9 +223,7 @@ def estimate(exp: Experiment, committed: dict, by_name: dict[str, Experiment]) -
     if exp.profile and base is not None and base.name in committed and base.cells:
         seconds = committed[base.name][0] * exp.cells / base.cells
         return seconds, f"committed {base.name} run scaled to {exp.cells} cells"
-    per_cell = [s / n for s, n, _ in committed.values() if n]
-    each = sum(per_cell) / len(per_cell) if per_cell else DEFAULT_CELL_S
-    return exp.cells * each, f"no committed run: {exp.cells} cells at {each:.1f} s"
+    return exp.floor_s, f"no committed run: {exp.cells} cells by their timing settings"
 
 
 # -- the plan --------------------------------------------------------------------------------
@@ -240,8 +261,9 @@ def _progress(folder: Path, exp: Experiment) -> tuple[str, float]:
 
 def plan(machine: MachineFacts, out: Path, examples: Path, budget_s: float | None = None,
          only: list[str] | None = None, exps: list[Experiment] | None = None,
-         env_exists=None, spent_s: float = 0.0) -> list[Decision]:
-    """What runs here, in order, with the reason for everything that does not (dry-run and real run alike)."""
+         env_exists=None, spent_s: float = 0.0, check_gpu: bool = True) -> list[Decision]:
+    """What runs here, in order, with the reason for everything that does not (dry-run and real run alike).
+    On a GPU machine the budget keeps :data:`GPU_CHECK_S` for the conformance check that comes first."""
     exps = experiments() if exps is None else exps
     if only:
         known = {e.name for e in exps} | {e.config.stem for e in exps}
@@ -275,9 +297,9 @@ def plan(machine: MachineFacts, out: Path, examples: Path, budget_s: float | Non
         elif why is None:
             why = new + (" (resumes)" if state == "resume" else "")
         decisions.append(Decision(exp.name, exp.config.as_posix(), exp.profile, runs, why, seconds, basis, tier, state))
-    decisions.sort(key=lambda d: (not d.runs, d.tier, d.estimate_s or 0.0))
+    decisions.sort(key=lambda d: (not d.runs, d.tier, _gpu_rank(d), d.estimate_s or 0.0))
     if budget_s is not None:
-        left = budget_s - spent_s
+        left = budget_s - spent_s - (GPU_CHECK_S if machine.has_gpu and check_gpu else 0.0)
         for d in decisions:
             if not d.runs:
                 continue
@@ -287,6 +309,14 @@ def plan(machine: MachineFacts, out: Path, examples: Path, budget_s: float | Non
             else:
                 left -= d.estimate_s
     return decisions
+
+
+def _gpu_rank(d: Decision) -> int:
+    """Where a GPU experiment comes among the GPU ones (:data:`GPU_ORDER`); 0 for the rest."""
+    if d.tier != 0:
+        return 0
+    stem = Path(d.config).stem
+    return GPU_ORDER.index(stem) if stem in GPU_ORDER else len(GPU_ORDER)
 
 
 # -- running it ------------------------------------------------------------------------------
@@ -353,34 +383,57 @@ class Record:
 
 
 def gpu_backends() -> list[str]:
-    """Every available backend (name:variant) with a GPU device."""
+    """Every available backend (name:variant) with a GPU device, in :data:`GPU_CHECK_ORDER`."""
     import backends
 
-    return [r.full_name for r in backends.list_backends() if r.available and "gpu" in r.devices]
+    names = [r.full_name for r in backends.list_backends() if r.available and "gpu" in r.devices]
+    rank = {n: k for k, n in enumerate(GPU_CHECK_ORDER)}
+    return sorted(names, key=lambda n: (n == "torch:compile", rank.get(n, len(rank))))
 
 
-def gpu_check(out: Path, record: Record, say, deadline: float | None) -> None:
-    """``harness check --device gpu`` of every GPU backend, once per output folder, kept in ``OUT/check-gpu.jsonl``."""
-    if record.data.get("gpu_check", {}).get("finished"):
+def gpu_check(out: Path, record: Record, say, deadline: float | None, names: list[str] | None = None) -> None:
+    """``harness check --device gpu --quick`` of every GPU backend, one backend at a time in
+    :data:`GPU_CHECK_ORDER`, within :data:`GPU_CHECK_S` (and the budget), once per output folder; each
+    backend's cases are kept in ``OUT/check-gpu.jsonl`` as it finishes, and what the time left
+    unchecked is named (each timed cell is verified against the reference before its rounds anyway)."""
+    kept = record.data.get("gpu_check", {})
+    if kept.get("finished"):
         say(f"GPU check: done earlier ({out / GPU_CHECK})")
         return
-    names = gpu_backends()
+    names = gpu_backends() if names is None else names
     if not names:
         record.data["gpu_check"] = {"backends": [], "finished": True, "note": "no available backend has a GPU device"}
         record.save()
         say("GPU check: no available backend has a GPU device")
         return
-    cmd = _harness(["check", "--backends", ",".join(names), "--device", "gpu", "--quick", "--json"])
-    say(f"GPU check: {' '.join(cmd[3:])}")
     started = time.monotonic()
-    with open(out / GPU_CHECK, "w") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, cwd=PROJECT_ROOT, preexec_fn=_set_parent_death_signal)
-        rc, stopped = _wait(proc, deadline)
-    record.data["gpu_check"] = {"backends": names, "command": " ".join(cmd[3:]), "exit_code": rc,
-                                "seconds": round(time.monotonic() - started, 1), "finished": not stopped,
-                                "file": GPU_CHECK}
+    stop_at = started + GPU_CHECK_S if deadline is None else min(deadline, started + GPU_CHECK_S)
+    exit_codes: dict[str, int] = dict(kept.get("exit_codes") or {})
+    todo = [n for n in names if n not in exit_codes]
+    say(f"GPU check: {len(todo)} backends, at most {GPU_CHECK_S:.0f} s: {', '.join(todo)}")
+    unchecked: list[str] = []
+    for k, name in enumerate(todo):
+        if time.monotonic() >= stop_at:
+            unchecked = todo[k:]
+            break
+        cmd = _harness(["check", "--backends", name, "--device", "gpu", "--quick", "--json"])
+        with open(out / f"{GPU_CHECK}.part", "w") as sink:
+            proc = subprocess.Popen(cmd, stdout=sink, cwd=PROJECT_ROOT, preexec_fn=_set_parent_death_signal)
+            rc, stopped = _wait(proc, stop_at)
+        if stopped:
+            unchecked = todo[k:]
+            break
+        with open(out / GPU_CHECK, "a") as sink:
+            sink.write((out / f"{GPU_CHECK}.part").read_text())
+        exit_codes[name] = rc
+        say(f"GPU check: {name}: {'passed' if rc == 0 else f'exit code {rc}, see ' + str(out / GPU_CHECK)}")
+    (out / f"{GPU_CHECK}.part").unlink(missing_ok=True)
+    record.data["gpu_check"] = {"backends": names, "exit_codes": exit_codes, "unchecked": unchecked,
+                                "seconds": round(time.monotonic() - started, 1) + float(kept.get("seconds") or 0),
+                                "finished": not unchecked, "file": GPU_CHECK}
     record.save()
-    say(f"GPU check: exit code {rc} ({'passed' if rc == 0 else 'failures, see ' + str(out / GPU_CHECK)})")
+    if unchecked:
+        say(f"GPU check: out of its {GPU_CHECK_S:.0f} s, not checked: {', '.join(unchecked)} (the next call goes on)")
 
 
 @dataclass
