@@ -281,3 +281,34 @@ def test_a_verified_baseline_needs_no_note():
     assert speedup_note(rows) == ""
     rows = pd.DataFrame([{"baseline": "numpy", "baseline_status": "error", "status": "error", "speedup_over": None}])
     assert speedup_note(rows) == "baseline numpy is error and no backend here ran ok: no speedups"
+
+
+# -- a loss handed back as a device scalar -----------------------------------------------------------
+
+class _DeviceScalar:
+    """What an asynchronous backend may return from ``sgd_step``: ``float()`` converts it (waiting for the
+    step), but NumPy cannot read it, as with a CUDA tensor."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __float__(self):
+        return float(self.value)
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("can't convert a device tensor to numpy")
+
+
+def test_a_loss_returned_as_a_device_scalar_is_verified_and_checked():
+    import backends
+    from harness.verify.check import all_cases, run_case
+
+    class DeviceLoss(type(backends.create("numpy"))):
+        def sgd_step(self, x, y, lr):
+            return _DeviceScalar(super().sgd_step(x, y, lr))
+
+    problem, params, x, y = _kink_problem("full", seed=1)
+    assert _step_verdict(DeviceLoss(), problem, params, x, y)["ok"]
+    case = next(c for c in all_cases(quick=True) if c.dtype == "float32")
+    result = run_case(DeviceLoss(), case)
+    assert result.status == "pass", (result.reason, result.details)

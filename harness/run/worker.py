@@ -118,7 +118,7 @@ def verify_step(p, b, x, y, lr: float, memo: str = "") -> dict:
                            low=lambda: [outputs(q, low) for q in tol.starts(start)],
                            other=lambda: outputs(start, other))
     else:
-        loss = b.sgd_step(x, y, lr)
+        loss = float(b.sgd_step(x, y, lr))  # a device scalar converts only through float() (Backend.sgd_step)
         b.sync()
         after = b.get_params()
 

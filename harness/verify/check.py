@@ -306,7 +306,7 @@ def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
         losses = []
         for step in range(N_STEPS):
             xs, ys = make_data(case, step)
-            losses.append(backend.sgd_step(xs, ys, LR))
+            losses.append(float(backend.sgd_step(xs, ys, LR)))  # a device scalar converts through float()
         backend.sync()
         got["step losses"] = losses
         got_params = backend.get_params()
