@@ -249,6 +249,7 @@ def reproduce_cmd(
     only: Annotated[Optional[str], typer.Option("--only", help="Comma-separated experiments (config names, e.g. quick,sobel, or quick-gpu for a profile).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Folder of the runs, one per experiment (results/examples: the committed ones).")] = Path("results/reproduce"),
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan, one line per experiment, and run nothing.")] = False,
+    archive: Annotated[Optional[Path], typer.Option("--archive", help="Afterwards, the finished run folders in one .tgz, named as results/examples names them (tar xzf FILE -C results/examples; harness docs).")] = None,
 ):
     """Every experiment of docs/experiments.md that fits this machine, within a budget, resumable."""
     from harness.run import reproduce
@@ -275,6 +276,13 @@ def reproduce_cmd(
         raise typer.Exit(130)
     except HarnessError as exc:
         _fail(exc, 1)
+    finally:
+        if archive is not None and out.is_dir():
+            try:
+                kept = reproduce.archive(out, archive)
+                err_console.print(f"archive: {archive} ({', '.join(kept) or 'no finished run'})", highlight=False)
+            except HarnessError as exc:
+                _fail(exc, 1)
     for o in outcomes:
         console.print(f"{o.name}: {o.status} in {o.seconds / 60:.1f} min", highlight=False)
     skipped = [d for d in decisions if d.skipped_for_budget]

@@ -22,6 +22,7 @@ import re
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -43,7 +44,7 @@ CELL_START_S = {"cpu": 4.0, "gpu": 8.0}
 #: a training cell without a time budget of its own
 TRAIN_CELL_S = 60.0
 #: the GPU conformance check before the experiments: at most this long, the most telling backends first
-GPU_CHECK_S = 90.0
+GPU_CHECK_S = 120.0
 #: the order of the GPU conformance check: the backends the GPU experiments time, the cuda variants'
 #: default first; any other GPU backend follows, torch:compile (a compile per case) last
 GPU_CHECK_ORDER = ("cuda", "torch:fused", "jax", "torch", "cuda:persistent", "cuda:fused", "cuda:streams",
@@ -174,13 +175,14 @@ def experiments(root: Path = PROJECT_ROOT, configs: list[Path] | None = None) ->
 
 def cell_seconds(cell) -> float:
     """One cell's time by its settings: its worker's start (compile and verification included) and its
-    share of the timed rounds (the floor, or the cap when a precision target may keep it going), each pass."""
+    share of the timed rounds (the floor; midway to the cap when a precision target may keep it going),
+    each pass; a training cell its time budget."""
     t = cell.timing
     start = CELL_START_S.get(cell.problem.device, CELL_START_S["cpu"])
     if cell.problem.workload == "train":
         return start + (cell.train.time_budget_s or TRAIN_CELL_S)
-    timed = t.max_time_s if t.speedup_precision else t.min_time_s
-    return (start + timed) * (t.max_passes or t.passes)
+    timed = (t.min_time_s + t.max_time_s) / 2 if t.speedup_precision else t.min_time_s
+    return (start + timed) * t.passes
 
 
 # -- estimates -------------------------------------------------------------------------------
@@ -221,15 +223,23 @@ def estimate(exp: Experiment, committed: dict, by_name: dict[str, Experiment]) -
         return seconds, f"its committed run, {where}"
     base = by_name.get(exp.config.stem)
     if exp.profile and base is not None and base.name in committed and base.cells:
+        if _is_gpu(exp) and not committed[base.name][2].get("gpus"):
+            # a CPU run's minutes say nothing of a GPU's: its cells' settings do
+            return exp.floor_s, f"{exp.cells} cells by their timing settings (its committed run had no GPU)"
         seconds = committed[base.name][0] * exp.cells / base.cells
         return seconds, f"committed {base.name} run scaled to {exp.cells} cells"
     return exp.floor_s, f"no committed run: {exp.cells} cells by their timing settings"
 
 
 # -- the plan --------------------------------------------------------------------------------
+def _is_gpu(exp: Experiment) -> bool:
+    """Whether the experiment needs a GPU: its ``gpu`` profile, or a config whose every cell is a GPU one."""
+    return exp.profile == "gpu" or exp.devices == {"gpu"}
+
+
 def _needs(exp: Experiment, machine: MachineFacts) -> str | None:
     """Why the experiment cannot run on this machine, or None."""
-    if (exp.profile == "gpu" or exp.devices == {"gpu"}) and not machine.has_gpu:
+    if _is_gpu(exp) and not machine.has_gpu:
         return "needs a GPU (none here)"
     if exp.profile == "many-cores" and machine.cores < MANY_CORES:
         return f"needs >= {MANY_CORES} cores ({machine.cores} here)"
@@ -237,8 +247,8 @@ def _needs(exp: Experiment, machine: MachineFacts) -> str | None:
 
 
 def _tier(exp: Experiment, machine: MachineFacts, committed: dict) -> tuple[int, str]:
-    if exp.profile == "gpu" or exp.devices == {"gpu"}:
-        return 0, "GPU: the committed runs have none"
+    if _is_gpu(exp):
+        return 0, "GPU: " + ("re-measures its committed GPU run" if exp.name in committed else "the committed runs have none")
     if exp.profile == "many-cores":
         return 1, f"{machine.cores} cores: the committed runs had 2"
     if "gpu" in exp.devices and machine.has_gpu:
@@ -502,3 +512,21 @@ def _keep(record: Record, d: Decision, o: Outcome) -> None:
     entry.update({"status": o.status, "exit_code": o.exit_code, "estimate_s": round(d.estimate_s or 0, 1),
                   "folder": d.name, "last": datetime.now(timezone.utc).isoformat()})
     record.save()
+
+
+def archive(out: Path, path: Path, exps: list[Experiment] | None = None) -> list[str]:
+    """The finished run folders of ``out`` in one gzipped tar at ``path``, each under its experiment's
+    name, as ``results/examples/`` names the committed runs: ``tar xzf FILE -C results/examples``, then
+    ``harness docs``, fills the tables from them. Interrupted and unfinished runs stay out. Returns the names."""
+    exps = experiments() if exps is None else exps
+    names = [e.name for e in exps if (out / e.name).is_dir() and _progress(out / e.name, e)[0] == "done"]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with tarfile.open(tmp, "w:gz") as tar:
+            for name in names:  # without the folder's lock file: it is the writing run's, not the run's
+                tar.add(out / name, arcname=name, filter=lambda m: None if Path(m.name).name == ".lock" else m)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise HarnessError(f"--archive {path}: {exc.strerror or exc}") from exc
+    return names
