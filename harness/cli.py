@@ -294,11 +294,11 @@ def reproduce_cmd(
 
 @app.command("docs")
 def docs_cmd(
-    check: Annotated[bool, typer.Option("--check", help="Change nothing; exit 1 when a table differs from its runs.")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Change nothing; exit 1 when a table, a plot or a report differs from what its run gives today.")] = False,
     page: Annotated[Path, typer.Option("--page", help="The page whose marked tables are generated.")] = Path("docs/experiments.md"),
     examples: Annotated[Path, typer.Option("--examples", help="The run folders the tables read.")] = Path("results/examples"),
 ):
-    """Regenerate the measured tables of docs/experiments.md from the runs under results/examples/."""
+    """Regenerate the measured tables of docs/experiments.md, and the stale plots and reports of the runs under results/examples/."""
     from harness.results import docs
 
     try:
@@ -308,12 +308,20 @@ def docs_cmd(
     for spec in changed:
         verb = "differs from its runs" if check else "rewritten"
         console.print(escape(f"{page}:{spec.line}: table '{spec.text}' {verb}"), highlight=False)
-    if check and changed:
-        err_console.print(f"[bold red]error:[/] {len(changed)} table(s) of {escape(str(page))} disagree with "
-                          f"{escape(str(examples))}; `harness docs` regenerates them", highlight=False)
+    # the plots and reports of the committed runs are outputs of the runs too
+    stale = docs.stale_drawings(examples) if check else {run: [] for run in docs.redraw(examples)}
+    for run, problems in stale.items():
+        for problem in problems or [f"{run}: plots and report redrawn"]:
+            console.print(escape(problem), highlight=False)
+    if check and (changed or stale):
+        what = [f"{len(changed)} table(s) of {page}"] * bool(changed) + [f"the plots or report of {len(stale)} run(s)"] * bool(stale)
+        err_console.print(f"[bold red]error:[/] {escape(' and '.join(what))} disagree with {escape(str(examples))}; "
+                          f"`harness docs` regenerates them", highlight=False)
         raise typer.Exit(1)
     if not changed:
         console.print(f"{page}: every table agrees with its runs", highlight=False)
+    if check:
+        console.print(f"{examples}: every run's plots and report are today's", highlight=False)
 
 
 @app.command("plot")

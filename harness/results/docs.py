@@ -330,3 +330,33 @@ def write_page(page: Path, examples: Path) -> list[TableSpec]:
     if changed:
         page.write_text(text)
     return changed
+
+
+# -- the committed runs' plots and reports, checked like the tables --------------------------------
+def run_folders(examples: Path) -> list[Path]:
+    """The run folders under ``examples`` (those with a run.json)."""
+    examples = Path(examples)
+    return sorted(p for p in examples.iterdir() if (p / "run.json").is_file()) if examples.is_dir() else []
+
+
+def stale_drawings(examples: Path) -> dict[Path, list[str]]:
+    """Per run folder, why its plots or report are not what today's ``harness report`` makes of it."""
+    from harness.results.plots import check_plots
+    from harness.results.report import check_report
+
+    found = {}
+    for run in run_folders(examples):
+        problems = check_plots(run) + check_report(run)
+        if problems:
+            found[run] = problems
+    return found
+
+
+def redraw(examples: Path) -> list[Path]:
+    """Redraw the plots and rewrite the report of every run whose drawings are stale; the runs redrawn."""
+    from harness.results.report import write_report
+
+    stale = list(stale_drawings(examples))
+    for run in stale:
+        write_report(run)
+    return stale

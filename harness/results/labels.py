@@ -74,10 +74,10 @@ def group_label(row, omit: tuple[str, ...] = ()) -> str:
 
 
 def fmt_seconds(v) -> str:
-    """A duration with a readable unit: ``1.23 ms``, ``45.6 us``, ``2.5 s``."""
+    """A duration with a readable unit: ``1.23 ms``, ``45.6 µs``, ``2.5 s``."""
     if v is None or not np.isfinite(v):
         return "-"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
         if abs(v) >= scale or unit == "ns":
             return f"{v / scale:.3g} {unit}"
     return f"{v:.3g} s"

@@ -6,6 +6,8 @@ files it wrote.
 
 from __future__ import annotations
 
+import json
+import re
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,37 +36,80 @@ def _setup():
     return plt, sns
 
 
-#: a hue per backend in registry order; a backend's variants are shades of it
+#: a hue per backend in registry order (numpy blue, torch orange, jax green, ...); its variants and pinned
+#: versions are shades of it
 _HUES = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
          "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173"]
+#: hues for backends from plugins: none of them is a registry backend's
+_PLUGIN_HUES = ["#6b6ecf", "#b5cf6b", "#e7ba52", "#d6616b", "#ce6dbd", "#9c9ede", "#cedb9c", "#e7969c"]
 _SHADES = [0.0, 0.45, -0.35, 0.7, -0.55, 0.25, -0.2, 0.6]  # > 0 toward white, < 0 toward black
 
 
-def backend_colour(label: str) -> tuple[float, float, float]:
-    """The one colour of a backend label (``name`` or ``name:variant``) in every plot of every run and
-    report: its backend's hue (registry order), its variant a shade of it (the class's variant order)."""
+def _label_parts(label: str) -> tuple[str, str | None, str]:
+    """``"jax:unroll=4 0.4.38"`` -> ``("jax", "unroll=4", "0.4.38")``: a label's backend, variant and the
+    version or pins it carries (:func:`backend_label` writes ``name[:variant] VERSION`` or ``name@PINS``)."""
+    import backends
+
+    base, _, version = str(label).partition(" ")
+    base, pins = backends.split_pins(base)
+    name, variant = backends.split_name(base)
+    return name, variant, version or pins
+
+
+def _hue(name: str) -> np.ndarray:
     import zlib
 
     import backends
     from matplotlib.colors import to_rgb
 
-    name, variant = backends.split_name(label)
     names = list(backends.registry())
-    i = names.index(name) if name in names else len(names) + zlib.crc32(name.encode()) % len(_HUES)
-    base = np.array(to_rgb(_HUES[i % len(_HUES)]))
+    hue = _HUES[names.index(name) % len(_HUES)] if name in names else \
+        _PLUGIN_HUES[zlib.crc32(name.encode()) % len(_PLUGIN_HUES)]
+    return np.array(to_rgb(hue))
+
+
+def _shade_index(name: str, variant: str | None) -> int:
+    """A variant's place among its backend's shades: the default first, then the class's variant order."""
+    import zlib
+
+    import backends
+
     try:
         variants = list(backends.backend_class(name).variants)
-    except Exception:  # an unknown or broken backend still gets a stable colour
+    except Exception:  # an unknown or broken backend still gets a stable shade
         variants = []
-    k = variants.index(variant) if variant in variants else 0 if variant is None else 1 + zlib.crc32(variant.encode()) % 7
+    if variant is None:
+        return 0
+    return variants.index(variant) if variant in variants else 1 + zlib.crc32(variant.encode()) % (len(_SHADES) - 1)
+
+
+def _shade(base: np.ndarray, k: int) -> tuple[float, float, float]:
     f = _SHADES[k % len(_SHADES)]
     rgb = base + (1 - base) * f if f > 0 else base * (1 + f)
     return tuple(float(c) for c in rgb)
 
 
+def backend_colour(label: str) -> tuple[float, float, float]:
+    """The colour of a backend label alone: its backend's hue (registry order; a plugin's from hues no
+    registry backend has), its variant a shade of it (the class's variant order)."""
+    name, variant, _ = _label_parts(label)
+    return _shade(_hue(name), _shade_index(name, variant))
+
+
 def _palette(sns, labels) -> dict:
-    """One colour per backend label, the same in every plot (:func:`backend_colour`)."""
-    return {label: backend_colour(label) for label in set(labels)}
+    """A colour per backend label of one plot: each backend's fixed hue, its variants their fixed shades
+    (:func:`backend_colour`); where two labels of the plot would share a colour (versions of one variant,
+    a variant whose shade another took), the later ones, in label order, take the next free shade."""
+    out, taken = {}, {}
+    for label in sorted(set(labels), key=lambda l: (_label_parts(l)[0], _label_parts(l)[2], str(l))):
+        name, variant, _ = _label_parts(label)
+        used = taken.setdefault(name, set())
+        k = _shade_index(name, variant)
+        while k % len(_SHADES) in used and len(used) < len(_SHADES):
+            k += 1
+        used.add(k % len(_SHADES))
+        out[label] = _shade(_hue(name), k)
+    return out
 
 
 def _log_axis(axis, fmt) -> None:
@@ -100,50 +145,65 @@ def _measured_ticks(axis, values) -> None:
 def _grid(n_panels: int, max_cols: int, panel_w: float, panel_h: float):
     """A figure of ``n_panels`` panels, at most ``max_cols`` to a row: ``(plt, sns, fig, axes)``."""
     plt, sns = _setup()
-    ncol = min(max_cols, n_panels)
+    # as many to a row as fit, with the fewest empty slots (four panels: 2 x 2, not 3 + 1)
+    ncol = min(range(1, min(max_cols, n_panels) + 1), key=lambda c: (-(-n_panels // c) * c - n_panels, -c))
     nrow = -(-n_panels // ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(panel_w * ncol, panel_h * nrow), squeeze=False)
     return plt, sns, fig, axes
 
 
 def _save(plt, fig, axes, n_panels: int, out: Path, **savefig) -> Path:
-    """Hide the unused panels, lay out, write ``out`` and free the figure."""
+    """Hide the unused panels, lay out, write ``out`` (PNG) and an SVG beside it, and free the figure."""
     for ax in axes.flat[n_panels:]:
         ax.set_visible(False)
     fig.tight_layout()
-    fig.savefig(out, dpi=110, **savefig)
+    fig.savefig(out, dpi=144, **savefig)
+    fig.savefig(out.with_suffix(".svg"), **savefig)
     plt.close(fig)
     return out
 
 
 def plot_speedup(timings: pd.DataFrame, out: Path):
-    """A panel per comparison group: a bar per backend with its 95% interval, the baseline at 1."""
-    df = timings[(timings["status"] == "ok") & timings["speedup"].notna()].copy()
+    """A panel per comparison group: a bar per backend with its 95% interval, the baseline at 1; the
+    group's cells that have no speedup (failed, unsupported, unavailable) listed under the bars with their status."""
+    timed = (timings["status"] == "ok") & timings["speedup"].notna()
+    df = timings[timed].copy()
     if df.empty:
         return None
     df["label"] = backend_label(df)
     df["panel"] = df.apply(group_label, axis=1) + " · " + df["workload"]
+    rest = timings[~timed & timings["workload"].isin(df["workload"])].copy()
+    if len(rest):
+        rest["label"] = backend_label(rest)
+        rest["panel"] = rest.apply(group_label, axis=1) + " · " + rest["workload"]
+        rest = rest[rest["panel"].isin(df["panel"])]
     panels = list(dict.fromkeys(df["panel"]))
-    plt, sns, fig, axes = _grid(len(panels), 3, 4.9, 0.5 * df["label"].nunique() + 1.9)
+    rows = max(int((df["panel"] == p).sum() + (rest["panel"] == p).sum()) for p in panels)
+    plt, sns, fig, axes = _grid(len(panels), 3, 4.9, 0.5 * rows + 1.9)
     palette = _palette(sns, df["label"])
     for ax, panel in zip(axes.flat, panels):
         d = df[df["panel"] == panel].sort_values("speedup")
-        y = np.arange(len(d))
+        missing = rest[rest["panel"] == panel]
+        y = np.arange(len(d)) + len(missing)
+        for k, status in enumerate(missing["status"]):  # the cells of the group that have no speedup, and why
+            ax.text(0.03, k, f"not timed: {status}", va="center", fontsize=8, color="#a00000", style="italic",
+                    transform=ax.get_yaxis_transform())
         lo = (d["speedup"] - d["speedup_lo"]).clip(lower=0).fillna(0)
         hi = (d["speedup_hi"] - d["speedup"]).clip(lower=0).fillna(0)
         ax.barh(y, d["speedup"], xerr=[lo, hi], color=[palette[l] for l in d["label"]], capsize=3)
-        ax.set_yticks(y, d["label"])
+        ax.set_yticks(list(range(len(missing))) + list(y), list(missing["label"]) + list(d["label"]))
+        ax.set_ylim(-0.6, len(missing) + len(d) - 0.4)
         ax.axvline(1.0, color="black", lw=1, ls="--")
         ax.set_xscale("log")
         right = d["speedup_hi"].fillna(d["speedup"]).to_numpy()
         top = float(np.nanmax(right))
         ax.set_xlim(min(0.8, float(np.nanmin(d["speedup_lo"].fillna(d["speedup"]))) * 0.7), top * 2.2)
         _number_axis(ax.xaxis, "x")
-        ax.set_title(textwrap.fill(panel, 52), fontsize=10)
+        ax.set_title(textwrap.fill(panel, 40), fontsize=10)
         over = d["speedup_over"].dropna() if "speedup_over" in d else d["baseline"]  # a failed baseline's stand-in
         ax.set_xlabel(f"speedup over {(over if len(over) else d['baseline']).iloc[0]} (bars: 95% CI)")
         for yi, s, r in zip(y, d["speedup"], right):
-            ax.text(max(r, s) * 1.08, yi, f"{s:.3g}x", va="center", fontsize=9)
+            ax.text(max(r, s) * 1.12, yi, f"{s:.3g}x", va="center", ha="left", fontsize=9)
     return _save(plt, fig, axes, len(panels), out)
 
 
@@ -571,11 +631,129 @@ PLOTS = (
 
 
 def make_plots(run_dir) -> list[Path]:
-    """Draw every plot the run has data for into ``run_dir/plots``."""
+    """Draw every plot the run has data for into ``run_dir/plots`` (PNG, and SVG beside each), each file
+    stamped with what it was drawn from (:func:`plots_digest`) and listed in ``plots/plots.json``;
+    files an earlier drawing left there that this one does not draw are removed."""
     from harness.results.store import load_run
 
     run = load_run(run_dir)
     folder = Path(run_dir) / "plots"
     folder.mkdir(exist_ok=True)
-    made = [plot.draw(run, folder / plot.file) for plot in PLOTS]
-    return [p for p in made if p is not None]
+    made = [p for p in (plot.draw(run, folder / plot.file) for plot in PLOTS) if p is not None]
+    files = sorted(f.name for p in made for f in (p, p.with_suffix(".svg")) if f.exists())
+    digest = plots_digest(run_dir)
+    for name in files:
+        _stamp(folder / name, _file_digest(digest, name))
+    for old in _drawn_files(folder):
+        if old.name not in files:
+            old.unlink()
+    (folder / MANIFEST).write_text(json.dumps({"digest": digest, "files": files}, indent=1) + "\n")
+    return made
+
+
+# -- plots checked like tables: what drew each file, and whether today's code draws the same ----------
+#: the list of a run's plots and what they were drawn from, beside them
+MANIFEST = "plots.json"
+#: the text key of the stamp in a PNG, and its marker in an SVG
+STAMP_KEY = "harness-plot"
+#: the code that decides what a plot shows: a change here redraws every committed run's plots
+PLOT_CODE = ("harness/results/plots.py", "harness/results/labels.py", "harness/results/schema.py")
+#: the tables a plot is drawn from
+PLOT_INPUTS = ("timings.parquet", "curves.parquet")
+
+
+def _drawn_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix in (".png", ".svg")) if folder.is_dir() else []
+
+
+def plotting_code_digest() -> str:
+    """A hash of the plotting code and of what colours depend on (the registry's backends and their variants)."""
+    import hashlib
+
+    import backends
+
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for rel in PLOT_CODE:
+        h.update(rel.encode() + b"\0" + (root / rel).read_bytes())
+    for name in backends.registry():
+        try:
+            variants = list(backends.backend_class(name).variants)
+        except Exception:
+            variants = []
+        h.update(f"{name}:{','.join(map(str, variants))};".encode())
+    return h.hexdigest()
+
+
+def plots_digest(run_dir) -> str:
+    """What a run's plots are drawn from: its tables' bytes and the plotting code (:func:`plotting_code_digest`)."""
+    import hashlib
+
+    h = hashlib.sha256(plotting_code_digest().encode())
+    for name in PLOT_INPUTS:
+        path = Path(run_dir) / name
+        h.update(name.encode() + b"\0" + (path.read_bytes() if path.exists() else b"-"))
+    return h.hexdigest()[:32]
+
+
+def _file_digest(digest: str, name: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(f"{digest}/{name}".encode()).hexdigest()[:32]
+
+
+def _stamp(path: Path, value: str) -> None:
+    """Write ``value`` into the file: a PNG text chunk, or a comment after an SVG's XML declaration."""
+    if path.suffix == ".png":
+        from PIL import Image
+        from PIL.PngImagePlugin import PngInfo
+
+        with Image.open(path) as image:
+            image.load()
+            info = PngInfo()
+            for k, v in image.text.items():
+                if k != STAMP_KEY:
+                    info.add_text(k, v)
+            info.add_text(STAMP_KEY, value)
+            image.save(path, pnginfo=info)
+    else:
+        text = path.read_text()
+        head, sep, rest = text.partition("?>")
+        path.write_text(f"{head}{sep}\n<!-- {STAMP_KEY}: {value} -->{rest}" if sep else f"<!-- {STAMP_KEY}: {value} -->\n{text}")
+
+
+def read_stamp(path: Path) -> str | None:
+    """The stamp a plot file carries (None: none, or not a readable image)."""
+    try:
+        if path.suffix == ".png":
+            from PIL import Image
+
+            with Image.open(path) as image:
+                return image.text.get(STAMP_KEY)
+        found = re.search(rf"<!-- {STAMP_KEY}: (\w+) -->", path.read_text()[:4000])
+        return found.group(1) if found else None
+    except (OSError, ValueError, SyntaxError):
+        return None
+
+
+def check_plots(run_dir) -> list[str]:
+    """Why the run's plots are not what ``harness plot`` draws from it today (empty: they are)."""
+    folder = Path(run_dir) / "plots"
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        listed, digest = list(manifest["files"]), str(manifest["digest"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return [f"{folder}: no {MANIFEST} (not drawn by today's harness plot)"]
+    problems = []
+    if digest != plots_digest(run_dir):
+        problems.append(f"{folder}: drawn from other rows or by other plotting code than today's")
+    for name in listed:
+        stamp = read_stamp(folder / name)
+        if stamp is None:
+            problems.append(f"{folder / name}: missing, or without the stamp of the drawing")
+        elif stamp != _file_digest(digest, name):
+            problems.append(f"{folder / name}: not the plot drawn under this name")
+    extra = [p.name for p in _drawn_files(folder) if p.name not in listed]
+    if extra:
+        problems.append(f"{folder}: {', '.join(extra)} not drawn by harness plot")
+    return problems

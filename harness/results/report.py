@@ -564,6 +564,43 @@ def write_report(run_dir) -> list[Path]:
         note = f"Redrawing the plots failed ({type(exc).__name__}: {exc}); these are the plots already on disk."
     title, blocks = build_report(run_dir, plots, note)
     md, page = run_dir / "report.md", run_dir / "report.html"
-    md.write_text(to_markdown(title, blocks, run_dir), encoding="utf-8")
-    page.write_text(to_html(title, blocks), encoding="utf-8")
+    stamp = f"<!-- {REPORT_STAMP}: {report_digest(run_dir)} -->\n"
+    md.write_text(to_markdown(title, blocks, run_dir) + stamp, encoding="utf-8")
+    page.write_text(to_html(title, blocks) + stamp, encoding="utf-8")
     return [md, page]
+
+
+#: the marker of what a report was written from, its last line
+REPORT_STAMP = "harness-report"
+
+
+def report_digest(run_dir) -> str:
+    """What a run's report is written from: its plots' inputs and code, its run.json, and the report's code."""
+    import hashlib
+
+    from harness.results.plots import plots_digest
+
+    run_dir = Path(run_dir)
+    h = hashlib.sha256(plots_digest(run_dir).encode())
+    h.update(Path(__file__).read_bytes())
+    h.update((run_dir / "run.json").read_bytes())
+    return h.hexdigest()[:32]
+
+
+def check_report(run_dir) -> list[str]:
+    """Why the run's report.md and report.html are not what ``harness report`` writes today (empty: they are)."""
+    import re
+
+    run_dir = Path(run_dir)
+    want = report_digest(run_dir)
+    problems = []
+    for name in ("report.md", "report.html"):
+        try:
+            tail = (run_dir / name).read_text(encoding="utf-8")[-200:]
+        except OSError:
+            problems.append(f"{run_dir / name}: missing")
+            continue
+        found = re.search(rf"<!-- {REPORT_STAMP}: (\w+) -->", tail)
+        if found is None or found.group(1) != want:
+            problems.append(f"{run_dir / name}: not what today's harness report writes from this run")
+    return problems

@@ -1,0 +1,96 @@
+"""Plots are outputs of runs, checked like tables: each file stamped with what drew it, ``harness docs
+--check`` failing on a plot or report that today's code would not draw from its run; one palette."""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.results import plots
+from harness.results.report import check_report, write_report
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "results" / "examples" / "lstm_gpu"  # small: six groups, three plots
+
+
+@pytest.fixture
+def run(tmp_path):
+    folder = tmp_path / "examples" / "lstm_gpu"
+    shutil.copytree(EXAMPLE, folder)
+    write_report(folder)
+    return folder
+
+
+def test_a_fresh_drawing_checks_clean_and_every_file_carries_its_stamp(run):
+    assert plots.check_plots(run) == [] and check_report(run) == []
+    files = sorted(p.name for p in (run / "plots").iterdir() if p.suffix in (".png", ".svg"))
+    assert "speedup.png" in files and "speedup.svg" in files  # SVG beside every PNG
+    stamps = {name: plots.read_stamp(run / "plots" / name) for name in files}
+    assert all(stamps.values()) and len(set(stamps.values())) == len(files)
+
+
+def test_swapped_plots_other_rows_stray_files_and_a_missing_manifest_are_caught(run):
+    folder = run / "plots"
+    a, b = folder / "speedup.png", folder / "scaling.png"
+    a_bytes = a.read_bytes()
+    a.write_bytes(b.read_bytes())
+    b.write_bytes(a_bytes)
+    problems = plots.check_plots(run)
+    assert any("speedup.png: not the plot drawn under this name" in p for p in problems)
+    assert any("scaling.png: not the plot drawn under this name" in p for p in problems)
+    plots.make_plots(run)
+    assert plots.check_plots(run) == []
+    # other rows: the same files, but the table changed since they were drawn
+    t = pd.read_parquet(run / "timings.parquet")
+    t.loc[t.index[0], "median_s"] = float(t["median_s"].iloc[0]) * 2
+    t.to_parquet(run / "timings.parquet")
+    assert any("drawn from other rows" in p for p in plots.check_plots(run))
+    assert any("report.md" in p for p in check_report(run))
+    plots.make_plots(run)
+    (folder / "old.png").write_bytes(a_bytes)
+    assert any("old.png not drawn by harness plot" in p for p in plots.check_plots(run))
+    plots.make_plots(run)  # a redraw removes what it does not draw
+    assert not (folder / "old.png").exists()
+    (folder / plots.MANIFEST).unlink()
+    assert any("no plots.json" in p for p in plots.check_plots(run))
+
+
+def test_docs_check_fails_on_a_swapped_plot_and_docs_redraws_it(run, tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# results\n\n<!-- table: speedups lstm_gpu -->\n<!-- /table -->\n")
+    args = ["docs", "--page", str(page), "--examples", str(run.parent)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    ok = CliRunner().invoke(app, args + ["--check"])
+    assert ok.exit_code == 0, ok.output
+    folder = run / "plots"
+    speedup, roofline = (folder / "speedup.png").read_bytes(), (folder / "roofline.png").read_bytes()
+    (folder / "speedup.png").write_bytes(roofline)
+    (folder / "roofline.png").write_bytes(speedup)
+    bad = CliRunner().invoke(app, args + ["--check"])
+    assert bad.exit_code == 1 and "speedup.png: not the plot drawn under this name" in bad.output
+    fixed = CliRunner().invoke(app, args)
+    assert fixed.exit_code == 0 and "plots and report redrawn" in fixed.output
+    assert CliRunner().invoke(app, args + ["--check"]).exit_code == 0
+
+
+def test_one_palette_libraries_keep_their_hue_and_no_two_labels_of_a_plot_share_a_colour():
+    labels = ["numpy 2.4.6", "jax 0.10.2", "jax 0.4.38", "pytensor 2.30.3", "pytensor 2.31.7", "pytensor:numba",
+              "jax:unroll=4", "numpy", "myplugin", "otherplugin:fast"]
+    palette = plots._palette(None, labels)
+    assert len(set(palette.values())) == len(labels)
+    # a library's own colour does not depend on the plot it is in
+    assert plots._palette(None, ["numpy", "jax"])["numpy"] == plots._palette(None, ["torch", "numpy"])["numpy"]
+    assert palette["numpy"] == plots.backend_colour("numpy")
+    # versions are shades of their library's hue: closer to it than to any other library's
+    jax, numpy = np.array(plots.backend_colour("jax")), np.array(plots.backend_colour("numpy"))
+    v = np.array(palette["jax 0.4.38"])
+    assert np.linalg.norm(v - jax) < np.linalg.norm(v - numpy)
+    # plugins get none of the fixed hues
+    fixed = {tuple(round(c, 4) for c in plots._shade(plots._hue(n), 0)) for n in ("numpy", "torch", "jax", "native",
+                                                                                  "numba", "theano", "pytensor",
+                                                                                  "halide", "cuda")}
+    assert tuple(round(c, 4) for c in palette["myplugin"]) not in fixed
