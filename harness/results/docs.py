@@ -22,7 +22,8 @@ Any other ``key=value`` names a results column and keeps the rows whose value re
 * ``training RUNS``: training cells ordered by time to target.
 * ``dtypes RUNS``: a row per problem and backend, a column per dtype, and each other dtype against
   float32: ms per call for timed steps; for training runs the final loss and training seconds, and
-  the loss's relative difference (what a mixed-precision type buys, and what it costs).
+  the loss's relative difference (what a mixed-precision type buys, and what it costs); where the run
+  paired the dtypes (``pair_over: [dtype]``), the time ratio carries its paired 95% interval.
 * ``epochs RUNS``: training time and final loss, a row per batch and a column per backend and threads.
 
 A run folder that does not exist yet gives a line that says how to make it. :func:`render_page`
@@ -250,6 +251,10 @@ def dtypes(df: pd.DataFrame, spec: TableSpec) -> list[str]:
                 row.append("")
             elif train:
                 row.append(f"{(low['final_loss'] - ref['final_loss']) / ref['final_loss'] * 100:+.2f}%")
+            elif _ok(low.get("setting_speedup")) and str(low.get("setting_baseline")).startswith("dtype=float32"):
+                # timed in one group with its float32 cell (pair_over): the paired interval, as a time ratio
+                s, lo, hi = low["setting_speedup"], low["setting_speedup_lo"], low["setting_speedup_hi"]
+                row.append(f"{1 / s:.2f}x [{1 / hi:.2f}, {1 / lo:.2f}]")
             else:
                 row.append(f"{low['median_s'] / ref['median_s']:.2f}x")
         rows.append(row)

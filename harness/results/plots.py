@@ -207,6 +207,64 @@ def plot_speedup(timings: pd.DataFrame, out: Path):
     return _save(plt, fig, axes, len(panels), out)
 
 
+def _paired_keys(df: pd.DataFrame) -> list[str]:
+    """The settings a run paired (``pair_over``), from its rows' ``setting_baseline`` (``dtype=float32,threads=1``)."""
+    if "setting_baseline" not in df:
+        return []
+    found = df["setting_baseline"].dropna()
+    return [part.split("=")[0] for part in str(found.iloc[0]).split(",")] if len(found) else []
+
+
+def plot_settings(timings: pd.DataFrame, out: Path):
+    """Per problem, each backend's time at every paired setting against its own at the first one
+    (``setting_speedup``: above 1, this setting is the faster), with the paired 95% interval; a 1x line;
+    cells that did not run listed with their status."""
+    keys = _paired_keys(timings)
+    if not keys:
+        return None
+    df = timings[timings["setting_baseline"].notna()].copy()
+    base = dict(part.split("=") for part in str(df["setting_baseline"].iloc[0]).split(","))
+    df["setting"] = df.apply(lambda r: " ".join(f"{r[k]}" + (" thr" if k == "threads" else "") for k in keys), axis=1)
+    at_base = df.apply(lambda r: all(str(r[k]) == base[k] for k in keys), axis=1)
+    df = df[~at_base]
+    if df.empty:
+        return None
+    df["label"] = backend_label(df)
+    df["panel"] = df.apply(lambda r: group_label(r, omit=tuple(keys)), axis=1) + " · " + df["workload"]
+    panels = list(dict.fromkeys(df["panel"]))
+    rows = max(int((df["panel"] == p).sum()) for p in panels)
+    plt, sns, fig, axes = _grid(len(panels), 3, 5.2, 0.5 * rows + 1.9)
+    palette = _palette(sns, df["label"])
+    against = ", ".join(f"{k}={v}" for k, v in base.items())
+    for ax, panel in zip(axes.flat, panels):
+        d = df[df["panel"] == panel]
+        timed = d[d["setting_speedup"].notna()].sort_values("setting_speedup")
+        missing = d[d["setting_speedup"].isna()]
+        y = np.arange(len(timed)) + len(missing)
+        for k, status in enumerate(missing["status"]):
+            why = status if status != "ok" else f"no {against} cell"
+            ax.text(0.03, k, f"not timed: {why}", va="center", fontsize=8, color="#a00000", style="italic",
+                    transform=ax.get_yaxis_transform())
+        lo = (timed["setting_speedup"] - timed["setting_speedup_lo"]).clip(lower=0)
+        hi = (timed["setting_speedup_hi"] - timed["setting_speedup"]).clip(lower=0)
+        ax.barh(y, timed["setting_speedup"], xerr=[lo, hi], color=[palette[l] for l in timed["label"]], capsize=3)
+        names = [f"{l} · {s}" for l, s in zip(missing["label"], missing["setting"])] + \
+                [f"{l} · {s}" for l, s in zip(timed["label"], timed["setting"])]
+        ax.set_yticks(list(range(len(missing))) + list(y), names)
+        ax.set_ylim(-0.6, len(names) - 0.4)
+        ax.axvline(1.0, color="black", lw=1, ls="--")
+        ax.set_xscale("log")
+        if len(timed):
+            right = timed["setting_speedup_hi"].to_numpy()
+            ax.set_xlim(min(0.8, float(timed["setting_speedup_lo"].min()) * 0.7), max(1.25, float(right.max()) * 2.2))
+            for yi, v, r in zip(y, timed["setting_speedup"], right):
+                ax.text(r * 1.12, yi, f"{v:.3g}x", va="center", ha="left", fontsize=9)
+        _number_axis(ax.xaxis, "x")
+        ax.set_title(textwrap.fill(panel, 40), fontsize=10)
+        ax.set_xlabel(f"speedup over the same backend at {against}\n(from rounds in turn; bars: 95% CI)")
+    return _save(plt, fig, axes, len(panels), out)
+
+
 def plot_loss_vs_time(curves: pd.DataFrame, out: Path):
     """Evaluation loss against training wall-clock, a line per backend, with target and loss floor."""
     if curves is None or curves.empty:
@@ -610,6 +668,9 @@ PLOTS = (
     Plot("speedup.png", lambda run, out: plot_speedup(run.timings, out),
          "Speedup over the baseline per comparison group, from rounds timed in turn; bars are the 95% intervals "
          "of the table."),
+    Plot("settings.png", lambda run, out: plot_settings(run.timings, out),
+         "Each backend's time at a paired setting (pair_over: dtype, threads) against its own at the first "
+         "one, from rounds taken in turn in one group; bars are the paired 95% intervals, 1x the line."),
     Plot("loss_vs_time.png", lambda run, out: plot_loss_vs_time(run.curves, out),
          "Evaluation loss against training wall-clock (evaluation time excluded), with the target and the task's "
          "loss floor."),

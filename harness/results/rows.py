@@ -26,7 +26,42 @@ def group_rows(outcomes: list, meta: dict, gemm_peaks: dict | None = None,
 
     ``meta`` is the run's run.json mapping: the versions, worker variables and conformance summary the
     outcomes report are folded into it. ``gemm_peaks``/``gpu_roofs`` are the roofs measured on the host
-    the group ran on."""
+    the group ran on. A group timed over paired settings (``pair_over``) holds one problem at each
+    setting: each setting's cells get their speedups over its baseline as any group's, and every cell
+    its ratio to the same backend at the first setting (:func:`setting_columns`)."""
+    problems: dict[str, list] = {}
+    for o in outcomes:
+        problems.setdefault(o.cell.group_key, []).append(o)
+    rows, curves = [], []
+    for same in problems.values():
+        r, c = _problem_rows(same, meta, gemm_peaks, gpu_roofs)
+        rows += r
+        curves += c
+    if outcomes[0].cell.paired:
+        setting_columns(outcomes, rows)
+    return rows, curves
+
+
+def setting_columns(outcomes: list, rows: list[dict]) -> None:
+    """Each row's ratio to the same backend (variant and versions alike) at the paired settings' first
+    values, from the rounds they took in turn, with the paired 95% interval: ``setting_speedup`` above 1
+    when this setting is the faster; 1 with equal bounds on that row itself; empty where either did not run."""
+    first = {o.cell.backend: o for o in outcomes if o.cell.setting() == dict(o.cell.paired)}
+    for o, row in zip(outcomes, rows):
+        row["setting_baseline"] = o.cell.setting_baseline
+        base = first.get(o.cell.backend)
+        if base is None or o.status != "ok" or base.status != "ok" or not o.samples or not base.samples \
+                or o.cell.problem.workload == "train":
+            continue
+        if base is o:
+            row["setting_speedup"] = row["setting_speedup_lo"] = row["setting_speedup_hi"] = 1.0
+        else:
+            row["setting_speedup"], row["setting_speedup_lo"], row["setting_speedup_hi"] = \
+                paired_speedup(base.samples, o.samples, blocks=o.blocks)
+
+
+def _problem_rows(outcomes: list, meta: dict, gemm_peaks: dict | None, gpu_roofs: dict | None):
+    """The rows of the cells of one problem (cells that differ only by backend)."""
     base_name = outcomes[0].cell.baseline
     base = next((o for o in outcomes if o.cell.backend == base_name), None)
     over = speedup_reference(outcomes, base)  # the baseline, or the fastest verified cell when it failed

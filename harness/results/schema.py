@@ -67,6 +67,9 @@ TIMING_COLUMNS = [
     # the cell's host, the GPU roofs its GFLOP/s is read against, what its speedup is over (the
     # baseline, or the fastest verified cell when the baseline failed) and how the baseline ended
     "host", "gpu_tf32_gflops", "gpu_bandwidth_gbs", "speedup_over", "baseline_status",
+    # pair_over: the first values of the paired settings ("dtype=float32"), and the cell's time against the
+    # same backend there, from rounds in turn, with the paired 95% interval
+    "setting_baseline", "setting_speedup", "setting_speedup_lo", "setting_speedup_hi",
     "reset_after", "bidirectional",
     # what measured gemm_peak_gflops (numpy, jax, torch, cublas) and, for a mixed-precision cell, the
     # roof of its float32 master dtype, drawn beside its own

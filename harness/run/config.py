@@ -123,6 +123,16 @@ class RawConfig(_Strict):
     # package -> version: companions added to the environment of every backend named with a version
     # (jax@0.4.38); a name's own pins win
     versions: dict[str, str] = Field(default_factory=dict)
+    # settings whose values are timed in one comparison group, each cell with its ratio to the same
+    # backend at the first listed value (float32, 1 thread) from rounds taken in turn
+    pair_over: list[Literal["dtype", "threads"]] = Field(default_factory=list)
+
+    @field_validator("pair_over")
+    @classmethod
+    def _pair_over(cls, v):
+        if len(set(v)) != len(v):
+            raise ValueError(f"expected each of dtype, threads at most once, got {v}")
+        return v
 
     @field_validator("name")
     @classmethod
@@ -204,6 +214,9 @@ class Cell:
     env: dict  # extra environment variables of its worker
     seed: int  # data and initial parameters (its own document's seed)
     task_sha256: str | None = None  # the content of the task's text file (task.path), so a changed file is another cell
+    # pair_over: the settings timed in one group with this cell, and their first listed values
+    # (the setting the ratios are against), e.g. (("dtype", "float32"),)
+    paired: tuple = ()
 
     @property
     def group_key(self) -> str:
@@ -239,6 +252,29 @@ class Cell:
     @property
     def cell_id(self) -> str:
         return f"{self.group_key}|{self.backend}"
+
+    def setting(self) -> dict:
+        """This cell's values of the paired settings (``{"dtype": "bfloat16"}``; ``{}`` without ``pair_over``)."""
+        return {k: (self.problem.dtype if k == "dtype" else self.threads) for k, _ in self.paired}
+
+    @property
+    def setting_baseline(self) -> str:
+        """The paired settings' first values, as the results name them: ``dtype=float32,threads=1``."""
+        return ",".join(f"{k}={v}" for k, v in self.paired)
+
+    @property
+    def timing_key(self) -> str:
+        """The comparison group whose rounds this cell takes in turn: its ``group_key``, or with ``pair_over``
+        the key with the paired settings left out, so one backend's cells at each setting share it."""
+        if not self.paired:
+            return self.group_key
+        parts = self.group_key.split("|")
+        keys = dict(self.paired)
+        if "dtype" in keys:
+            parts[2] = "dtype=*"
+        if "threads" in keys:
+            parts[9] = "threads=*"
+        return "|".join(parts)
 
 
 @dataclass
@@ -286,8 +322,12 @@ class RunConfig:
                 if point.get("task_sha256")}
 
     def groups(self) -> list[list[Cell]]:
-        """The comparison groups, in the config's order: the cells of one problem, baseline first."""
-        return [list(g) for _, g in itertools.groupby(self.cells(), key=lambda c: c.group_key)]
+        """The comparison groups, in the config's order: the cells of one problem, baseline first; with
+        ``pair_over``, the cells of one problem at each paired setting, the first setting's first."""
+        groups: dict[str, list[Cell]] = {}
+        for cell in self.cells():
+            groups.setdefault(cell.timing_key, []).append(cell)
+        return list(groups.values())
 
     def cells(self) -> list[Cell]:
         """Every cell, grouped: cells of one comparison group are adjacent, baseline first."""
@@ -304,9 +344,10 @@ class RunConfig:
                 scale = point["train"].loss_scale if dtype == "float16" else None
                 prob = Problem(point["model"], d_in, d_out, task.tokens, dtype, batch, task.seq_len, device, workload,
                                scale)
+                paired = tuple((k, (r.dtype if k == "dtype" else r.threads)[0]) for k in r.pair_over)
                 for b in order:
                     cells.append(Cell(b, prob, task, threads, point["values"], point["train"], point["timing"],
-                                      baseline, dict(r.env), r.seed, point.get("task_sha256")))
+                                      baseline, dict(r.env), r.seed, point.get("task_sha256"), paired))
         # the same measurement asked for twice (a repeated sweep value, a document repeating another) runs
         # once; a group's cells stay together in the order their group first appears
         groups: dict[str, dict[str, Cell]] = {}
@@ -324,8 +365,8 @@ class RunConfig:
         if not limit_mb:
             return
         groups: dict[str, list[Cell]] = {}
-        for cell in self.cells():
-            groups.setdefault(cell.group_key, []).append(cell)
+        for cell in self.cells():  # the workers of one timing group (paired settings included) live side by side
+            groups.setdefault(cell.timing_key, []).append(cell)
         for group in groups.values():
             need_mb = sum(estimate_bytes(c) * _n_workers(c) for c in group) / 2**20
             if need_mb > limit_mb:

@@ -122,7 +122,10 @@ class GroupRun:
         state = self
         group, policy = state.group, state.policy
         head = group[0]
-        label = f"{head.problem.workload} {head.problem.model.describe()} B={head.problem.batch} {head.problem.dtype} threads={head.threads}"
+        paired = {k for k, _ in head.paired}
+        dtypes = "|".join(dict.fromkeys(c.problem.dtype for c in group)) if "dtype" in paired else head.problem.dtype
+        threads = "|".join(dict.fromkeys(str(c.threads) for c in group)) if "threads" in paired else head.threads
+        label = f"{head.problem.workload} {head.problem.model.describe()} B={head.problem.batch} {dtypes} threads={threads}"
         if policy.pass_limit > 1:
             most = policy.passes if policy.pass_limit == policy.passes else f"{policy.passes}-{policy.pass_limit}"
             label += f" · pass {state.passes_done + 1} of {most}"

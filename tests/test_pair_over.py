@@ -1,0 +1,68 @@
+"""pair_over: the cells of one problem at several settings (dtype, threads) timed in one comparison
+group, each with its ratio to the same backend at the first listed setting, from rounds in turn."""
+
+import numpy as np
+import pytest
+
+import harness
+from harness.results.store import RunStore
+from harness.run.config import load_config
+from harness.run.runner import Runner, finish_meta, new_run_meta
+
+PAIRED = """
+name: paired
+seed: 1
+model: {kind: elman, hidden: 8}
+task: {kind: random, input_size: 5, output_size: 3, seq_len: 6, n_sequences: 16, n_eval: 8}
+workloads: [train_step]
+batch: [2, 3]
+dtype: [float64, float32]
+threads: [1, 2]
+pair_over: [dtype]
+backends: [ref, 'ref:slow']
+timing: {warmup: 1, min_rounds: 4, min_time_s: 0.05, max_time_s: 1, timeout_s: 30}
+"""
+
+
+def test_paired_settings_share_a_group_and_cell_ids_stay_those_of_one_problem(fake_backends, write_config):
+    cfg = load_config(write_config(PAIRED))
+    groups = cfg.groups()
+    # batch x threads problems, each group holding both dtypes of both backends, the first dtype first
+    assert len(groups) == 4 and all(len(g) == 4 for g in groups)
+    for g in groups:
+        assert [c.problem.dtype for c in g] == ["float64", "float64", "float32", "float32"]
+        assert g[0].backend == "ref" and len({c.cell_id for c in g}) == 4 and len({c.group_key for c in g}) == 2
+        assert {c.setting_baseline for c in g} == {"dtype=float64"}
+    unpaired = load_config(write_config(PAIRED.replace("pair_over: [dtype]\n", ""), "plain.yaml"))
+    assert len(unpaired.groups()) == 8
+    assert {c.cell_id for c in unpaired.cells()} == {c.cell_id for c in cfg.cells()}
+    both = load_config(write_config(PAIRED.replace("[dtype]", "[dtype, threads]"), "both.yaml"))
+    assert len(both.groups()) == 2 and {c.setting_baseline for c in both.cells()} == {"dtype=float64,threads=1"}
+
+
+@pytest.mark.parametrize("bad", ["[dtype, dtype]", "[batch]"])
+def test_pair_over_takes_dtype_and_threads_once_each(fake_backends, write_config, bad):
+    with pytest.raises(harness.HarnessError, match="pair_over"):
+        load_config(write_config(PAIRED.replace("[dtype]", bad)))
+
+
+def test_each_cell_gets_its_ratio_to_the_same_backend_at_the_first_setting(fake_backends, write_config, tmp_path):
+    text = PAIRED.replace("batch: [2, 3]", "batch: [2]").replace("threads: [1, 2]", "threads: [1]")
+    cfg = load_config(write_config(text))
+    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+    Runner(cfg, store).run()
+    finish_meta(store)
+    t = harness.load_run(tmp_path / "run").timings
+    t = t.set_index(t["backend"] + ":" + t["variant"] + ":" + t["dtype"])
+    assert (t["status"] == "ok").all() and (t["setting_baseline"] == "dtype=float64").all()
+    for name in ("ref:plain", "ref:slow"):
+        first = t.loc[f"{name}:float64"]
+        assert first["setting_speedup"] == first["setting_speedup_lo"] == first["setting_speedup_hi"] == 1.0
+        other = t.loc[f"{name}:float32"]
+        assert np.isfinite(other["setting_speedup"]) and other["setting_speedup_lo"] <= other["setting_speedup"] <= other["setting_speedup_hi"]
+    # the baseline-backend speedups stay per dtype: ref at 1 in each, the slow variant below it
+    for dtype in ("float64", "float32"):
+        assert t.loc[f"ref:plain:{dtype}", "speedup"] == pytest.approx(1.0)
+        assert t.loc[f"ref:slow:{dtype}", "speedup"] < 1
+    # one group: the four cells took their rounds in turn
+    assert len(set(t["n_samples"])) <= 2 and t["n_samples"].min() >= 4
