@@ -261,7 +261,7 @@ def plot_settings(timings: pd.DataFrame, out: Path):
                 ax.text(r * 1.12, yi, f"{v:.3g}x", va="center", ha="left", fontsize=9)
         _number_axis(ax.xaxis, "x")
         ax.set_title(textwrap.fill(panel, 40), fontsize=10)
-        ax.set_xlabel(f"speedup over the same backend at {against}\n(from rounds in turn; bars: 95% CI)")
+        ax.set_xlabel(textwrap.fill(f"speedup over the same backend at {against} (paired 95% CI)", 40))
     return _save(plt, fig, axes, len(panels), out)
 
 
