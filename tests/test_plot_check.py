@@ -94,3 +94,9 @@ def test_one_palette_libraries_keep_their_hue_and_no_two_labels_of_a_plot_share_
                                                                                   "numba", "theano", "pytensor",
                                                                                   "halide", "cuda")}
     assert tuple(round(c, 4) for c in palette["myplugin"]) not in fixed
+
+
+def test_a_speedup_plot_whose_cells_all_ran_draws(tmp_path):
+    t = pd.read_parquet(EXAMPLE / "timings.parquet")
+    assert plots.plot_speedup(t[t["status"] == "ok"], tmp_path / "speedup.png") is not None
+    assert (tmp_path / "speedup.svg").exists()

@@ -364,4 +364,8 @@ def redraw(examples: Path) -> list[Path]:
     stale = list(stale_drawings(examples))
     for run in stale:
         write_report(run)
+    still = stale_drawings(examples)
+    if still:  # a plot that failed to draw leaves the report's note and no stamp: say so, not "redrawn"
+        raise HarnessError("; ".join(problem for problems in still.values() for problem in problems)
+                           + " (after redrawing: `harness plot RUN` shows why)")
     return stale

@@ -173,10 +173,9 @@ def plot_speedup(timings: pd.DataFrame, out: Path):
     df["label"] = backend_label(df)
     df["panel"] = df.apply(group_label, axis=1) + " · " + df["workload"]
     rest = timings[~timed & timings["workload"].isin(df["workload"])].copy()
-    if len(rest):
-        rest["label"] = backend_label(rest)
-        rest["panel"] = rest.apply(group_label, axis=1) + " · " + rest["workload"]
-        rest = rest[rest["panel"].isin(df["panel"])]
+    rest["label"] = backend_label(rest)
+    rest["panel"] = (rest.apply(group_label, axis=1) + " · " + rest["workload"]) if len(rest) else pd.Series(dtype=object)
+    rest = rest[rest["panel"].isin(df["panel"])]
     panels = list(dict.fromkeys(df["panel"]))
     rows = max(int((df["panel"] == p).sum() + (rest["panel"] == p).sum()) for p in panels)
     plt, sns, fig, axes = _grid(len(panels), 3, 4.9, 0.5 * rows + 1.9)
