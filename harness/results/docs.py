@@ -25,6 +25,8 @@ Any other ``key=value`` names a results column and keeps the rows whose value re
   the loss's relative difference (what a mixed-precision type buys, and what it costs); where the run
   paired the dtypes (``pair_over: [dtype]``), the time ratio carries its paired 95% interval.
 * ``epochs RUNS``: training time and final loss, a row per batch and a column per backend and threads.
+* ``host RUNS``: a line per run saying on which machine (CPU model, cores, AVX-512/AVX512-BF16, its
+  measured float32 GEMM peak, GPU) and on which day it ran.
 
 A run folder that does not exist yet gives a line that says how to make it. :func:`render_page`
 rewrites every table; :func:`check_page` lists the tables whose text differs from their runs.
@@ -42,7 +44,7 @@ from harness.spec.errors import HarnessError
 
 OPEN = re.compile(r"^<!-- table: (?P<spec>.+?) -->\s*$")
 CLOSE = "<!-- /table -->"
-KINDS = ("speedups", "ms", "steps", "training", "epochs", "dtypes")
+KINDS = ("speedups", "ms", "steps", "training", "epochs", "dtypes", "host")
 OPTIONS = ("device", "workload", "threads")  # the options that are not column filters
 
 
@@ -263,6 +265,20 @@ def dtypes(df: pd.DataFrame, spec: TableSpec) -> list[str]:
     return _table(["problem", "backend"] + heads, rows)
 
 
+def host(examples: Path, spec: TableSpec) -> list[str]:
+    """One line per run: where and when it ran (:func:`harness.results.labels.machine_label`), and its folder."""
+    import json
+
+    from harness.results.labels import machine_label
+
+    lines = []
+    for name in spec.runs:
+        meta = json.loads((examples / name / "run.json").read_text())
+        day = str(meta.get("started", "?"))[:10]
+        lines.append(f"*Run `results/examples/{name}`: {day}, on {machine_label(meta)}.*")
+    return lines
+
+
 def render_table(spec: TableSpec, examples: Path) -> list[str]:
     """The lines between a table's markers."""
     loaded = _load(examples, spec.runs)
@@ -270,6 +286,8 @@ def render_table(spec: TableSpec, examples: Path) -> list[str]:
         missing = [r for r in spec.runs if not (examples / r / "run.json").exists()]
         return [f"*Not measured yet: no run in `results/examples/{missing[0]}`; `harness reproduce --only "
                 f"{','.join(missing)} --out results/examples` on a machine that can run it, then `harness docs`.*"]
+    if spec.kind == "host":
+        return host(examples, spec)
     df, curves = loaded
     if spec.kind == "speedups":
         return speedups(df, spec)

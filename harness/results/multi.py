@@ -16,12 +16,7 @@ import pandas as pd
 from harness.spec.errors import HarnessError
 
 
-def machine_label(meta: dict) -> str:
-    """A machine as a reader tells them apart: host, CPU, cores and GPU."""
-    m = meta.get("machine") or {}
-    gpus = m.get("gpus") or []
-    gpu = gpus[0].split(",")[0] if gpus else "no GPU"
-    return f"{m.get('hostname', '?')} ({m.get('cpu_model', '?')}, {m.get('cores', '?')} cores, {gpu})"
+from harness.results.labels import machine_label  # noqa: E402  (one rule for naming a machine)
 
 
 def _runs(paths):
