@@ -266,6 +266,10 @@ def reproduce_cmd(
                   + (f"; budget {budget:g} min" if budget else ""), highlight=False)
     for d in decisions:
         console.print(escape(d.line()), highlight=False, soft_wrap=True)
+    runs = [d for d in decisions if d.runs]
+    skipped = [d for d in decisions if not d.runs]
+    console.print(f"in all: {len(runs)} to run, ~{sum(d.estimate_s or 0 for d in runs) / 60:.1f} min; {len(skipped)} "
+                  f"skipped (~{sum(d.estimate_s or 0 for d in skipped) / 60:.1f} min)", highlight=False)
     if dry_run:
         return
     try:
@@ -386,12 +390,22 @@ def list_cmd(json_out: Annotated[bool, typer.Option("--json", help="Machine-read
     if json_out:
         typer.echo(json.dumps([asdict(r) for r in rows], indent=2))
         return
-    table = Table(title="backends")
-    for col in ("backend", "available", "devices", "environment", "reason"):
-        table.add_column(col)
+    from harness.run.machine import gpu_info
+
+    here = {"cpu"} | ({"gpu"} if gpu_info() else set())
+    table = Table(title="backends", caption=None if "gpu" in here else "devices: those of this machine (no GPU here)")
+    for col in ("backend", "ok", "devices", "env", "reason"):
+        table.add_column(col, overflow="fold")
+    said: dict[str, str] = {}  # a reason is printed once; its other backends point at the first
     for r in rows:
-        table.add_row(escape(r.full_name), "yes" if r.available else "no", ",".join(r.devices), r.environment or "main",
-                      escape(r.reason))  # reasons hold install hints like 'rnn-harness[halide]', not markup
+        devices = [d for d in r.devices if d in here] or ["-"]
+        reason = r.reason
+        if reason and reason in said:
+            reason = f"as {said[reason]}"
+        elif reason:
+            said[reason] = r.full_name
+        table.add_row(escape(r.full_name), "yes" if r.available else "no", ",".join(devices), r.environment or "main",
+                      escape(reason))  # reasons hold install hints like 'rnn-harness[halide]', not markup
     console.print(table)
 
 

@@ -158,3 +158,13 @@ def test_lstm_gpu_default_is_the_ablation_and_a_few_batches_and_full_sweeps(ship
     assert {c.problem.batch for c in default} == {1, 16, 64}
     assert {c.problem.workload for c in default} == {"forward", "train_step"}
     assert {c.problem.batch for c in full} == {1, 2, 4, 8, 16, 32, 64, 128, 256} and len(full) > 3 * len(default)
+
+
+def test_the_dry_run_totals_what_it_would_run_and_skip():
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    out = CliRunner().invoke(app, ["reproduce", "--dry-run", "--budget", "5"]).output
+    total = [l for l in out.splitlines() if l.startswith("in all: ")]
+    assert len(total) == 1 and " to run, ~" in total[0] and " skipped (~" in total[0]

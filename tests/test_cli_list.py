@@ -1,0 +1,23 @@
+"""``harness list``: one line per backend; a reason shared by several backends printed once; the
+devices of this machine only."""
+
+from typer.testing import CliRunner
+
+from harness.cli import app
+
+
+def test_a_shared_reason_is_printed_once_and_absent_devices_are_not_listed(monkeypatch):
+    import backends
+    import harness.run.machine as machine
+
+    why = "unavailable: no NVIDIA GPU here (a long explanation that would otherwise be repeated)"
+    rows = [backends.Listing("cuda", v, "cuda", False, why, ("gpu", "cpu"), None) for v in ("graph", "naive", "fused")]
+    rows.append(backends.Listing("numpy", "default", "numpy", True, "", ("cpu",), None))
+    monkeypatch.setattr(backends, "list_backends", lambda: rows)
+    monkeypatch.setattr(machine, "gpu_info", lambda: [])
+    out = CliRunner().invoke(app, ["list"], terminal_width=200).output
+    assert out.count("a long explanation") == 1 and out.count("as cuda") == 2
+    assert "gpu" not in out.replace("no GPU here", "") and "no GPU here" in out
+    monkeypatch.setattr(machine, "gpu_info", lambda: ["NVIDIA H100, 580.1, 81559 MiB"])
+    out = CliRunner().invoke(app, ["list"], terminal_width=200).output
+    assert "gpu,cpu" in out
