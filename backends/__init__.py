@@ -130,7 +130,11 @@ def backend_class(name: str):
     """The backend class for ``name``; raises HarnessError for unknown names or broken modules."""
     known = registry()
     if name not in known:
-        raise HarnessError(f"unknown backend {name!r}; known backends are {', '.join(known)}")
+        import difflib
+
+        close = difflib.get_close_matches(str(name), list(known), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise HarnessError(f"unknown backend {name!r}{hint}; known backends are {', '.join(known)}")
     module, cls = known[name]
     where = f"{module}:{cls}" + ("" if origin(name) == "built-in" else f", {origin(name)}")
     if not (module and cls):

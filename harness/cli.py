@@ -70,6 +70,7 @@ def run_cmd(
     with stop_on_signals() as stopped:
         try:
             try:
+                _check_backend_names(backends_opt)  # a typo there is the option's, not the config file's
                 executor = _executor(executor_opt, scheduler, workers)
                 if resume is not None:
                     if len(configs) > 1:
@@ -165,6 +166,18 @@ def _executor(kind: str, scheduler: str | None, workers: int | None):
             raise HarnessError(f"--workers: expected a positive integer, got {workers}")
         return DaskExecutor(n_workers=workers or 2)
     raise HarnessError(f"--executor: expected local, dask or dask-local, got {kind!r}")
+
+
+def _check_backend_names(backends_opt: Optional[str]) -> None:
+    """Every name of ``--backends`` is a registered backend (with a suggestion for a typo)."""
+    import backends
+
+    for name in _split_csv(backends_opt) or []:
+        try:
+            backends.backend_class(backends.split_name(name)[0])
+        except HarnessError as exc:
+            if str(exc).startswith("unknown backend"):
+                raise HarnessError(f"--backends: {exc}") from None
 
 
 def _draw(path: Path):

@@ -1,5 +1,5 @@
-"""``harness list``: one line per backend; a reason shared by several backends printed once; the
-devices of this machine only."""
+"""The terminal: `harness list` (one line per backend, a reason shared by several backends printed once, the
+devices of this machine only) and a typo in a command-line option blamed on the option, with a suggestion."""
 
 from typer.testing import CliRunner
 
@@ -21,3 +21,10 @@ def test_a_shared_reason_is_printed_once_and_absent_devices_are_not_listed(monke
     monkeypatch.setattr(machine, "gpu_info", lambda: ["NVIDIA H100, 580.1, 81559 MiB"])
     out = CliRunner().invoke(app, ["list"], terminal_width=200).output
     assert "gpu,cpu" in out
+
+
+def test_a_backend_typo_on_the_command_line_is_the_option_s_with_a_suggestion(tmp_path):
+    result = CliRunner().invoke(app, ["run", "configs/quick.yaml", "--backends", "numpy,jaxx", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert "--backends: unknown backend 'jaxx' (did you mean jax?)" in result.output
+    assert "quick.yaml" not in result.output and not (tmp_path / "r").exists()
