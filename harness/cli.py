@@ -53,7 +53,7 @@ def run_cmd(
     backends_opt: Annotated[Optional[str], typer.Option("--backends", help="Comma-separated backends overriding the config's list.")] = None,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="Finish an interrupted run in this folder.")] = None,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Apply a named profile from the config's `profiles:` (e.g. full).")] = None,
-    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip drawing plots.")] = False,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip drawing plots.", metavar="")] = False,
     executor_opt: Annotated[str, typer.Option("--executor", help="local (default: one group at a time here), dask (an existing cluster, --scheduler) or dask-local (a local cluster, --workers).")] = "local",
     scheduler: Annotated[Optional[str], typer.Option("--scheduler", help="Address of the Dask scheduler for --executor dask.")] = None,
     workers: Annotated[Optional[int], typer.Option("--workers", help="Worker processes of the --executor dask-local cluster (default 2), each on its own cores.")] = None,
@@ -261,7 +261,7 @@ def reproduce_cmd(
     budget: Annotated[Optional[float], typer.Option("--budget", help="Minutes: skip, with the reason, what the time left cannot hold; stop an overrun 10% past it (a second call resumes).")] = None,
     only: Annotated[Optional[str], typer.Option("--only", help="Comma-separated experiments (config names, e.g. quick,sobel, or quick-gpu for a profile).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Folder of the runs, one per experiment (results/examples: the committed ones).")] = Path("results/reproduce"),
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan, one line per experiment, and run nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan, one line per experiment, and run nothing.", metavar="")] = False,
     archive: Annotated[Optional[Path], typer.Option("--archive", help="Afterwards, the finished run folders in one .tgz, named as results/examples names them (tar xzf FILE -C results/examples; harness docs).")] = None,
 ):
     """Every experiment of docs/experiments.md that fits this machine, within a budget, resumable."""
@@ -311,7 +311,7 @@ def reproduce_cmd(
 
 @app.command("docs")
 def docs_cmd(
-    check: Annotated[bool, typer.Option("--check", help="Change nothing; exit 1 when a table, a plot or a report differs from what its run gives today.")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Change nothing; exit 1 when a table, a plot or a report differs from what its run gives today.", metavar="")] = False,
     page: Annotated[Path, typer.Option("--page", help="The page whose marked tables are generated.")] = Path("docs/experiments.md"),
     examples: Annotated[Path, typer.Option("--examples", help="The run folders the tables read.")] = Path("results/examples"),
 ):
@@ -378,7 +378,7 @@ def compare_cmd(
     run_a: Annotated[Path, typer.Argument(help="The reference run (before).")],
     run_b: Annotated[Path, typer.Argument(help="The run to judge (after).")],
     threshold: Annotated[float, typer.Option(help="A significant slowdown beyond this ratio (B/A) is a regression.")] = 1.05,
-    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.", metavar="")] = False,
 ):
     """Per-cell time ratios of two runs with significance; exit 1 on a regression."""
     from harness.results.compare import compare_runs, print_comparison
@@ -395,7 +395,7 @@ def compare_cmd(
 
 
 @app.command("list")
-def list_cmd(json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False):
+def list_cmd(json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.", metavar="")] = False):
     """Backends, variants, availability and devices."""
     import backends
 
@@ -425,10 +425,10 @@ def list_cmd(json_out: Annotated[bool, typer.Option("--json", help="Machine-read
 @app.command("check")
 def check_cmd(
     backends_opt: Annotated[Optional[str], typer.Option("--backends", help="Comma-separated name[:variant] list; default every available backend and variant.")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="A pairwise-covering subset of the matrix (what CI runs for compile-heavy backends).")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="A pairwise-covering subset of the matrix (what CI runs for compile-heavy backends).", metavar="")] = False,
     device: Annotated[str, typer.Option(help="cpu or gpu.")] = "cpu",
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON object per case.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every case, not only failures.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object per case.", metavar="")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every case, not only failures.", metavar="")] = False,
     match: Annotated[Optional[str], typer.Option("--match", help="Only the cases whose label contains this text, e.g. 'truncated' or 'lstm-peephole' (--json lists the labels).")] = None,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Only the cases of this dtype (float64, float32, bfloat16, float16).")] = None,
 ):
@@ -498,7 +498,7 @@ def _print_check(results, verbose: bool):
 @env_app.command("create")
 def env_create(name: Annotated[str, typer.Argument(help="Environment name (theano), or a backend name that pins "
                                                      "versions (jax@0.4.38, jax@0.4.38+jaxlib@0.4.38).")],
-               force: Annotated[bool, typer.Option("--force", help="Rebuild it even if it exists.")] = False):
+               force: Annotated[bool, typer.Option("--force", help="Rebuild it even if it exists.", metavar="")] = False):
     """Build (or rebuild) an isolated backend environment."""
     from harness.run import envs
 

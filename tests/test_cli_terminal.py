@@ -28,3 +28,9 @@ def test_a_backend_typo_on_the_command_line_is_the_option_s_with_a_suggestion(tm
     assert result.exit_code == 2
     assert "--backends: unknown backend 'jaxx' (did you mean jax?)" in result.output
     assert "quick.yaml" not in result.output and not (tmp_path / "r").exists()
+
+
+def test_help_shows_flags_as_flags():
+    for command in (["run"], ["check"], ["reproduce"], ["docs"], ["env", "create"]):
+        out = CliRunner().invoke(app, command + ["--help"], terminal_width=120).output
+        assert "<bool>" not in out, (command, out)
