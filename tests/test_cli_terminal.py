@@ -35,3 +35,52 @@ def test_help_shows_flags_as_flags():
         out = CliRunner().invoke(app, command + ["--help"], terminal_width=120).output
         flags = [line for line in out.splitlines() if "<bool>" in line and "--help" not in line]  # typer's own
         assert not flags, (command, flags)
+
+
+class _Bar:
+    """A progress bar that records what the runner tells it."""
+
+    def __init__(self):
+        self.total, self.completed, self.moves, self.descriptions = 0, 0, [], []
+
+    def add_task(self, name, total):
+        self.total = total
+        return 0
+
+    def update(self, task_id, total=None, advance=0, description=None):
+        if total is not None:
+            self.total = total
+        if description is not None:
+            self.descriptions.append(description)
+        if advance:
+            self.advance(task_id, advance)
+
+    def advance(self, task_id, n):
+        self.completed += n
+        self.moves.append(self.completed)
+
+
+def test_the_bar_moves_with_every_pass_and_names_backend_and_phase_first(fake_backends, write_config, tmp_path):
+    import harness
+    from harness.results.store import RunStore
+    from harness.run.config import load_config
+    from harness.run.runner import Runner, finish_meta, new_run_meta
+
+    cfg = load_config(write_config("""
+name: bar
+seed: 1
+model: {kind: elman, hidden: 4}
+task: {kind: random, input_size: 3, output_size: 2, seq_len: 4, n_sequences: 8}
+workloads: [train_step]
+batch: [1, 2]
+backends: [ref, 'ref:slow']
+timing: {warmup: 1, min_rounds: 3, min_time_s: 0.01, max_time_s: 0.5, timeout_s: 30, passes: 2}
+"""))
+    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+    bar = _Bar()
+    Runner(cfg, store).run(bar)
+    finish_meta(store)
+    assert bar.total == 8 and bar.completed == 8  # 2 groups x 2 cells x 2 passes
+    assert bar.moves == [2, 4, 6, 8]  # each pass of each group, not each group at its end
+    assert all(d.startswith(("ref", "round")) for d in bar.descriptions), bar.descriptions[:5]
+    assert len(harness.load_run(tmp_path / "run").timings) == 4

@@ -132,9 +132,9 @@ class GroupRun:
 
         tell = describe
 
-        def describe(text):
+        def describe(text):  # the backend and its phase first: a narrow terminal cuts the group's label, not them
             if tell is not None:
-                tell(f"{label} · {text}")
+                tell(f"{text} · {label}")
 
         first = state.passes_done == 0
         state.wants_pass = False

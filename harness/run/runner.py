@@ -65,10 +65,13 @@ class Runner:
 
     def _run(self, progress, executor) -> None:
         todo = self.pending_groups()
-        task_id = progress.add_task("cells", total=sum(len(g) for g in todo)) if progress else None
-        if executor is not None:
+        # the bar counts passes over cells: a group of passes 3 moves it three times, not once at its end
+        planned = {id(g): len(g) * max(1, g[0].timing.passes) for g in todo}
+        if executor is not None:  # it counts each group once, when it comes back
+            task_id = progress.add_task("cells", total=sum(len(g) for g in todo)) if progress else None
             executor.run(self, todo, progress, task_id)
             return
+        task_id = progress.add_task("cells", total=sum(planned.values())) if progress else None
         self.measure_roofs(self.config.cells())
         self.store.meta.setdefault("hosts", {})[machine.host_name()] = {
             "machine": self.store.meta.get("machine"), "gemm_peak_gflops": self.gemm_peaks, "gpu_roofs": self.gpu_roofs}
@@ -76,16 +79,29 @@ class Runner:
         if any(s.passes_done for s in states):
             self._say(f"resuming: {sum(1 for s in states if s.passes_done)} comparison group(s) go on at their next pass")
         describe = _describer(progress, task_id)
+        counted = {id(s): len(s.group) * s.passes_done for s in states}  # a resumed group's passes so far
+        if progress is not None and any(counted.values()):
+            progress.advance(task_id, sum(counted.values()))
         while states:  # one pass over every group not yet finished, in the config's order
             for state in list(states):
                 state.run_pass(describe, self.record)
+                if progress is not None:
+                    self._count_pass(progress, task_id, state, planned, counted)
                 if not state.finished:
                     self.store.keep_unfinished(state.key, state.saved())
                     continue
                 states.remove(state)
                 self.store.add_group(state.ordered(), self.gemm_peaks, self.gpu_roofs)
-                if progress is not None:
-                    progress.advance(task_id, len(state.group))
+
+    @staticmethod
+    def _count_pass(progress, task_id, state, planned: dict, counted: dict) -> None:
+        """Move the bar by the pass just run: a pass beyond the planned ones (the precision target asked
+        for it) adds to the total; a group that finished short of them gives back what it did not run."""
+        key = id(state.group)
+        counted[id(state)] = counted.get(id(state), 0) + len(state.group)
+        if counted[id(state)] > planned.get(key, 0) or state.finished:
+            planned[key] = counted[id(state)]
+        progress.update(task_id, total=sum(planned.values()), advance=len(state.group))
 
     def run_group(self, group: list[Cell], progress=None, task_id=None) -> list[Outcome]:
         """Time one comparison group side by side, all its passes back to back, store its rows, and
