@@ -461,6 +461,10 @@ def env_create(name: Annotated[str, typer.Argument(help="Environment name (thean
 
     try:
         name = envs.environment_name(name)
+        envs.env_target(name)  # a known environment's folder, before anything is written
+    except HarnessError as exc:
+        _fail(exc, 2)
+    try:
         python = envs.create_env(name, force=force, progress=err_console)
     except HarnessError as exc:
         _fail(exc, 1)
@@ -476,8 +480,8 @@ def env_list():
     for col in ("name", "exists", "path", "packages"):
         table.add_column(col)
     for row in envs.list_envs():
-        table.add_row(escape(row["name"]), "yes" if row["exists"] else "no", escape(str(row["path"])),
-                      escape(str(row.get("packages", ""))))
+        exists = "damaged" if row.get("damaged") else "yes" if row["exists"] else "no"
+        table.add_row(escape(row["name"]), exists, escape(str(row["path"])), escape(str(row.get("packages", ""))))
     console.print(table)
 
 
@@ -487,10 +491,10 @@ def env_remove(name: Annotated[str, typer.Argument(help="Environment name, or a 
     from harness.run import envs
 
     try:
-        name = envs.environment_name(name)
+        name = envs.removal_name(name)
         envs.remove_env(name)
     except HarnessError as exc:
-        _fail(exc, 1)
+        _fail(exc, 2)
     console.print(f"removed environment {name}", markup=False)
 
 
