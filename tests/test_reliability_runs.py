@@ -158,3 +158,217 @@ def test_a_version_that_is_not_pep_440_or_too_long_is_one_short_line(tmp_path, m
     created = CliRunner().invoke(app, ["env", "create", f"numpy@{version}"])
     assert says in _one_error(created)
     assert not (tmp_path / "home" / "envs").exists() or not list((tmp_path / "home" / "envs").iterdir())
+
+
+# -- one rule for "this is a run": run.json, its tables there, readable and its own ---------------------------
+def _finished_run(folder: Path, config: Path):
+    cfg = load_config(config)
+    meta = new_run_meta(cfg)
+    meta["config_fingerprint"] = config_fingerprint(cfg)
+    store = RunStore.create(folder, meta)
+    runner = Runner(cfg, store)
+    runner.gemm_peaks = {"float32|threads=1": 1.0}
+    runner.run()
+    finish_meta(store)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """A finished run of BASE and one of another config (other cell ids), made once for the module."""
+    tests = str(Path(__file__).resolve().parent)
+    base = tmp_path_factory.mktemp("runs")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HARNESS_BACKENDS", "ref=fake_backends:RefBackend,bad=fake_backends:BadBackend")
+        mp.setenv("PYTHONPATH", tests + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        mp.syspath_prepend(tests)
+        (base / "t.yaml").write_text(BASE)
+        (base / "other.yaml").write_text(BASE.replace("hidden: 8", "hidden: 12"))
+        yield _finished_run(base / "good", base / "t.yaml"), _finished_run(base / "other", base / "other.yaml")
+
+
+def _damage(good: Path, other: Path, dst: Path, how: str) -> Path:
+    shutil.copytree(good, dst, ignore=shutil.ignore_patterns(".lock"))
+    t = dst / "timings.parquet"
+    if how == "no timings":
+        t.unlink()
+    elif how == "no curves":
+        (dst / "curves.parquet").unlink()
+    elif how == "empty timings":
+        pd.read_parquet(t).iloc[:0].to_parquet(t)
+    elif how == "zero-byte timings":
+        t.write_bytes(b"")
+    elif how == "another run's timings":
+        shutil.copy(other / "timings.parquet", t)
+    elif how == "a row twice":
+        df = pd.read_parquet(t)
+        pd.concat([df, df.iloc[:1]]).to_parquet(t)
+    return dst
+
+
+DAMAGES = {"no timings": "timings.parquet: missing", "no curves": "curves.parquet: missing",
+           "empty timings": "timings.parquet: no row for 2 of the 2 cells run.json records (an empty table)",
+           "zero-byte timings": "timings.parquet: ", "another run's timings": "timings.parquet: 2 row(s) of cells run.json does not record (another run's table?)",
+           "a row twice": "timings.parquet: 1 cell(s) with more than one row"}
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_every_reader_of_runs_calls_a_run_without_its_own_tables_damaged(fake_backends, two_runs, tmp_path, how):
+    good, other = two_runs
+    bad = _damage(good, other, tmp_path / "examples" / "bad", how)
+    page = tmp_path / "page.md"
+    page.write_text("intro\n<!-- table: speedups bad -->\n| problem | ref |\n|---|---|\n| measured | 1 (1 ms) |\n"
+                    "<!-- /table -->\n")
+    before = page.read_bytes()
+    says = f"error: {bad}: damaged ({DAMAGES[how]}"
+    commands = {
+        "compare": ["compare", str(good), str(bad)],
+        "report": ["report", str(bad)],
+        "multi-run report": ["report", str(good), str(bad), "--out", str(tmp_path / "multi")],
+        "plot": ["plot", str(bad)],
+        "export": ["export", str(bad), "--out", str(tmp_path / "x.json")],
+        "docs": ["docs", "--page", str(page), "--examples", str(tmp_path / "examples")],
+        "docs --check": ["docs", "--check", "--page", str(page), "--examples", str(tmp_path / "examples")],
+        "--resume": ["run", str(good.parent / "t.yaml"), "--resume", str(bad)],
+    }
+    for name, args in commands.items():
+        result = CliRunner().invoke(app, args)
+        assert says in _one_error(result), (name, result.output)
+    assert page.read_bytes() == before  # never rewritten from a damaged run
+    assert not (tmp_path / "multi").exists() and not (tmp_path / "x.json").exists()
+    with pytest.raises(HarnessError, match=r"damaged \("):
+        load_run(bad)
+
+
+def test_a_run_with_its_own_tables_is_one_for_every_reader(fake_backends, two_runs, tmp_path):
+    good, other = two_runs
+    assert CliRunner().invoke(app, ["compare", str(good), str(good)]).exit_code == 0
+    result = CliRunner().invoke(app, ["report", str(good), str(other), "--out", str(tmp_path / "multi")])
+    assert result.exit_code == 0, result.output
+    assert "| `t-" in (tmp_path / "multi" / "report.md").read_text()
+
+
+def test_reproduce_takes_a_run_as_done_only_when_it_is_the_experiment_s(fake_backends, two_runs, tmp_path):
+    from harness.run import reproduce as R
+
+    good, other = two_runs
+    cfg = load_config(good.parent / "t.yaml")
+    exp = R.Experiment(good.parent / "t.yaml", None, cells=2, devices=frozenset({"cpu"}),
+                       fingerprint=config_fingerprint(cfg))
+    out = tmp_path / "out"
+
+    def decide():
+        return R.plan(R.MachineFacts(2), out, tmp_path / "none", exps=[exp], env_exists=lambda n: True)[0]
+
+    shutil.copytree(good, out / "t")
+    assert decide().state == "done"
+    shutil.rmtree(out / "t")
+    shutil.copytree(other, out / "t")  # another config's finished run, copied in
+    d = decide()
+    assert d.state == "foreign" and not d.runs
+    assert f"{out / 't'} holds a run of another config (fingerprint " in d.why and "not of " in d.why
+    assert "done" not in d.why
+    shutil.rmtree(out / "t")
+    _damage(good, other, out / "t", "no timings")
+    with pytest.raises(HarnessError, match=rf"{out / 't'}: damaged \(timings.parquet: missing\)"):
+        decide()
+
+
+# -- a multi-run report names each run once ---------------------------------------------------------------
+def test_a_multi_run_report_refuses_a_run_named_twice(fake_backends, two_runs, tmp_path):
+    good, other = two_runs
+    shutil.copytree(good, tmp_path / "copy", ignore=shutil.ignore_patterns(".lock"))
+    for args, says in (([good, good], "the same folder as"), ([good, Path(f"{good}/"), other], "the same folder as"),
+                       ([good, tmp_path / "copy"], "the same run (t-")):
+        result = CliRunner().invoke(app, ["report", *map(str, args), "--out", str(tmp_path / "multi")])
+        text = _one_error(result)
+        assert says in text and "named twice; expected each run once" in text
+        assert not (tmp_path / "multi").exists()
+
+
+# -- every --out: a folder (or file) it can write, said the same way by every command ------------------------
+@pytest.mark.parametrize("target, says", [("FILE", "--out {out}: expected a folder, got a file"),
+                                          ("FILE/sub", "--out {out}: {file} is a file, not a folder")])
+@pytest.mark.parametrize("command", ["run", "reproduce", "report", "import"])
+def test_every_out_folder_is_checked_before_anything_is_written(fake_backends, two_runs, tmp_path, command, target, says):
+    good, other = two_runs
+    file = tmp_path / "FILE"
+    file.write_text("mine")
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"benchmarks": [], "datetime": "2026-01-01T00:00:00", "version": "4.0.0"}))
+    out = tmp_path / target
+    args = {"run": ["run", str(good.parent / "t.yaml")], "reproduce": ["reproduce", "--dry-run"],
+            "report": ["report", str(good), str(other)], "import": ["import", str(bench)]}[command]
+    result = CliRunner().invoke(app, args + ["--out", str(out)])
+    assert _one_error(result) == "error: " + says.format(out=out, file=file)
+    assert file.read_text() == "mine"
+
+
+@pytest.mark.parametrize("target, says", [("folder", "--out {out}: expected a file, got a folder"),
+                                          ("FILE/x.json", "--out {out}: {file} is a file, not a folder")])
+def test_export_out_is_checked_as_a_file(fake_backends, two_runs, tmp_path, target, says):
+    good, _ = two_runs
+    (tmp_path / "folder").mkdir()
+    file = tmp_path / "FILE"
+    file.write_text("mine")
+    out = tmp_path / target
+    result = CliRunner().invoke(app, ["export", str(good), "--out", str(out)])
+    assert _one_error(result) == "error: " + says.format(out=out, file=file)
+    assert file.read_text() == "mine"
+
+
+# -- smaller edges: the budget, keys that apply to no cell, the interrupt hint --------------------------------
+@pytest.mark.parametrize("budget", ["nan", "inf", "-inf", "0", "-1"])
+def test_reproduce_budget_is_finite_and_positive(budget, tmp_path):
+    result = CliRunner().invoke(app, ["reproduce", "--budget", budget, "--dry-run", "--out", str(tmp_path / "o")])
+    assert "--budget: expected a finite positive number of minutes" in _one_error(result)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("text, says", [
+    ("model: {kind: elman, hidden: 8, reset_after: true}\n",
+     "model.reset_after: applies to kind gru only, and this document's models are elman; expected no reset_after here"),
+    ("model: {kind: lstm, hidden: 8, reset_after: true}\n", "model.reset_after: applies to kind gru only"),
+    ("model: {kind: gru, hidden: 8, peephole: false}\n", "model.peephole: applies to kind lstm only"),
+    ("sweep: {model.reset_after: [true]}\n", "sweep.model.reset_after: applies to kind gru only"),
+    ("train: {loss_scale: 512}\n", "train.loss_scale: applies to dtype float16 only (its static loss scale), and "
+                                   "this document runs float32; expected no loss_scale here"),
+    ("dtype: [float32, bfloat16]\nsweep: {train.loss_scale: [256, 512]}\n", "sweep.train.loss_scale: applies to dtype float16"),
+])
+def test_a_key_that_applies_to_no_cell_of_its_document_is_refused(fake_backends, tmp_path, text, says):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(BASE.replace("model: {kind: elman, hidden: 8}\n", "" if text.startswith("model") else
+                                 "model: {kind: elman, hidden: 8}\n") + text)
+    with pytest.raises(HarnessError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}: {says}" or str(info.value).startswith(f"{path}: {says}")
+
+
+@pytest.mark.parametrize("text", [
+    "model: {kind: gru, hidden: 8, reset_after: false}\n",
+    "model: {kind: elman, hidden: 8}\nsweep: {model.kind: [elman, gru]}\n---\nmodel: {reset_after: true}\n",
+    "model: {kind: elman, hidden: 8}\ndtype: [float32, float16]\ntrain: {loss_scale: 512}\n",
+    "model: {kind: gru, hidden: 8}\n---\nmodel: {kind: elman}\n",  # the first document's default, not a key here
+])
+def test_keys_that_apply_to_some_cell_are_kept(fake_backends, tmp_path, text):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(BASE.replace("model: {kind: elman, hidden: 8}\n", "") + text)
+    assert load_config(path).cells()
+
+
+def test_the_resume_hint_is_the_command_as_given_with_the_options_the_run_needs():
+    from harness.cli import _resume_command
+
+    assert _resume_command("../cfg/x.yaml", Path("out/x"), None, None) == "harness run ../cfg/x.yaml --resume out/x"
+    assert (_resume_command("my configs/x.yaml", Path("out/x"), "gpu", "numpy,jax")
+            == "harness run 'my configs/x.yaml' --profile gpu --backends numpy,jax --resume out/x")
+
+
+def test_reproduce_gives_its_runs_absolute_paths_so_their_hints_hold_anywhere(tmp_path, monkeypatch):
+    from harness.run import reproduce as R
+
+    monkeypatch.chdir(tmp_path)
+    d = R.Decision("threads", "configs/threads.yaml", None, True, "", 1.0, "", 4, state="resume")
+    cmd = R.run_command(d, Path("rel/out"))
+    assert cmd[cmd.index("run") + 1] == str(R.PROJECT_ROOT / "configs" / "threads.yaml")
+    assert cmd[cmd.index("--resume") + 1] == str(tmp_path / "rel" / "out" / "threads")

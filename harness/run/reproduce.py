@@ -75,6 +75,7 @@ class Experiment:
     cells: int = 0
     devices: frozenset = frozenset()
     environments: frozenset = frozenset()  # isolated environments its backends run in
+    fingerprint: str | None = None  # its config's (harness.results.store.config_fingerprint): a run of it has this
 
     @property
     def name(self) -> str:
@@ -97,7 +98,7 @@ class Decision:
     estimate_s: float | None
     basis: str
     tier: int  # 0 GPU, 1 many cores, 2 a config's GPU cells, 3 no committed run, 4 a re-measurement
-    state: str = "new"  # new | resume | done (a finished run in the output folder)
+    state: str = "new"  # new | resume | done (a finished run in the output folder) | foreign (another config's)
     skipped_for_budget: bool = False
 
     def line(self) -> str:
@@ -139,6 +140,7 @@ def _profiles(path: Path) -> list[str]:
 def experiments(root: Path = PROJECT_ROOT, configs: list[Path] | None = None) -> list[Experiment]:
     """Every experiment of the covered configs, with its cells' count, devices and environments."""
     import backends
+    from harness.results.store import config_fingerprint
     from harness.run.config import load_config
 
     out = []
@@ -156,7 +158,7 @@ def experiments(root: Path = PROJECT_ROOT, configs: list[Path] | None = None) ->
                 if env:
                     envs.add(env)
             out.append(Experiment(Path(rel), profile, len(cells), frozenset(c.problem.device for c in cells),
-                                  frozenset(envs)))
+                                  frozenset(envs), config_fingerprint(cfg)))
     return out
 
 
@@ -228,14 +230,28 @@ def _tier(exp: Experiment, machine: MachineFacts, committed: dict) -> tuple[int,
 
 
 def _progress(folder: Path, exp: Experiment) -> tuple[str, float]:
-    """State of the experiment's run folder: ``new``, ``resume`` or ``done``, and the share of cells left."""
-    meta = _read_meta(folder)
-    if meta is None:
+    """State of the experiment's run folder: ``new``, ``resume``, ``done`` or ``foreign`` (a run of another
+    config: :func:`_foreign`), and the share of cells left. HarnessError when it holds a damaged run."""
+    from harness.results.store import read_folder
+
+    if not (folder / "run.json").exists():
         return "new", 1.0
+    meta = read_folder(folder)[0]  # a run only if its tables are there and its own
+    if _foreign(meta, exp):
+        return "foreign", 0.0
     if meta.get("finished") and not meta.get("interrupted"):
         return "done", 0.0
     done = sum(1 for s in (meta.get("cells") or {}).values() if s)
     return "resume", max(0.0, 1.0 - done / exp.cells) if exp.cells else 1.0
+
+
+def _foreign(meta: dict, exp: Experiment) -> str | None:
+    """Why the run of ``meta`` is not one of ``exp`` (None when its config fingerprint is the experiment's)."""
+    got = meta.get("config_fingerprint")
+    if exp.fingerprint is None or got == exp.fingerprint:
+        return None
+    what = f"a run of another config (fingerprint {got})" if got else "a run that records no config fingerprint"
+    return f"{what}, not of {exp.label} ({exp.fingerprint})"
 
 
 def plan(machine: MachineFacts, out: Path, examples: Path, budget_s: float | None = None,
@@ -266,12 +282,14 @@ def plan(machine: MachineFacts, out: Path, examples: Path, budget_s: float | Non
             basis += f", {left:.0%} of its cells left"
         missing = sorted(e for e in exp.environments if not env_exists(e))
         why = _needs(exp, machine)
-        if why is None and missing and state != "done":
+        if why is None and missing and state not in ("done", "foreign"):
             seconds += ENV_BUILD_S * len(missing)
             basis += f", + building the {', '.join(missing)} environment"
-        runs = why is None and state != "done"
+        runs = why is None and state not in ("done", "foreign")
         if state == "done":
             why = f"done: finished run in {out / exp.name}"
+        elif state == "foreign":
+            why = f"{out / exp.name} holds {_foreign(_read_meta(out / exp.name) or {}, exp)}: move it away to run it"
         elif why is None:
             why = new + (" (resumes)" if state == "resume" else "")
         decisions.append(Decision(exp.name, exp.config.as_posix(), exp.profile, runs, why, seconds, basis, tier, state))
@@ -309,10 +327,11 @@ def _harness(args: list[str]) -> list[str]:
 
 def run_command(d: Decision, out: Path) -> list[str]:
     """The ``harness run`` command of one experiment: a new run, or ``--resume`` of its folder."""
-    args = ["run", d.config]
+    # absolute: the child runs in the project's folder, and its interrupt hint must hold from anywhere
+    args = ["run", str(PROJECT_ROOT / d.config)]
     if d.profile:
         args += ["--profile", d.profile]
-    folder = out / d.name
+    folder = (out / d.name).absolute()
     args += ["--resume", str(folder)] if d.state == "resume" else ["--out", str(folder)]
     return _harness(args)
 
@@ -428,7 +447,10 @@ def run_plan(decisions: list[Decision], out: Path, machine: MachineFacts, budget
                 outcomes.append(Outcome(d.name, "interrupted", time.monotonic() - started, rc))
                 _keep(record, d, outcomes[-1])
                 raise
-            done = _progress(out / d.name, Experiment(Path(d.config), d.profile))[0] == "done"
+            try:
+                done = _progress(out / d.name, Experiment(Path(d.config), d.profile))[0] == "done"
+            except HarnessError:
+                done = False
             status = "stopped" if stopped else "finished" if rc == 0 and done else "failed"
             outcomes.append(Outcome(d.name, status, time.monotonic() - started, rc))
             _keep(record, d, outcomes[-1])
