@@ -270,7 +270,7 @@ def reproduce_cmd(
     """Every experiment of docs/experiments.md that fits this machine, within a budget, resumable."""
     from harness.run import reproduce
 
-    from harness.results.store import check_out_folder
+    from harness.results.store import check_out_folder, read_folder
 
     try:
         if budget is not None and not (math.isfinite(budget) and budget > 0):  # nan is no limit, not a budget
@@ -278,7 +278,8 @@ def reproduce_cmd(
         check_out_folder(out)
         machine = reproduce.MachineFacts.here()
         decisions = reproduce.plan(machine, out, Path(reproduce.PROJECT_ROOT) / "results" / "examples",
-                                   budget * 60 if budget else None, _split_csv(only, "--only"))
+                                   budget * 60 if budget else None, _split_csv(only, "--only"),
+                                   read_run=lambda folder: read_folder(folder)[0])  # the one rule for a run
     except HarnessError as exc:
         _fail(exc, 2)
     console.print(f"this machine: {escape(machine.describe())}; runs into {out}"

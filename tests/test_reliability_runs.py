@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import backends
 from harness.cli import app
-from harness.results.store import RunStore, config_fingerprint, load_run
+from harness.results.store import RunStore, config_fingerprint, load_run, read_folder
 from harness.run import envs
 from harness.run.config import load_config
 from harness.run.runner import Runner, finish_meta, new_run_meta
@@ -258,7 +258,8 @@ def test_reproduce_takes_a_run_as_done_only_when_it_is_the_experiment_s(fake_bac
     out = tmp_path / "out"
 
     def decide():
-        return R.plan(R.MachineFacts(2), out, tmp_path / "none", exps=[exp], env_exists=lambda n: True)[0]
+        return R.plan(R.MachineFacts(2), out, tmp_path / "none", exps=[exp], env_exists=lambda n: True,
+                      read_run=lambda folder: read_folder(folder)[0])[0]
 
     shutil.copytree(good, out / "t")
     assert decide().state == "done"
@@ -272,6 +273,16 @@ def test_reproduce_takes_a_run_as_done_only_when_it_is_the_experiment_s(fake_bac
     _damage(good, other, out / "t", "no timings")
     with pytest.raises(HarnessError, match=rf"{out / 't'}: damaged \(timings.parquet: missing\)"):
         decide()
+    # the command, over the shipped experiments: another config's run in OUT/sobel is not sobel's
+    shutil.copytree(other, out / "sobel")
+    result = CliRunner().invoke(app, ["reproduce", "--only", "sobel", "--out", str(out), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    line = next(l for l in _line(result).split("configs/")[1:] if l.startswith("sobel.yaml"))
+    assert f"skipped: {out / 'sobel'} holds a run of another config (fingerprint " in line and "done" not in line
+    shutil.rmtree(out / "sobel")
+    _damage(good, other, out / "sobel", "empty timings")
+    result = CliRunner().invoke(app, ["reproduce", "--only", "sobel", "--out", str(out), "--dry-run"])
+    assert f"error: {out / 'sobel'}: damaged (timings.parquet: no row for 2" in _one_error(result)
 
 
 # -- a multi-run report names each run once ---------------------------------------------------------------

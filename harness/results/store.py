@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import tempfile
@@ -101,12 +100,11 @@ def check_out_file(path, option: str = "--out") -> Path:
 
 
 def config_fingerprint(config) -> str:
-    """A digest of everything a config asks for (each document, as validated): ``--resume`` compares it
-    with the one the run was started with."""
-    dumps = [raw.model_dump(mode="json") for raw, _ in config.parts]
-    files = getattr(config, "task_files", None)
-    payload = {"documents": dumps, "task_files": files} if files else dumps  # a changed text file is another run
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """The config's digest that ``run.json`` records (:func:`harness.run.config.config_fingerprint`, imported
+    here only when asked: loading a run needs no config machinery)."""
+    from harness.run.config import config_fingerprint as digest
+
+    return digest(config)
 
 
 class FolderLock:

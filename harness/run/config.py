@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import hashlib
 import itertools
+import json
 import math
 import os
 import re
@@ -604,6 +605,15 @@ def _merge(base: dict, over: dict, top: bool = True) -> dict:
                 and k not in REPLACED_LEAVES)
         out[k] = _merge(out[k], v, top=False) if deep else v
     return out
+
+
+def config_fingerprint(config) -> str:
+    """A digest of everything a config asks for (each document, as validated): ``--resume`` compares it
+    with the one the run was started with."""
+    dumps = [raw.model_dump(mode="json") for raw, _ in config.parts]
+    files = getattr(config, "task_files", None)
+    payload = {"documents": dumps, "task_files": files} if files else dumps  # a changed text file is another run
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def load_config(path: str | Path, backends_override: list[str] | None = None, profile: str | None = None) -> RunConfig:

@@ -140,8 +140,7 @@ def _profiles(path: Path) -> list[str]:
 def experiments(root: Path = PROJECT_ROOT, configs: list[Path] | None = None) -> list[Experiment]:
     """Every experiment of the covered configs, with its cells' count, devices and environments."""
     import backends
-    from harness.results.store import config_fingerprint
-    from harness.run.config import load_config
+    from harness.run.config import config_fingerprint, load_config
 
     out = []
     for rel in configs if configs is not None else covered_configs(root):
@@ -229,14 +228,15 @@ def _tier(exp: Experiment, machine: MachineFacts, committed: dict) -> tuple[int,
     return 4, "re-measures its committed run here"
 
 
-def _progress(folder: Path, exp: Experiment) -> tuple[str, float]:
+def _progress(folder: Path, exp: Experiment, read_run=None) -> tuple[str, float]:
     """State of the experiment's run folder: ``new``, ``resume``, ``done`` or ``foreign`` (a run of another
-    config: :func:`_foreign`), and the share of cells left. HarnessError when it holds a damaged run."""
-    from harness.results.store import read_folder
-
+    config: :func:`_foreign`), and the share of cells left. ``read_run(folder)`` gives a run's run.json
+    (the results layer's reader, which raises on a damaged run); without it run.json alone is read."""
     if not (folder / "run.json").exists():
         return "new", 1.0
-    meta = read_folder(folder)[0]  # a run only if its tables are there and its own
+    meta = _read_meta(folder) if read_run is None else read_run(folder)
+    if meta is None:
+        return "new", 1.0
     if _foreign(meta, exp):
         return "foreign", 0.0
     if meta.get("finished") and not meta.get("interrupted"):
@@ -256,8 +256,9 @@ def _foreign(meta: dict, exp: Experiment) -> str | None:
 
 def plan(machine: MachineFacts, out: Path, examples: Path, budget_s: float | None = None,
          only: list[str] | None = None, exps: list[Experiment] | None = None,
-         env_exists=None, spent_s: float = 0.0) -> list[Decision]:
-    """What runs here, in order, with the reason for everything that does not (dry-run and real run alike)."""
+         env_exists=None, spent_s: float = 0.0, read_run=None) -> list[Decision]:
+    """What runs here, in order, with the reason for everything that does not (dry-run and real run alike).
+    ``read_run``: how a run folder in ``out`` is read (see :func:`_progress`)."""
     exps = experiments() if exps is None else exps
     if only:
         known = {e.name for e in exps} | {e.config.stem for e in exps}
@@ -276,7 +277,7 @@ def plan(machine: MachineFacts, out: Path, examples: Path, budget_s: float | Non
     for exp in exps:
         seconds, basis = estimate(exp, committed, by_name)
         tier, new = _tier(exp, machine, committed)
-        state, left = _progress(out / exp.name, exp)
+        state, left = _progress(out / exp.name, exp, read_run)
         seconds *= left
         if state == "resume":
             basis += f", {left:.0%} of its cells left"
@@ -447,10 +448,7 @@ def run_plan(decisions: list[Decision], out: Path, machine: MachineFacts, budget
                 outcomes.append(Outcome(d.name, "interrupted", time.monotonic() - started, rc))
                 _keep(record, d, outcomes[-1])
                 raise
-            try:
-                done = _progress(out / d.name, Experiment(Path(d.config), d.profile))[0] == "done"
-            except HarnessError:
-                done = False
+            done = _progress(out / d.name, Experiment(Path(d.config), d.profile))[0] == "done"
             status = "stopped" if stopped else "finished" if rc == 0 and done else "failed"
             outcomes.append(Outcome(d.name, status, time.monotonic() - started, rc))
             _keep(record, d, outcomes[-1])
