@@ -112,6 +112,13 @@ def split_pins(full: str) -> tuple[str, str]:
     return base, pins
 
 
+def _short(full: str) -> str:
+    """A backend name as messages quote it: its start and end where it is long (a runaway version)."""
+    from harness.spec.model import short_repr
+
+    return short_repr(full, 80)
+
+
 def pins_of(full: str) -> dict[str, str]:
     """The versions a backend name pins, ``{package: version}`` (the backend's own ``package`` first)."""
     from harness.spec.environments import parse_pins
@@ -123,7 +130,7 @@ def pins_of(full: str) -> dict[str, str]:
     try:
         return parse_pins(f"{cls.package}@{text}")
     except ValueError as exc:
-        raise HarnessError(f"backend {full!r}: {exc}") from None
+        raise HarnessError(f"backend {_short(full)}: {exc}") from None
 
 
 def backend_class(name: str):
@@ -179,14 +186,14 @@ def validate_name(full: str, versions: dict[str, str] | None = None) -> str:
         # cells as unavailable with this reason instead of refusing the whole config
         return full
     if variant is not None and variant not in cls.variants:
-        raise HarnessError(f"backend {full!r}: unknown variant {variant!r}; valid variants are {', '.join(cls.variants)}")
+        raise HarnessError(f"backend {_short(full)}: unknown variant {variant!r}; valid variants are {', '.join(cls.variants)}")
     canonical = cls.full_name_of(variant)
     if "@" not in str(full):
         return canonical
     if cls.package is None:
         why = (f"it runs in its own environment {cls.environment!r}" if cls.environment
                else "its class names no `package` to pin")
-        raise HarnessError(f"backend {full!r}: {name} cannot be pinned to a version ({why}); expected {name} "
+        raise HarnessError(f"backend {_short(full)}: {name} cannot be pinned to a version ({why}); expected {name} "
                            f"or {name}:variant")
     pins = pins_of(full)
     for package, version in (versions or {}).items():

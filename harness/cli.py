@@ -4,6 +4,7 @@ turns it into ``error: ...`` and an exit code."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -63,7 +64,7 @@ def run_cmd(
 
     from harness.run.config import load_config
     from harness.run.client import kill_all_workers, stop_on_signals
-    from harness.results.store import RunStore, config_fingerprint
+    from harness.results.store import RunStore, check_out_folder, config_fingerprint
     from harness.run.runner import Runner, new_run_meta
 
     stores = []
@@ -71,6 +72,8 @@ def run_cmd(
         try:
             try:
                 _check_backend_names(backends_opt)  # a typo there is the option's, not the config file's
+                if out is not None:
+                    check_out_folder(out)
                 executor = _executor(executor_opt, scheduler, workers)
                 if resume is not None:
                     if len(configs) > 1:
@@ -104,7 +107,8 @@ def run_cmd(
                     kill_all_workers()
                     _close_run(store, interrupted=True)
                     err_console.print(f"interrupted ({stopped.name}): finished cells are saved; continue with "
-                                      f"`harness run {cfg.path} --resume {store.path}`", highlight=False, markup=False)
+                                      f"`{_resume_command(cfg.path, store.path, profile, backends_opt)}`",
+                                      highlight=False, markup=False)
                     raise typer.Exit(stopped.exit_code)
                 except HarnessError as exc:
                     _close_run(store, interrupted=True, quiet=True)  # the disk may refuse this too: say it once
@@ -121,6 +125,19 @@ def run_cmd(
         finally:
             for store in stores:
                 store.close()
+
+
+def _resume_command(config: str, folder: Path, profile: str | None, backends_opt: str | None) -> str:
+    """The command that finishes an interrupted run: its config and folder as they were given, with the
+    options its fingerprint holds (--profile, --backends), quoted for a shell."""
+    import shlex
+
+    args = ["harness", "run", str(config)]
+    if profile is not None:
+        args += ["--profile", profile]
+    if backends_opt is not None:
+        args += ["--backends", backends_opt]
+    return shlex.join(args + ["--resume", str(folder)])
 
 
 def _end_stale_workers(folder: Path) -> None:
@@ -267,12 +284,18 @@ def reproduce_cmd(
     """Every experiment of docs/experiments.md that fits this machine, within a budget, resumable."""
     from harness.run import reproduce
 
+    from harness.results.store import check_out_folder, read_folder
+
     try:
-        if budget is not None and budget <= 0:
-            raise HarnessError(f"--budget: expected a positive number of minutes, got {budget}")
+        if budget is not None and not (math.isfinite(budget) and budget > 0):  # nan is no limit, not a budget
+            raise HarnessError(f"--budget: expected a finite positive number of minutes, got {budget}")
+        check_out_folder(out)
+        if archive is not None and (archive.is_dir() or archive.parent.is_file()):
+            raise HarnessError(f"--archive {archive}: expected a file path in a folder")
         machine = reproduce.MachineFacts.here()
         decisions = reproduce.plan(machine, out, Path(reproduce.PROJECT_ROOT) / "results" / "examples",
-                                   budget * 60 if budget else None, _split_csv(only, "--only"))
+                                   budget * 60 if budget else None, _split_csv(only, "--only"),
+                                   read_run=lambda folder: read_folder(folder)[0])  # the one rule for a run
     except HarnessError as exc:
         _fail(exc, 2)
     console.print(f"this machine: {escape(machine.describe())}; runs into {out}"
@@ -504,6 +527,10 @@ def env_create(name: Annotated[str, typer.Argument(help="Environment name (thean
 
     try:
         name = envs.environment_name(name)
+        envs.env_target(name)  # a known environment's folder, before anything is written
+    except HarnessError as exc:
+        _fail(exc, 2)
+    try:
         python = envs.create_env(name, force=force, progress=err_console)
     except HarnessError as exc:
         _fail(exc, 1)
@@ -519,8 +546,8 @@ def env_list():
     for col in ("name", "exists", "path", "packages"):
         table.add_column(col)
     for row in envs.list_envs():
-        table.add_row(escape(row["name"]), "yes" if row["exists"] else "no", escape(str(row["path"])),
-                      escape(str(row.get("packages", ""))))
+        exists = "damaged" if row.get("damaged") else "yes" if row["exists"] else "no"
+        table.add_row(escape(row["name"]), exists, escape(str(row["path"])), escape(str(row.get("packages", ""))))
     console.print(table)
 
 
@@ -530,10 +557,10 @@ def env_remove(name: Annotated[str, typer.Argument(help="Environment name, or a 
     from harness.run import envs
 
     try:
-        name = envs.environment_name(name)
+        name = envs.removal_name(name)
         envs.remove_env(name)
     except HarnessError as exc:
-        _fail(exc, 1)
+        _fail(exc, 2)
     console.print(f"removed environment {name}", markup=False)
 
 
@@ -545,8 +572,11 @@ def import_cmd(
 ):
     """Turn pytest-benchmark results into a run folder, for plot, report and compare."""
     from harness.results.pytest_benchmark import import_json
+    from harness.results.store import check_out_folder
 
     try:
+        if out is not None:
+            check_out_folder(out)  # before the file is read: said as every --out says it
         path = import_json(json_file, out, baseline)
     except HarnessError as exc:
         _fail(exc, 2)

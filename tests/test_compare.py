@@ -51,6 +51,7 @@ def _edit(src: Path, dst: Path, edit) -> Path:
     shutil.copytree(src, dst)
     store = RunStore.open(dst)
     edit(store.timings)
+    store.meta["cells"] = {r["cell_id"]: r["status"] for r in store.timings}  # run.json records what it holds
     store.save()
     return dst
 

@@ -58,6 +58,7 @@ def _gpu_copy(tmp_path) -> Path:
     meta = json.loads((gpu / "run.json").read_text())
     meta["machine"] = {**meta["machine"], "hostname": "gpu-box", "cores": 16, "gpus": ["NVIDIA H100, 580, 80 GB"]}
     meta["run_id"] = "lstm-cpu-gpu-gpu"
+    meta["cells"] = dict(zip(t["cell_id"], t["status"]))  # the cells this run holds, as a run's run.json records
     (gpu / "run.json").write_text(json.dumps(meta))
     return gpu
 
@@ -134,7 +135,6 @@ def test_a_dtypes_table_sets_each_problem_and_backend_across_dtypes(tmp_path):
     relative difference; a refused cell shows its status, a backend without float32 no ratio."""
     run = tmp_path / "mp"
     run.mkdir()
-    (run / "run.json").write_text("{}")
     base = {"group": "g", "variant": None, "model": "lstm", "hidden_size": 512, "input_size": 512, "seq_len": 25,
             "batch": 64, "threads": 2, "device": "cpu", "tokens": False, "bptt": "full", "layers": 1}
     rows = []
@@ -148,6 +148,8 @@ def test_a_dtypes_table_sets_each_problem_and_backend_across_dtypes(tmp_path):
             rows.append({**base, "cell_id": f"t-{backend}-{dtype}", "backend": backend, "dtype": dtype,
                          "workload": "train", "status": "ok", "median_s": None, "final_loss": loss, "train_s": 2.0})
     pd.DataFrame(rows).to_parquet(run / "timings.parquet")
+    pd.DataFrame({"cell_id": []}).to_parquet(run / "curves.parquet")
+    (run / "run.json").write_text(json.dumps({"cells": {r["cell_id"]: r["status"] for r in rows}}))
     page = tmp_path / "p.md"
     page.write_text("<!-- table: dtypes mp workload=train_step -->\n<!-- /table -->\n"
                     "<!-- table: dtypes mp workload=train -->\n<!-- /table -->\n")

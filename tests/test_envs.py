@@ -45,7 +45,7 @@ def test_create_list_remove(tmp_home):
     assert set(rows) == {"tiny", "broken"}
     assert rows["tiny"]["exists"] and rows["tiny"]["path"] == str(envs.env_dir("tiny"))
     assert not rows["broken"]["exists"] and "missing-0.1" in rows["broken"]["packages"]
-    assert set(rows["tiny"]) == {"name", "exists", "path", "packages"}
+    assert set(rows["tiny"]) == {"name", "exists", "damaged", "path", "packages"} and rows["tiny"]["damaged"] is None
 
     marker = json.loads((envs.env_dir("tiny") / envs.MARKER).read_text())
     again = _Lines()

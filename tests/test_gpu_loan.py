@@ -21,11 +21,12 @@ def shipped():
     return R.experiments(ROOT)
 
 
-def _run_folder(folder: Path, seconds: float = 60.0, cells: int = 4, finished: bool = True, gpus=()) -> None:
+def _run_folder(folder: Path, seconds: float = 60.0, cells: int = 4, finished: bool = True, gpus=(),
+                fingerprint: str | None = None) -> None:
     folder.mkdir(parents=True)
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)
     meta = {"started": start.isoformat(), "cells": {f"c{i}": "ok" for i in range(cells)},
-            "machine": {"cores": 2, "gpus": list(gpus)}}
+            "machine": {"cores": 2, "gpus": list(gpus)}, "config_fingerprint": fingerprint}
     if finished:
         meta["finished"] = (start + timedelta(seconds=seconds)).isoformat()
     else:
@@ -130,8 +131,10 @@ def test_gpu_backends_are_checked_in_the_order_of_what_the_experiments_time(monk
 
 def test_the_archive_holds_the_finished_runs_under_their_example_names(shipped, tmp_path):
     out = tmp_path / "out"
-    _run_folder(out / "lstm_gpu", gpus=["NVIDIA H100"])
-    _run_folder(out / "lstm_cpu_gpu-gpu", finished=False)  # stopped by the budget: resumes, not committed
+    mine = {e.name: e.fingerprint for e in shipped}
+    _run_folder(out / "lstm_gpu", gpus=["NVIDIA H100"], fingerprint=mine["lstm_gpu"])
+    _run_folder(out / "lstm_cpu_gpu-gpu", finished=False, fingerprint=mine["lstm_cpu_gpu-gpu"])  # stopped: resumes
+    _run_folder(out / "quick-gpu", fingerprint="another config's")  # not this experiment's run: not brought back
     (out / "lstm_gpu" / ".lock").write_text("123\n")
     (out / "lstm_gpu" / "plots").mkdir()
     (out / "lstm_gpu" / "plots" / "speedup.png").write_bytes(b"png")

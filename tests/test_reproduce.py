@@ -95,9 +95,17 @@ def test_budget_skips_what_does_not_fit_with_the_reason(shipped, examples, tmp_p
     assert "building the theano environment" in _by_name(plan)["numpy_vs_theano"].basis
 
 
+def _finished(folder: Path, exp) -> None:
+    """A finished run of ``exp`` in ``folder``, as ``harness run`` leaves one (no cell is needed)."""
+    from harness.results.store import RunStore
+
+    RunStore.create(folder, {"config_fingerprint": exp.fingerprint, "started": "2026-01-01T00:00:00+00:00",
+                             "finished": "2026-01-01T00:01:00+00:00", "interrupted": False})
+
+
 def test_only_and_finished_folders(shipped, examples, tmp_path):
     out = tmp_path / "out"
-    _committed(out / "sobel", 10.0)
+    _finished(out / "sobel", next(e for e in shipped if e.name == "sobel"))
     plan = R.plan(R.MachineFacts(2), out, examples, only=["sobel", "quick"], exps=shipped, env_exists=lambda n: True)
     d = _by_name(plan)
     assert set(d) == {"sobel", "quick"}  # quick-gpu does not fit here, so --only quick is the plain one

@@ -160,8 +160,7 @@ def test_labels_add_the_version_where_a_backend_is_pinned_or_at_several_versions
 
 def _run(path, rows: list[dict]):
     store = RunStore.create(path, {"run_id": path.name, "name": "v", "machine": {}})
-    store.timings.extend(rows)
-    store.save()
+    store.add(rows, [])  # recorded in run.json too, as a run records its cells
     store.close()
     return path
 
@@ -263,7 +262,7 @@ def test_env_commands_create_list_and_remove_pinned_environments(pinned_env, tmp
     assert again.exit_code == 0 and f"environment {PINNED} ready" in again.output
 
     bad = runner.invoke(app, ["env", "create", "theano@1.1.2"])
-    assert bad.exit_code == 1 and "theano cannot be pinned" in bad.output
+    assert bad.exit_code == 2 and "theano cannot be pinned" in bad.output  # a bad name: bad input
 
     # remove, on a private home so the cached environment stays for the next run of the suite
     monkeypatch.setenv("HARNESS_HOME", str(tmp_path / "home"))
@@ -275,4 +274,4 @@ def test_env_commands_create_list_and_remove_pinned_environments(pinned_env, tmp
     assert removed.exit_code == 0, removed.output
     assert not folder.exists() and not environments.env_cache_dir(PINNED).exists()
     gone = runner.invoke(app, ["env", "remove", PINNED])
-    assert gone.exit_code == 1 and "does not exist" in gone.output
+    assert gone.exit_code == 2 and "does not exist" in gone.output

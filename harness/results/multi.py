@@ -20,13 +20,20 @@ from harness.results.labels import machine_label  # noqa: E402  (one rule for na
 
 
 def _runs(paths):
+    """The runs, each once: a folder named twice (or two copies of one run) would double its rows."""
     from harness.results.store import load_run
 
-    runs = []
+    runs, seen = [], {}
     for p in paths:
         if not (Path(p) / "run.json").exists():
             raise HarnessError(f"{p}: not a results folder (no run.json)")
-        runs.append((Path(p), load_run(p)))
+        run = load_run(p)
+        for key in (("folder", Path(p).resolve()), ("run", run.run_id, str(run.meta.get("started")))):
+            if key in seen:
+                same = "the same folder" if key[0] == "folder" else f"the same run ({run.run_id})"
+                raise HarnessError(f"{p}: {same} as {seen[key]}, named twice; expected each run once")
+            seen[key] = p
+        runs.append((Path(p), run))
     return runs
 
 
@@ -89,10 +96,14 @@ def write_multi_report(paths, out) -> list[Path]:
     """``report.md`` and ``report.html`` over several runs into ``out``, with their plots in ``out/plots``."""
     from harness.results import plots as P
     from harness.results.report import Heading, Image, Para, to_html, to_markdown
+    from harness.results.store import check_out_folder
 
-    out = Path(out)
-    (out / "plots").mkdir(parents=True, exist_ok=True)
-    title, blocks, timings = build_multi_report(paths)
+    out = check_out_folder(out)
+    title, blocks, timings = build_multi_report(paths)  # every run checked before anything is written
+    try:
+        (out / "plots").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HarnessError(f"--out {out}: cannot make the report's folder ({exc.strerror or exc})") from None
     figures: list = [Heading(2, "Plots")]
     for run_id, t in timings.groupby("run_id", sort=False):
         machine = t["machine"].iloc[0]

@@ -175,7 +175,9 @@ def import_json(path, out=None, baseline: str | None = None) -> Path:
                              "benchmarks": kept},
         "importer_host": machine.host_name(),
     }
-    out = Path(out) if out is not None else Path("results") / run_id
+    from harness.results.store import check_out_folder
+
+    out = check_out_folder(Path(out) if out is not None else Path("results") / run_id)
     if (out / "run.json").exists():
         raise HarnessError(f"{out}: a run already exists there; choose another --out")
     store = RunStore.create(out, meta)
@@ -342,8 +344,9 @@ def export_json(run_dir, out=None) -> tuple[Path, int, list[str]]:
     }
     if not benches:
         raise HarnessError(f"{run_dir}: no timed cells to export ({'; '.join(left_out[:3]) or 'the run is empty'})")
-    out = Path(out) if out is not None else Path(run_dir) / "pytest-benchmark.json"
-    from harness.results.store import write_json
+    from harness.results.store import check_out_file, write_json
+
+    out = check_out_file(Path(out) if out is not None else Path(run_dir) / "pytest-benchmark.json")
 
     write_json(out, doc)
     return out, len(benches), left_out

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import tempfile
@@ -61,13 +60,51 @@ def _atomic_write(path: Path, write) -> None:
                 pass
 
 
+def _nearest_existing(path: Path) -> Path:
+    """``path`` itself when it is there (a dangling link counts), else its nearest ancestor that is."""
+    probe = path
+    while not (probe.exists() or probe.is_symlink()) and probe.parent != probe:
+        probe = probe.parent
+    return probe
+
+
+def _check_writable_place(path: Path, option: str, folder: bool) -> None:
+    try:
+        probe = _nearest_existing(path if folder else path.parent)
+        if folder and probe == path and not path.is_dir():
+            raise HarnessError(f"{option} {path}: expected a folder, got a file")
+        if not folder and path.is_dir():
+            raise HarnessError(f"{option} {path}: expected a file, got a folder")
+        if not probe.is_dir():
+            raise HarnessError(f"{option} {path}: {probe} is a file, not a folder")
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise HarnessError(f"{option} {path}: no permission to write in {probe}")
+    except (OSError, ValueError) as exc:  # a name too long, a NUL in it
+        raise HarnessError(f"{option} {str(path)[:200]}: not a usable path ({exc})") from None
+
+
+def check_out_folder(path, option: str = "--out") -> Path:
+    """Refuse, before anything is written, an output folder that cannot be one: an existing file, a path
+    through a file, a folder (or the nearest existing parent of a new one) this process cannot write
+    into. Every command's folder ``--out`` goes through this, so each says it the same way."""
+    path = Path(path)
+    _check_writable_place(path, option, folder=True)
+    return path
+
+
+def check_out_file(path, option: str = "--out") -> Path:
+    """The same for an output file: not a folder, in a folder this process can write into (or make)."""
+    path = Path(path)
+    _check_writable_place(path, option, folder=False)
+    return path
+
+
 def config_fingerprint(config) -> str:
-    """A digest of everything a config asks for (each document, as validated): ``--resume`` compares it
-    with the one the run was started with."""
-    dumps = [raw.model_dump(mode="json") for raw, _ in config.parts]
-    files = getattr(config, "task_files", None)
-    payload = {"documents": dumps, "task_files": files} if files else dumps  # a changed text file is another run
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """The config's digest that ``run.json`` records (:func:`harness.run.config.config_fingerprint`, imported
+    here only when asked: loading a run needs no config machinery)."""
+    from harness.run.config import config_fingerprint as digest
+
+    return digest(config)
 
 
 class FolderLock:
@@ -281,9 +318,34 @@ def _check_timings(df: pd.DataFrame) -> str | None:
     return None
 
 
+def _check_of_this_run(meta: dict, timings: pd.DataFrame, curves: pd.DataFrame) -> str | None:
+    """Why the tables are not this run's (None when they are): every cell run.json records has its one
+    row in timings.parquet and every row a cell run.json records; every curve is of one of those cells."""
+    cells = meta.get("cells") or {}
+    if not isinstance(cells, dict):
+        return "run.json: cells: expected a mapping of cell id -> status"
+    ids = list(timings["cell_id"])
+    have = set(ids)
+    twice = len(ids) - len(have)
+    if twice:
+        return f"timings.parquet: {twice} cell(s) with more than one row"
+    foreign = [c for c in ids if c not in cells]
+    if foreign:
+        return (f"timings.parquet: {len(foreign)} row(s) of cells run.json does not record (another run's "
+                f"table?)")
+    missing = [c for c in cells if c not in have]
+    if missing:
+        return (f"timings.parquet: no row for {len(missing)} of the {len(cells)} cells run.json records"
+                + (" (an empty table)" if not ids else ""))
+    if len(curves) and not set(curves["cell_id"]) <= have:
+        return "curves.parquet: curves of cells run.json does not record (another run's table?)"
+    return None
+
+
 def read_folder(path: Path, resuming: bool = False) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
-    """run.json and the tables of a results folder; one HarnessError ``FOLDER: damaged (...)`` when one
-    of them is truncated, not what a run writes, or unreadable."""
+    """run.json and the tables of a results folder: the one rule for "this is a run" that everything
+    reading runs goes by. One HarnessError ``FOLDER: damaged (...)`` when run.json or a table is missing,
+    truncated, unreadable, not what a run writes, or not this run's (its cell ids are not run.json's)."""
     path = Path(path)
     if not (path / "run.json").exists():
         raise HarnessError(f"{path}: not a results folder (no run.json)")
@@ -295,16 +357,20 @@ def read_folder(path: Path, resuming: bool = False) -> tuple[dict, pd.DataFrame,
         raise _damaged(path, f"run.json: {str(exc)[:100]}", resuming) from None
     tables = []
     for name in ("timings.parquet", "curves.parquet"):
+        if not (path / name).is_file():  # every run writes both with its run.json, from its first save
+            raise _damaged(path, f"{name}: missing", resuming)
         try:
-            tables.append(pd.read_parquet(path / name) if (path / name).exists() else None)
+            tables.append(pd.read_parquet(path / name))
         except Exception as exc:  # pyarrow raises its own error types for a truncated or foreign file
             raise _damaged(path, f"{name}: {type(exc).__name__}: {str(exc)[:100]}", resuming) from None
     timings, curves = tables
-    timings = pd.DataFrame(columns=TIMING_COLUMNS) if timings is None else timings
-    curves = pd.DataFrame() if curves is None else curves
+    if len(timings.columns) == 0:  # a table written with no row and no column: a run that has no cell yet
+        timings = pd.DataFrame(columns=TIMING_COLUMNS)
     why = _check_timings(timings)
     if why is None and len(curves) and "cell_id" not in curves.columns:
         why = "curves.parquet: not a curves table, no cell_id column"
+    if why is None:
+        why = _check_of_this_run(meta, timings, curves)
     if why:
         raise _damaged(path, why, resuming)
     return meta, timings, curves

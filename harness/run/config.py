@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import hashlib
 import itertools
+import json
 import math
 import os
 import re
@@ -647,6 +648,15 @@ def _merge(base: dict, over: dict, top: bool = True) -> dict:
     return out
 
 
+def config_fingerprint(config) -> str:
+    """A digest of everything a config asks for (each document, as validated): ``--resume`` compares it
+    with the one the run was started with."""
+    dumps = [raw.model_dump(mode="json") for raw, _ in config.parts]
+    files = getattr(config, "task_files", None)
+    payload = {"documents": dumps, "task_files": files} if files else dumps  # a changed text file is another run
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def load_config(path: str | Path, backends_override: list[str] | None = None, profile: str | None = None) -> RunConfig:
     """Read and fully validate a YAML config (and check every backend name exists).
 
@@ -778,6 +788,27 @@ def _file_digest(file: str, where: str) -> str:
 
 # train settings a timed step reads (its update's rate); the others belong to workload train
 STEP_TRAIN_KEYS = {"lr", "loss_scale"}
+# model keys of one kind of cell alone (SPEC.md): in a document none of whose models is of that kind, ignored
+KIND_KEYS = {"reset_after": "gru", "peephole": "lstm"}
+
+
+def _check_keys_apply(raw: RawConfig, points: list[dict], own: dict, path: str) -> None:
+    """Refuse a key the document sets (itself, or by sweeping it) that none of its cells reads: a GRU's
+    ``reset_after`` on Elman models, ``train.loss_scale`` (float16's) on float32 cells. Accepted, it would
+    be ignored while the config seemed to ask for something."""
+    own_model = own.get("model") if isinstance(own.get("model"), dict) else {}
+    own_train = own.get("train") if isinstance(own.get("train"), dict) else {}
+    swept = {k.strip() for key in raw.sweep for k in key.split(",")}
+    kinds = sorted({point["model"].kind for point in points})
+    for key, kind in KIND_KEYS.items():
+        if kind not in kinds and (key in own_model or f"model.{key}" in swept):
+            where = f"model.{key}" if key in own_model else f"sweep.model.{key}"
+            raise HarnessError(f"{path}: {where}: applies to kind {kind} only, and this document's models are "
+                               f"{', '.join(kinds)}; expected no {key} here")
+    if "float16" not in raw.dtype and ("loss_scale" in own_train or "train.loss_scale" in swept):
+        where = "train.loss_scale" if "loss_scale" in own_train else "sweep.train.loss_scale"
+        raise HarnessError(f"{path}: {where}: applies to dtype float16 only (its static loss scale), and this "
+                           f"document runs {', '.join(raw.dtype)}; expected no loss_scale here")
 
 
 def _load_part(source: dict, path: str, backends_override: list[str] | None, base: Path | None = None,
@@ -896,4 +927,5 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None, bas
                 raise HarnessError(f"{path}: {where}batch: {small[0]} exceeds task.n_eval ({task.n_eval}) or task.n_sequences ({task.n_sequences}) needed by workload train")
         points.append({"model": model, "task": task, "train": train, "timing": timing, "values": values,
                        "task_sha256": digest})
+    _check_keys_apply(raw, points, own if own is not None else source, path)
     return raw, points

@@ -32,8 +32,9 @@ from harness.run import lifeline, measure
 from harness.spec import environments
 # the folders and the recipe type live in the spec layer, where backends read them
 from harness.spec.environments import MARKER, Recipe, current_env, env_dir, env_python, home  # noqa: F401
-from harness.spec.environments import marker as _marker
+from harness.spec.environments import damaged_reason, marker as _marker
 from harness.spec.errors import HarnessError
+from harness.spec.model import short_repr
 
 # The variables that size the thread pools of BLAS, OpenMP and friends: a worker gets all of them
 # set to its cell's thread count.
@@ -85,9 +86,43 @@ def find_recipe(name: str) -> Recipe | None:
 def _recipe(name: str) -> Recipe:
     recipe = find_recipe(name)
     if recipe is None:
-        raise HarnessError(f"no recipe for an isolated environment named {name!r}; known environments: "
+        raise HarnessError(f"no recipe for an isolated environment named {short_repr(name)}; known environments: "
                            f"{', '.join(recipes()) or 'none'}, or a pin set (package@version+package@version...)")
     return recipe
+
+
+def env_target(name: str, removing: bool = False) -> Path:
+    """The folder of environment ``name``, checked before anything is written or deleted there: one
+    folder directly under ``HARNESS_HOME/envs`` (never a path, a symbolic link or the folder itself),
+    of a known environment: a declared one, a canonical pin set, or (``removing``) one the harness
+    built whose recipe is gone (its marker is there). HarnessError otherwise."""
+    root = home() / "envs"
+    if (not isinstance(name, str) or not name or name in (".", "..") or name.startswith(".")
+            or "/" in name or os.sep in name or "\0" in name or len(name) > 255):
+        raise HarnessError(f"environment {short_repr(name)}: expected the name of an environment (theano, "
+                           f"numpy@1.26.4), not a path")
+    target = root / name
+    if target.is_symlink():
+        raise HarnessError(f"environment {short_repr(name)}: {target} is a symbolic link, not an environment the "
+                           f"harness built; remove the link yourself")
+    leftover = removing and (target / MARKER).is_file()
+    if find_recipe(name) is None and not leftover:
+        if removing:
+            raise HarnessError(f"no environment named {short_repr(name)} in {root}; expected one of "
+                               f"{', '.join(r['name'] for r in list_envs()) or 'none'}")
+        _recipe(name)
+    if target.exists() and target.resolve().parent != root.resolve():
+        raise HarnessError(f"environment {short_repr(name)}: {target} is not a folder of {root}")
+    return target
+
+
+def removal_name(name: str) -> str:
+    """The environment ``env remove NAME`` means: a folder the harness built under that very name (one an
+    older harness named by another spelling of its pins), else :func:`environment_name`'s answer."""
+    root = home() / "envs"
+    if name and "/" not in name and name not in (".", "..") and (root / name / MARKER).is_file():
+        return name
+    return environment_name(name)
 
 
 def environment_name(name: str) -> str:
@@ -263,15 +298,17 @@ def create_env(name: str, force: bool = False, progress=None) -> Path:
     from backends import blas
 
     recipe = _recipe(name)
+    target = env_target(name)
     say = _Reporter(progress, name)
     with _lock(name):
         existing = env_python(name)
         if existing is not None and not force and not _stale(name):
-            say(f"already exists at {env_dir(name)}")
+            say(f"already exists at {target}")
             return existing
-        target = env_dir(name)
         if target.exists():
-            why = "its recipe changed" if _stale(name) else "rebuilding"
+            damaged = environments.damage(name)
+            why = ("its recipe changed" if _stale(name) else f"it is damaged: {damaged}" if damaged
+                   else "rebuilding")
             say(f"removing the old environment at {target} ({why})")
             shutil.rmtree(target)
         started = time.monotonic()
@@ -291,7 +328,10 @@ def create_env(name: str, force: bool = False, progress=None) -> Path:
         _FAILED.pop(target, None)
         marker = {"name": name, "packages": versions, "recipe": list(recipe.packages), "python": str(py),
                   "created_s": round(time.monotonic() - started, 1)}
-        (target / MARKER).write_text(json.dumps(marker, indent=2))
+        # written whole or not at all: a marker cut short would read as a damaged environment
+        tmp = target / f".{MARKER}.tmp"
+        tmp.write_text(json.dumps(marker, indent=2))
+        os.replace(tmp, target / MARKER)
         say(f"ready in {marker['created_s']:.0f} s")
         return py
 
@@ -302,6 +342,10 @@ def ensure_env(name: str, progress=None) -> Path:
     if py is not None and not _stale(name):
         return py
     _recipe(name)
+    env_target(name)
+    damaged = environments.damage(name)
+    if damaged:  # its backends are unavailable with this reason; `harness env create` rebuilds it
+        raise HarnessError(environments.damaged_reason(name, damaged))
     if env_dir(name) in _FAILED:
         raise HarnessError(_FAILED[env_dir(name)])
     ok, why = can_create(name)
@@ -311,15 +355,18 @@ def ensure_env(name: str, progress=None) -> Path:
 
 
 def list_envs() -> list[dict]:
-    """Every known or present environment: name, exists, path and packages (a string)."""
+    """Every known or present environment: name, exists, damaged (why, or None), path and packages (a
+    string)."""
     root, known = home() / "envs", recipes()
     names = list(known)
     if root.is_dir():
         names += sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in known)
     rows = []
     for name in names:
-        marker = _marker(name)
-        if marker is not None:
+        marker, damaged = _marker(name), environments.damage(name)
+        if damaged:
+            packages = damaged_reason(name, damaged)
+        elif marker is not None:
             from backends import blas
 
             packages = ", ".join(f"{k} {v}" for k, v in marker.get("packages", {}).items())
@@ -330,18 +377,27 @@ def list_envs() -> list[dict]:
             packages = ", ".join(find_recipe(name).packages)
         else:
             packages = ""
-        rows.append({"name": name, "exists": marker is not None, "path": str(env_dir(name)), "packages": packages})
+        rows.append({"name": name, "exists": marker is not None, "damaged": damaged, "path": str(env_dir(name)),
+                     "packages": packages})
     return rows
 
 
 def remove_env(name: str) -> None:
-    """Delete environment ``name`` (its compile caches go with it)."""
-    target = env_dir(name)
+    """Delete environment ``name`` (its compile caches go with it); only a known environment's folder
+    directly under ``HARNESS_HOME/envs`` (:func:`env_target`)."""
+    target = env_target(name, removing=True)
     if not target.exists():
         raise HarnessError(f"environment {name!r} does not exist (looked in {target})")
     with _lock(name):
-        shutil.rmtree(target)
-        shutil.rmtree(environments.env_cache_dir(name), ignore_errors=True)
+        try:
+            shutil.rmtree(target)
+        except OSError as exc:
+            raise HarnessError(f"environment {name!r}: cannot remove {target}: {exc.strerror or exc}") from None
+        cache = environments.env_cache_dir(name)
+        if cache.is_symlink():  # the link goes, never what it points at
+            cache.unlink()
+        else:
+            shutil.rmtree(cache, ignore_errors=True)
 
 
 def worker_environ(name: str | None) -> dict[str, str]:

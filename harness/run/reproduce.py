@@ -88,6 +88,7 @@ class Experiment:
     devices: frozenset = frozenset()
     environments: frozenset = frozenset()  # isolated environments its backends run in
     floor_s: float = 0.0  # what its cells should take by their settings alone (:func:`cell_seconds`)
+    fingerprint: str | None = None  # its config's (harness.results.store.config_fingerprint): a run of it has this
 
     @property
     def name(self) -> str:
@@ -110,7 +111,7 @@ class Decision:
     estimate_s: float | None
     basis: str
     tier: int  # 0 GPU, 1 many cores, 2 a config's GPU cells, 3 no committed run, 4 a re-measurement
-    state: str = "new"  # new | resume | done (a finished run in the output folder)
+    state: str = "new"  # new | resume | done (a finished run in the output folder) | foreign (another config's)
     skipped_for_budget: bool = False
 
     def line(self) -> str:
@@ -152,7 +153,7 @@ def _profiles(path: Path) -> list[str]:
 def experiments(root: Path = PROJECT_ROOT, configs: list[Path] | None = None) -> list[Experiment]:
     """Every experiment of the covered configs, with its cells' count, devices and environments."""
     import backends
-    from harness.run.config import load_config
+    from harness.run.config import config_fingerprint, load_config
 
     out = []
     for rel in configs if configs is not None else covered_configs(root):
@@ -169,7 +170,8 @@ def experiments(root: Path = PROJECT_ROOT, configs: list[Path] | None = None) ->
                 if env:
                     envs.add(env)
             out.append(Experiment(Path(rel), profile, len(cells), frozenset(c.problem.device for c in cells),
-                                  frozenset(envs), sum(cell_seconds(c) for c in cells)))
+                                  frozenset(envs), floor_s=sum(cell_seconds(c) for c in cells),
+                                  fingerprint=config_fingerprint(cfg)))
     return out
 
 
@@ -258,22 +260,38 @@ def _tier(exp: Experiment, machine: MachineFacts, committed: dict) -> tuple[int,
     return 4, "re-measures its committed run here"
 
 
-def _progress(folder: Path, exp: Experiment) -> tuple[str, float]:
-    """State of the experiment's run folder: ``new``, ``resume`` or ``done``, and the share of cells left."""
-    meta = _read_meta(folder)
+def _progress(folder: Path, exp: Experiment, read_run=None) -> tuple[str, float]:
+    """State of the experiment's run folder: ``new``, ``resume``, ``done`` or ``foreign`` (a run of another
+    config: :func:`_foreign`), and the share of cells left. ``read_run(folder)`` gives a run's run.json
+    (the results layer's reader, which raises on a damaged run); without it run.json alone is read."""
+    if not (folder / "run.json").exists():
+        return "new", 1.0
+    meta = _read_meta(folder) if read_run is None else read_run(folder)
     if meta is None:
         return "new", 1.0
+    if _foreign(meta, exp):
+        return "foreign", 0.0
     if meta.get("finished") and not meta.get("interrupted"):
         return "done", 0.0
     done = sum(1 for s in (meta.get("cells") or {}).values() if s)
     return "resume", max(0.0, 1.0 - done / exp.cells) if exp.cells else 1.0
 
 
+def _foreign(meta: dict, exp: Experiment) -> str | None:
+    """Why the run of ``meta`` is not one of ``exp`` (None when its config fingerprint is the experiment's)."""
+    got = meta.get("config_fingerprint")
+    if exp.fingerprint is None or got == exp.fingerprint:
+        return None
+    what = f"a run of another config (fingerprint {got})" if got else "a run that records no config fingerprint"
+    return f"{what}, not of {exp.label} ({exp.fingerprint})"
+
+
 def plan(machine: MachineFacts, out: Path, examples: Path, budget_s: float | None = None,
          only: list[str] | None = None, exps: list[Experiment] | None = None,
-         env_exists=None, spent_s: float = 0.0, check_gpu: bool = True) -> list[Decision]:
+         env_exists=None, spent_s: float = 0.0, check_gpu: bool = True, read_run=None) -> list[Decision]:
     """What runs here, in order, with the reason for everything that does not (dry-run and real run alike).
-    On a GPU machine the budget keeps :data:`GPU_CHECK_S` for the conformance check that comes first."""
+    On a GPU machine the budget keeps :data:`GPU_CHECK_S` for the conformance check that comes first.
+    ``read_run``: how a run folder in ``out`` is read (see :func:`_progress`)."""
     exps = experiments() if exps is None else exps
     if only:
         known = {e.name for e in exps} | {e.config.stem for e in exps}
@@ -292,18 +310,20 @@ def plan(machine: MachineFacts, out: Path, examples: Path, budget_s: float | Non
     for exp in exps:
         seconds, basis = estimate(exp, committed, by_name)
         tier, new = _tier(exp, machine, committed)
-        state, left = _progress(out / exp.name, exp)
+        state, left = _progress(out / exp.name, exp, read_run)
         seconds *= left
         if state == "resume":
             basis += f", {left:.0%} of its cells left"
         missing = sorted(e for e in exp.environments if not env_exists(e))
         why = _needs(exp, machine)
-        if why is None and missing and state != "done":
+        if why is None and missing and state not in ("done", "foreign"):
             seconds += ENV_BUILD_S * len(missing)
             basis += f", + building the {', '.join(missing)} environment"
-        runs = why is None and state != "done"
+        runs = why is None and state not in ("done", "foreign")
         if state == "done":
             why = f"done: finished run in {out / exp.name}"
+        elif state == "foreign":
+            why = f"{out / exp.name} holds {_foreign(_read_meta(out / exp.name) or {}, exp)}: move it away to run it"
         elif why is None:
             why = new + (" (resumes)" if state == "resume" else "")
         decisions.append(Decision(exp.name, exp.config.as_posix(), exp.profile, runs, why, seconds, basis, tier, state))
@@ -349,10 +369,11 @@ def _harness(args: list[str]) -> list[str]:
 
 def run_command(d: Decision, out: Path) -> list[str]:
     """The ``harness run`` command of one experiment: a new run, or ``--resume`` of its folder."""
-    args = ["run", d.config]
+    # absolute: the child runs in the project's folder, and its interrupt hint must hold from anywhere
+    args = ["run", str(PROJECT_ROOT / d.config)]
     if d.profile:
         args += ["--profile", d.profile]
-    folder = out / d.name
+    folder = (out / d.name).absolute()
     args += ["--resume", str(folder)] if d.state == "resume" else ["--out", str(folder)]
     return _harness(args)
 

@@ -69,18 +69,51 @@ def env_dir(name: str) -> Path:
     return home() / "envs" / name
 
 
-def marker(name: str) -> dict | None:
-    """What the finished environment ``name`` recorded about itself (None: not (completely) created)."""
+def _read_marker(name: str) -> tuple[dict | None, str | None]:
+    """The marker of environment ``name`` and, when it is there but not what creating the environment
+    writes, why not."""
+    path = env_dir(name) / MARKER
     try:
-        return json.loads((env_dir(name) / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as exc:  # a folder in its place, no permission, not UTF-8
+        return None, f"{MARKER}: cannot be read ({getattr(exc, 'strerror', None) or type(exc).__name__})"
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        return None, f"{MARKER}: not JSON ({str(exc)[:60]})"
+    if not isinstance(data, dict):
+        return None, f"{MARKER}: expected a JSON object, got a {type(data).__name__}"
+    packages, recipe = data.get("packages", {}), data.get("recipe", [])
+    if not (isinstance(packages, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in packages.items())):
+        return None, f"{MARKER}: packages: expected a mapping of package -> version"
+    if not (isinstance(recipe, list) and all(isinstance(p, str) for p in recipe)):
+        return None, f"{MARKER}: recipe: expected a list of requirements"
+    return data, None
+
+
+def marker(name: str) -> dict | None:
+    """What the finished environment ``name`` recorded about itself (None: not (completely) created, or
+    its marker is damaged: :func:`damage` says)."""
+    return _read_marker(name)[0]
+
+
+def damage(name: str) -> str | None:
+    """Why environment ``name`` cannot be used as it is: its marker is there but damaged (None: sound, or
+    not created yet)."""
+    return _read_marker(name)[1]
 
 
 def env_python(name: str) -> Path | None:
     """The environment's interpreter, or None when it has not been (completely) created."""
     py = env_dir(name) / "bin" / "python"
     return py if py.exists() and marker(name) is not None else None
+
+
+def damaged_reason(name: str, why: str) -> str:
+    """What a backend of a damaged environment says: the damage and the command that rebuilds it."""
+    return f"environment {name!r} is damaged ({why}); `harness env create {name}` rebuilds it"
 
 
 # set while the runner computes the settings of a worker that will run in another environment
@@ -142,6 +175,9 @@ def availability_outside(name: str, recipe: Recipe) -> tuple[bool, str]:
     exists or can be created here (the one rule for every isolated environment)."""
     if env_python(name) is not None:
         return True, ""
+    damaged = damage(name)
+    if damaged:  # never rebuilt behind the user's back: what is in the folder may be worth a look
+        return False, f"unavailable: {damaged_reason(name, damaged)}"
     ok, why = can_create(name, recipe)
     if not ok:
         return False, f"unavailable: {why}"
@@ -151,13 +187,54 @@ def availability_outside(name: str, recipe: Recipe) -> tuple[bool, str]:
 # -- pin sets: packages at exact versions ------------------------------------------------------
 
 _PACKAGE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
-# PEP 440's characters, a local label after '+' (torch@2.5.1+cpu); no ranges: a pin is one version
-_VERSION = re.compile(r"[0-9][A-Za-z0-9.!_-]*(\+[A-Za-z0-9]+([._][A-Za-z0-9]+)*)?")
+# PEP 440's grammar (its appendix), with the spellings it allows: 1.0a1 = 1.0-alpha.1, 1.0-1 = 1.0.post1,
+# a local label after '+' (torch@2.5.1+cpu); no ranges, no wildcards: a pin is one version
+_VERSION = re.compile(r"""
+    v?
+    (?:(?P<epoch>[0-9]+)!)?
+    (?P<release>[0-9]+(?:\.[0-9]+)*)
+    (?:[-_.]?(?P<pre_l>alpha|a|beta|b|preview|pre|c|rc)[-_.]?(?P<pre_n>[0-9]+)?)?
+    (?:(?:-(?P<post_n1>[0-9]+))|(?:[-_.]?(?P<post_l>post|rev|r)[-_.]?(?P<post_n2>[0-9]+)?))?
+    (?:[-_.]?(?P<dev_l>dev)[-_.]?(?P<dev_n>[0-9]+)?)?
+    (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?
+""", re.VERBOSE | re.IGNORECASE)
+_PRE = {"alpha": "a", "a": "a", "beta": "b", "b": "b", "c": "rc", "pre": "rc", "preview": "rc", "rc": "rc"}
+#: characters of one pinned version and of a package name (real ones are under 30): an environment's
+#: folder is named after its pins, and a file name holds at most 255 bytes
+MAX_VERSION_CHARS = 64
+MAX_PACKAGE_CHARS = 100
+#: characters of a whole pin set, the name of its environment's folder
+MAX_PIN_SET_CHARS = 200
 
 
 def normalise_package(name: str) -> str:
     """A distribution's name as pip compares them (PEP 503): ``PyYAML`` -> ``pyyaml``, ``a_b`` -> ``a-b``."""
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def normalise_version(text: str) -> str:
+    """A version in PEP 440's normal form, as pip reads it (``01.26.4`` -> ``1.26.4``, ``1.0-alpha.1`` ->
+    ``1.0a1``, ``2.5.1+CPU`` -> ``2.5.1+cpu``); ValueError when it is not one PEP 440 version. Written out
+    here because the worker side's environments need not hold ``packaging``."""
+    from harness.spec.model import short_repr
+
+    if len(text) > MAX_VERSION_CHARS:
+        raise ValueError(f"expected a version of at most {MAX_VERSION_CHARS} characters, got {len(text)}")
+    m = _VERSION.fullmatch(text)
+    if m is None:
+        raise ValueError(f"expected one exact PEP 440 version (like 1.26.4), got {short_repr(text, 30)}")
+    out = "" if m["epoch"] is None or int(m["epoch"]) == 0 else f"{int(m['epoch'])}!"
+    out += ".".join(str(int(part)) for part in m["release"].split("."))
+    if m["pre_l"]:
+        out += f"{_PRE[m['pre_l'].lower()]}{int(m['pre_n'] or 0)}"
+    if m["post_n1"] is not None or m["post_l"]:
+        out += f".post{int(m['post_n1'] or m['post_n2'] or 0)}"
+    if m["dev_l"]:
+        out += f".dev{int(m['dev_n'] or 0)}"
+    if m["local"]:
+        parts = re.split(r"[-_.]", m["local"].lower())
+        out += "+" + ".".join(str(int(p)) if p.isdigit() else p for p in parts)
+    return out
 
 
 def split_pin_items(text: str) -> list[str]:
@@ -168,19 +245,31 @@ def split_pin_items(text: str) -> list[str]:
 
 def parse_pins(text: str) -> dict[str, str]:
     """``"jax@0.4.38+jaxlib@0.4.38"`` -> ``{"jax": "0.4.38", "jaxlib": "0.4.38"}``: packages at exact
-    versions, joined by ``+``. A ``+`` that no ``package@`` follows belongs to the version before it
-    (a local label: ``torch@2.5.1+cpu``). ValueError says what is wrong."""
+    versions, joined by ``+``, names and versions normalised (:func:`normalise_version`), so that two
+    spellings of one pin set name one environment. A ``+`` that no ``package@`` follows belongs to the
+    version before it (a local label: ``torch@2.5.1+cpu``). ValueError says what is wrong."""
+    from harness.spec.model import short_repr
+
     pins: dict[str, str] = {}
     for item in split_pin_items(text):
         package, at, version = item.partition("@")
-        if not at or not _PACKAGE.fullmatch(package):
-            raise ValueError(f"expected package@version, got {item!r}")
-        if not _VERSION.fullmatch(version):
-            raise ValueError(f"expected one exact version after '{package}@' (like 1.26.4), got {version!r}")
+        if not at or not _PACKAGE.fullmatch(package) or len(package) > MAX_PACKAGE_CHARS:
+            raise ValueError(f"expected package@version, got {short_repr(item, 40)}")
+        if len(version) > MAX_VERSION_CHARS:
+            raise ValueError(f"expected one exact version after '{package}@' of at most {MAX_VERSION_CHARS} "
+                             f"characters, got {len(version)} characters ({short_repr(version, 30)})")
+        try:
+            version = normalise_version(version)
+        except ValueError:
+            raise ValueError(f"expected one exact version after '{package}@' (like 1.26.4, PEP 440), "
+                             f"got {short_repr(version, 30)}") from None
         key = normalise_package(package)
         if key in pins:
             raise ValueError(f"{key} is pinned twice")
         pins[key] = version
+    if len(pins_text(pins)) > MAX_PIN_SET_CHARS:
+        raise ValueError(f"expected pins of at most {MAX_PIN_SET_CHARS} characters (the name of their "
+                         f"environment's folder), got {len(pins_text(pins))}")
     return pins
 
 
