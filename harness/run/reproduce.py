@@ -42,6 +42,8 @@ ENV_BUILD_S = 120.0
 DEFAULT_CELL_S = 5.0
 RECORD = "reproduce.json"
 GPU_CHECK = "check-gpu.jsonl"
+#: the longest a wait for an experiment goes without reading the clock again
+WAIT_SLICE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -317,13 +319,17 @@ def run_command(d: Decision, out: Path) -> list[str]:
     return _harness(args)
 
 
-def _wait(proc: subprocess.Popen, deadline: float | None) -> tuple[int, bool]:
-    """The child's exit code, and whether it was stopped at the deadline (SIGTERM: it saves and exits)."""
+def _wait(proc: subprocess.Popen, deadline: float | None, clock=time.monotonic) -> tuple[int, bool]:
+    """The child's exit code, and whether it was stopped at the deadline (SIGTERM: it saves and exits).
+
+    The deadline is on ``clock``'s scale, read at least once a second (a test passes a clock it moves itself)."""
     while True:
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        timeout = None if deadline is None else min(max(0.0, deadline - clock()), WAIT_SLICE_S)
         try:
             return proc.wait(timeout=timeout), False
         except subprocess.TimeoutExpired:
+            if clock() < deadline:
+                continue
             proc.send_signal(signal.SIGTERM)
             try:
                 return proc.wait(timeout=120), True
@@ -359,7 +365,7 @@ def gpu_backends() -> list[str]:
     return [r.full_name for r in backends.list_backends() if r.available and "gpu" in r.devices]
 
 
-def gpu_check(out: Path, record: Record, say, deadline: float | None) -> None:
+def gpu_check(out: Path, record: Record, say, deadline: float | None, clock=time.monotonic) -> None:
     """``harness check --device gpu`` of every GPU backend, once per output folder, kept in ``OUT/check-gpu.jsonl``."""
     if record.data.get("gpu_check", {}).get("finished"):
         say(f"GPU check: done earlier ({out / GPU_CHECK})")
@@ -375,7 +381,7 @@ def gpu_check(out: Path, record: Record, say, deadline: float | None) -> None:
     started = time.monotonic()
     with open(out / GPU_CHECK, "w") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, cwd=PROJECT_ROOT, preexec_fn=_set_parent_death_signal)
-        rc, stopped = _wait(proc, deadline)
+        rc, stopped = _wait(proc, deadline, clock)
     record.data["gpu_check"] = {"backends": names, "command": " ".join(cmd[3:]), "exit_code": rc,
                                 "seconds": round(time.monotonic() - started, 1), "finished": not stopped,
                                 "file": GPU_CHECK}
@@ -393,24 +399,26 @@ class Outcome:
 
 
 def run_plan(decisions: list[Decision], out: Path, machine: MachineFacts, budget_s: float | None,
-             say=print, check_gpu: bool = True) -> list[Outcome]:
-    """Run what the plan says, in its order; re-plan the budget against the clock before each one."""
+             say=print, check_gpu: bool = True, clock=time.monotonic) -> list[Outcome]:
+    """Run what the plan says, in its order; re-plan the budget against the clock before each one.
+
+    ``clock`` (seconds, monotonic) is what the budget is measured on."""
     out.mkdir(parents=True, exist_ok=True)
     record = Record(out, machine)
     call = {"started": datetime.now(timezone.utc).isoformat(), "budget_min": budget_s / 60 if budget_s else None,
             "plan": [asdict(d) for d in decisions]}
     record.data["calls"].append(call)
     record.save()
-    t0 = time.monotonic()
+    t0 = clock()
     deadline = None if budget_s is None else t0 + budget_s * (1 + OVERRUN)
     outcomes: list[Outcome] = []
     try:
         if check_gpu and machine.has_gpu:
-            gpu_check(out, record, say, deadline)
+            gpu_check(out, record, say, deadline, clock)
         for d in decisions:
             if not d.runs:
                 continue
-            left = None if budget_s is None else budget_s - (time.monotonic() - t0)
+            left = None if budget_s is None else budget_s - (clock() - t0)
             if left is not None and d.estimate_s > left:
                 d.runs, d.skipped_for_budget = False, True
                 d.why = f"out of budget: needs ~{d.estimate_s / 60:.1f} min, {max(left, 0) / 60:.1f} min of the budget left"
@@ -422,9 +430,9 @@ def run_plan(decisions: list[Decision], out: Path, machine: MachineFacts, budget
             started = time.monotonic()
             proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, preexec_fn=_set_parent_death_signal)
             try:
-                rc, stopped = _wait(proc, deadline)
+                rc, stopped = _wait(proc, deadline, clock)
             except KeyboardInterrupt:
-                rc, stopped = _wait(proc, time.monotonic())  # saves and exits (Ctrl-C reached it too)
+                rc, stopped = _wait(proc, clock(), clock)  # saves and exits (Ctrl-C reached it too)
                 outcomes.append(Outcome(d.name, "interrupted", time.monotonic() - started, rc))
                 _keep(record, d, outcomes[-1])
                 raise
@@ -437,7 +445,7 @@ def run_plan(decisions: list[Decision], out: Path, machine: MachineFacts, budget
                 break
     finally:
         call["finished"] = datetime.now(timezone.utc).isoformat()
-        call["seconds"] = round(time.monotonic() - t0, 1)
+        call["seconds"] = round(clock() - t0, 1)
         call["outcomes"] = [asdict(o) for o in outcomes]
         record.save()
     return outcomes
