@@ -413,3 +413,29 @@ def test_passes_visit_every_group_in_turn_with_fresh_processes(fake_backends, wr
         blocks = list(row["samples_block"])
         assert len(blocks) == len(row["samples_s"]) and sorted(set(blocks)) == [0, 1] and blocks == sorted(blocks)
         assert blocks.count(0) >= stats.MIN_BLOCK_ROUNDS
+
+
+def test_a_pass_s_workers_are_all_asked_to_quit_before_any_is_waited_for(monkeypatch):
+    """Their exits overlap (each interpreter's teardown takes up to a second on 2 cores), and each exits
+    cleanly on its own rather than being killed."""
+    from harness.run import envs
+    from harness.run.client import WorkerProcess, close_all
+
+    workers = [WorkerProcess(None, envs.worker_environ(None), f"w{i}") for i in range(3)]
+    events = []
+    original = WorkerProcess.request
+
+    def asked(self, req, timeout_s):
+        events.append(("ask", self.label))
+        return original(self, req, timeout_s)
+
+    monkeypatch.setattr(WorkerProcess, "request", asked)
+    for w in workers:
+        def waited(timeout=None, w=w, wait=w.proc.wait):
+            events.append(("wait", w.label))
+            return wait(timeout)
+
+        w.proc.wait = waited
+    close_all(workers)
+    assert [kind for kind, _ in events[:3]] == ["ask"] * 3 and ("wait", "w0") in events[3:]
+    assert [w.proc.returncode for w in workers] == [0, 0, 0]

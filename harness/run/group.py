@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from harness.run import envs, machine, measure, protocol
-from harness.run.client import WorkerFailure, WorkerProcess, worker_settings
+from harness.run.client import WorkerFailure, WorkerProcess, close_all, worker_settings
 from harness.run.config import Cell
 from harness.spec.errors import HarnessError
 from harness.spec.status import Status
@@ -160,10 +160,8 @@ class GroupRun:
                     state.samples.setdefault(cid, [])
             if workers:
                 self._interleave(workers, describe)
-        finally:
-            for procs in workers.values():
-                for w in procs:
-                    w.close()
+        finally:  # after the pass: nothing is timed now, so the workers may exit together
+            close_all([w for procs in workers.values() for w in procs])
             state.passes_done += 1
             here = machine.host_name()
             for outcome in state.outcomes.values():
