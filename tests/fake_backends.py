@@ -77,3 +77,21 @@ class BadBackend(RefBackend):
             if self.variant == "raise":
                 raise RuntimeError("kernel exploded")
         return super().sgd_step(x, y, lr)
+
+
+class GateBackend(RefBackend):
+    """The reference, except that a cell at batch > 1 waits in ``prepare`` until the test opens the gate.
+
+    ``HARNESS_TEST_GATE`` names a folder: the worker writes ``waiting`` there when it starts to wait and goes on
+    once ``open`` exists. A test thereby knows that the batch-1 group has finished and that no other can."""
+
+    name = "gate"
+    variants = ("plain",)
+
+    def prepare(self, problem, params, device="cpu", threads=1):
+        gate = os.environ.get("HARNESS_TEST_GATE")
+        if gate and problem.batch > 1 and not os.path.exists(os.path.join(gate, "open")):
+            open(os.path.join(gate, "waiting"), "w").close()
+            while not os.path.exists(os.path.join(gate, "open")):
+                time.sleep(0.02)
+        super().prepare(problem, params, device, threads)

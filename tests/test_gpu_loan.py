@@ -79,7 +79,6 @@ class _Clock:
 
 def test_the_gpu_check_runs_backend_by_backend_within_its_share_and_a_second_call_goes_on(tmp_path, monkeypatch):
     clock = _Clock()
-    monkeypatch.setattr(R.time, "monotonic", clock.monotonic)
     ran = []
 
     def fake_check(args):  # the check of one backend: one JSON line naming it
@@ -91,7 +90,7 @@ def test_the_gpu_check_runs_backend_by_backend_within_its_share_and_a_second_cal
     monkeypatch.setattr(R, "_harness", fake_check)
     real_wait = R._wait
 
-    def wait_then_spend(proc, deadline):  # each backend's check spends the whole share's 40%
+    def wait_then_spend(proc, deadline, clock_=None):  # each backend's check spends the whole share's 40%
         result = real_wait(proc, None)
         clock.now += 0.4 * R.GPU_CHECK_S
         return result
@@ -102,7 +101,7 @@ def test_the_gpu_check_runs_backend_by_backend_within_its_share_and_a_second_cal
     names = ["cuda", "torch:fused", "jax", "torch", "torch:compile"]
     record = R.Record(out, H100)
     said = []
-    R.gpu_check(out, record, said.append, deadline=None, names=names)
+    R.gpu_check(out, record, said.append, deadline=None, names=names, clock=clock.monotonic)
     kept = json.loads((out / R.RECORD).read_text())["gpu_check"]
     assert ran == ["cuda", "torch:fused", "jax"]  # the third starts before the share is spent
     assert kept["unchecked"] == ["torch", "torch:compile"] and not kept["finished"]
@@ -110,7 +109,7 @@ def test_the_gpu_check_runs_backend_by_backend_within_its_share_and_a_second_cal
     assert any("not checked: torch, torch:compile" in s for s in said)
     # the next call checks only what is left, and keeps the earlier lines
     clock.now = 1000.0
-    R.gpu_check(out, R.Record(out, H100), said.append, deadline=None, names=names)
+    R.gpu_check(out, R.Record(out, H100), said.append, deadline=None, names=names, clock=clock.monotonic)
     kept = json.loads((out / R.RECORD).read_text())["gpu_check"]
     assert ran[3:] == ["torch", "torch:compile"] and kept["finished"] and kept["unchecked"] == []
     assert len((out / R.GPU_CHECK).read_text().splitlines()) == 5

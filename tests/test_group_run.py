@@ -76,7 +76,7 @@ class FakeWorker:
     def resume(self):
         pass
 
-    def close(self):
+    def close(self, wait=True):
         pass
 
 

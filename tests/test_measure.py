@@ -1,18 +1,22 @@
 """The one timing policy: clock loop, calibration, stop rule; and the one screening of a cell."""
 
-import time
-
 import pytest
 
 from harness.run import measure
 from harness.run.config import TimingConfig
 
 
-def test_rounds_sync_before_every_clock_read_and_report_seconds_per_call():
-    events = []
-    samples = measure.time_rounds(lambda: (events.append("call"), time.sleep(0.002)), lambda: events.append("sync"),
+def test_rounds_sync_before_every_clock_read_and_report_seconds_per_call(monkeypatch):
+    events, now = [], [0]
+
+    def call():  # 2 ms on the test's clock (nanoseconds), whatever the machine's own takes
+        events.append("call")
+        now[0] += 2_000_000
+
+    monkeypatch.setattr(measure, "_clock", lambda: now[0])
+    samples = measure.time_rounds(call, lambda: events.append("sync"),
                                   n_rounds=2, inner=3, after_round=lambda: events.append("check"))
-    assert len(samples) == 2 and all(0.0015 < s < 0.05 for s in samples)
+    assert samples == pytest.approx([0.002, 0.002])
     assert events == (["sync"] + ["call"] * 3 + ["sync", "check"]) * 2
 
 

@@ -117,8 +117,9 @@ class Run:
         self.proc.kill()
         self.proc.wait()
 
-    def left_after(self, seconds: float = 2.0) -> dict[int, str]:
-        """The processes of the run still alive ``seconds`` after the runner was killed."""
+    def left_after(self, seconds: float = 20.0) -> dict[int, str]:
+        """The processes of the run still alive ``seconds`` after the runner was killed (they go at once: the
+        wait only gives a loaded machine's scheduler time to reap them, and ends as soon as none is left)."""
         deadline = time.monotonic() + seconds
         while (left := _processes(self.token)) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -154,7 +155,7 @@ def test_a_killed_runner_takes_its_stopped_and_timed_workers_with_it(tmp_path, s
     run = start(["run", "cfg.yaml", "--out", "run", "--no-plots"])
     stopped = lambda: len(_workers(run.token)) == 2 and any(_state(p) == "T" for p in _workers(run.token))
     run.kill_when(stopped, what="a worker stopped while the other is timed")
-    assert run.left_after(2.0) == {}
+    assert run.left_after() == {}
     # the run folder named the workers it had running (for a --resume where the kernel does not end them)
     recorded = json.loads((tmp_path / "run" / lifeline.WORKERS_FILE).read_text())["workers"]
     assert len(recorded) == 2 and all(lifeline.start_ticks(r["pid"]) is None for r in recorded)
@@ -172,7 +173,7 @@ def test_a_runner_killed_during_a_jax_compile_leaves_nothing(tmp_path, start):
                  "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache")})  # a cold cache: a real compile
     run.kill_when(lambda: (marks / "compiling").exists(), what="the JAX compile start")
     assert not (marks / "compiled").exists(), "the compile ended before the runner was killed"
-    assert run.left_after(2.0) == {}
+    assert run.left_after() == {}
 
 
 def test_a_killed_dask_local_run_takes_its_cluster_and_their_workers_with_it(tmp_path, start):
@@ -183,10 +184,10 @@ def test_a_killed_dask_local_run_takes_its_cluster_and_their_workers_with_it(tmp
     run = start(["run", "cfg.yaml", "--out", "run", "--no-plots", "--executor", "dask-local", "--workers", "2"])
     stopped = lambda: any(_state(p) == "T" for p in _workers(run.token))
     run.kill_when(stopped, timeout_s=120, what="a worker stopped on a Dask worker")
-    assert run.left_after(2.0) == {}
+    assert run.left_after() == {}
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # Theano's environment and a check's scan-graph compiles
 def test_a_killed_check_takes_its_isolated_environment_worker_with_it(tmp_path, start):
     if envs.env_python("theano") is None:
         ok, why = envs.can_create("theano")
@@ -210,7 +211,7 @@ def test_a_killed_check_takes_its_isolated_environment_worker_with_it(tmp_path, 
 
     seen: dict = {}
     run.kill_when(working, what="the check's worker in the theano environment")
-    assert run.left_after(2.0) == {}
+    assert run.left_after() == {}
 
 
 def test_a_worker_whose_parent_died_before_it_started_exits_at_once(tmp_path):
@@ -245,7 +246,7 @@ def test_resume_ends_a_stale_worker_of_the_killed_run_by_its_recorded_pid(fake_b
         assert resumed.exit_code == 0, resumed.output
         text = " ".join(resumed.output.split())
         assert f"1 worker(s) of the interrupted runner were still running (pid {stale.pid}); ended them" in text
-        assert stale.wait(timeout=5) == -signal.SIGKILL
+        assert stale.wait(timeout=30) == -signal.SIGKILL
         assert other.poll() is None
         assert not (tmp_path / "run" / lifeline.WORKERS_FILE).exists()
     finally:
@@ -280,7 +281,7 @@ def test_without_prctl_a_running_child_watches_its_parent_and_quits_with_it(tmp_
         assert middle.stdout.readline().strip() == b"ready"
         middle.kill()
         middle.wait()
-        deadline = time.monotonic() + 2
+        deadline = time.monotonic() + 20  # it looks twice a second; a loaded machine may run it late
         while _state(child) not in (None, "Z") and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _state(child) in (None, "Z")

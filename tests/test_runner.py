@@ -18,7 +18,8 @@ from harness.results.store import RunStore
 from harness.run.runner import Runner, finish_meta, new_run_meta
 from harness.run.stats import Stats, paired_speedup
 
-FAST_TIMING = "timing: {warmup: 1, min_rounds: 4, min_time_s: 0.05, max_time_s: 1, timeout_s: 4}\n"
+# a worker's start (its imports) can take seconds on a loaded machine: no healthy test backend comes near 60 s
+FAST_TIMING = "timing: {warmup: 1, min_rounds: 4, min_time_s: 0.05, max_time_s: 1, timeout_s: 60}\n"
 STEP = """
 name: misbehaving
 seed: 1
@@ -37,7 +38,15 @@ def _run(path, out):
     return harness.load_run(out)
 
 
-def test_failures_become_statuses_and_the_run_goes_on(fake_backends, write_config, tmp_path):
+def test_failures_become_statuses_and_the_run_goes_on(fake_backends, write_config, monkeypatch, tmp_path):
+    from harness.run.client import WorkerProcess
+
+    original = WorkerProcess.request
+
+    def hang_times_out_soon(self, req, timeout_s):  # only the hanging worker's requests after its start: 4 s
+        return original(self, req, 4.0 if self.label == "bad:hang" and req.cmd != "init" else timeout_s)
+
+    monkeypatch.setattr(WorkerProcess, "request", hang_times_out_soon)
     backends = "backends: [ref, 'bad:crash', 'bad:hang', 'bad:diverge', 'bad:oom', 'bad:raise', 'bad:unsupported', 'bad:wrong', 'ref:slow']\n"
     run = _run(write_config(STEP + backends + FAST_TIMING), tmp_path / "run")
     t = run.timings.set_index(run.timings["backend"] + ":" + run.timings["variant"])
@@ -120,7 +129,7 @@ def test_resume_after_a_killed_run_redoes_nothing_finished(fake_backends, write_
 
 
 def test_an_unmet_target_brings_further_passes_up_to_max_passes(fake_backends, write_config, tmp_path):
-    timing = FAST_TIMING.replace("timeout_s: 4}", "timeout_s: 4, passes: 2, max_passes: 3, speedup_precision: 0.0001}")
+    timing = FAST_TIMING.replace("timeout_s: 60}", "timeout_s: 60, passes: 2, max_passes: 3, speedup_precision: 0.0001}")
     run = _run(write_config(STEP + "backends: [ref, 'ref:slow']\n" + timing), tmp_path / "run")
     t = run.timings.set_index("variant")
     slow = t.loc["slow"]
@@ -131,7 +140,7 @@ def test_an_unmet_target_brings_further_passes_up_to_max_passes(fake_backends, w
 
 def test_an_interrupt_between_passes_keeps_the_first_pass_for_resume(fake_backends, write_config, tmp_path,
                                                                       monkeypatch):
-    text = STEP + "backends: [ref, 'ref:slow']\n" + FAST_TIMING.replace("timeout_s: 4}", "timeout_s: 4, passes: 2}")
+    text = STEP + "backends: [ref, 'ref:slow']\n" + FAST_TIMING.replace("timeout_s: 60}", "timeout_s: 60, passes: 2}")
     cfg = load_config(write_config(text))
     store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
     from harness.run.group import GroupRun
@@ -335,7 +344,7 @@ def test_several_processes_per_cell_take_the_rounds_in_turn(fake_backends, write
     from harness.run import protocol
     from harness.run.runner import WorkerProcess
 
-    text = STEP + "backends: [ref, 'ref:slow']\n" + FAST_TIMING.replace("timeout_s: 4}", "timeout_s: 4, processes: 2}")
+    text = STEP + "backends: [ref, 'ref:slow']\n" + FAST_TIMING.replace("timeout_s: 60}", "timeout_s: 60, processes: 2}")
     cfg = load_config(write_config(text))
     store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
     runner = Runner(cfg, store)
@@ -363,7 +372,7 @@ def test_passes_visit_every_group_in_turn_with_fresh_processes(fake_backends, wr
     from harness.run.runner import WorkerProcess
 
     text = (STEP.replace("batch: [2]", "batch: [2, 3]") + "backends: [ref, 'ref:slow']\n"
-            + FAST_TIMING.replace("timeout_s: 4}", "timeout_s: 4, passes: 2}"))
+            + FAST_TIMING.replace("timeout_s: 60}", "timeout_s: 60, passes: 2}"))
     cfg = load_config(write_config(text))
     store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
     runner = Runner(cfg, store)
@@ -404,3 +413,29 @@ def test_passes_visit_every_group_in_turn_with_fresh_processes(fake_backends, wr
         blocks = list(row["samples_block"])
         assert len(blocks) == len(row["samples_s"]) and sorted(set(blocks)) == [0, 1] and blocks == sorted(blocks)
         assert blocks.count(0) >= stats.MIN_BLOCK_ROUNDS
+
+
+def test_a_pass_s_workers_are_all_asked_to_quit_before_any_is_waited_for(monkeypatch):
+    """Their exits overlap (each interpreter's teardown takes up to a second on 2 cores), and each exits
+    cleanly on its own rather than being killed."""
+    from harness.run import envs
+    from harness.run.client import WorkerProcess, close_all
+
+    workers = [WorkerProcess(None, envs.worker_environ(None), f"w{i}") for i in range(3)]
+    events = []
+    original = WorkerProcess.request
+
+    def asked(self, req, timeout_s):
+        events.append(("ask", self.label))
+        return original(self, req, timeout_s)
+
+    monkeypatch.setattr(WorkerProcess, "request", asked)
+    for w in workers:
+        def waited(timeout=None, w=w, wait=w.proc.wait):
+            events.append(("wait", w.label))
+            return wait(timeout)
+
+        w.proc.wait = waited
+    close_all(workers)
+    assert [kind for kind, _ in events[:3]] == ["ask"] * 3 and ("wait", "w0") in events[3:]
+    assert [w.proc.returncode for w in workers] == [0, 0, 0]

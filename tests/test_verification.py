@@ -254,7 +254,7 @@ workloads: [train_step]
 batch: [2]
 backends: ['bad:wrong', ref, 'ref:slow']
 baseline: 'bad:wrong'
-timing: {warmup: 1, min_rounds: 4, min_time_s: 0.05, max_time_s: 1, timeout_s: 4}
+timing: {warmup: 1, min_rounds: 4, min_time_s: 0.05, max_time_s: 1, timeout_s: 60}
 """
     cfg = load_config(write_config(text))
     store = RunStore.create(tmp_path / "run", new_run_meta(cfg))

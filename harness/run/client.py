@@ -212,6 +212,7 @@ class WorkerProcess:
         self.buf = b""
         self.paused = False
         self.in_flight = False  # a request sent whose reply is not read yet
+        self.quitting = False  # answered a quit: exiting
         # what the run set for this worker (recorded with the cell), not what it inherited
         self.env = {k: v for k, v in (recorded or {}).items() if k not in PLUMBING_VARS}
 
@@ -337,15 +338,34 @@ class WorkerProcess:
         if self.record is not None:
             self.record.remove(self.proc.pid)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """Ask the worker to quit; kill it when it does not, or when a request's reply is still unread
-        (an interrupted request: the worker's next line answers that one, not the quit)."""
+        (an interrupted request: the worker's next line answers that one, not the quit). With ``wait``
+        false the worker is only asked (:func:`close_all`); a later ``close()`` waits for its exit."""
         self.resume()
-        if self.proc.poll() is None and not self.in_flight:
+        if self.proc.poll() is None and not self.in_flight and not self.quitting:
             try:
                 self.request(protocol.Quit(), 10)
+                self.quitting = True
+            except WorkerFailure:
+                pass
+        if not wait:
+            return
+        if self.quitting:
+            try:
                 self.proc.wait(timeout=10)
-            except (WorkerFailure, subprocess.TimeoutExpired):
+            except subprocess.TimeoutExpired:
                 pass
         self.kill()
         self.stderr.close()
+
+
+def close_all(workers: list[WorkerProcess]) -> None:
+    """Close several workers with their exits overlapping: every one is asked to quit before any is waited
+    for (an interpreter that has loaded PyTorch or JAX takes up to a second to tear down on 2 cores)."""
+    try:
+        for w in workers:
+            w.close(wait=False)
+    finally:
+        for w in workers:
+            w.close()

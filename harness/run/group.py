@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 
 from harness.run import envs, machine, measure, protocol
-from harness.run.client import WorkerFailure, WorkerProcess, worker_settings
+from harness.run.client import WorkerFailure, WorkerProcess, close_all, worker_settings
 from harness.run.config import Cell
 from harness.spec.errors import HarnessError
 from harness.spec.status import Status
@@ -168,10 +168,8 @@ class GroupRun:
                     state.samples.setdefault(cid, [])
             if workers:
                 self._interleave(workers, describe)
-        finally:
-            for procs in workers.values():
-                for w in procs:
-                    w.close()
+        finally:  # after the pass: nothing is timed now, so the workers may exit together
+            close_all([w for procs in workers.values() for w in procs])
             if memo:
                 shutil.rmtree(memo, ignore_errors=True)
             state.passes_done += 1

@@ -54,6 +54,8 @@ GPU_CHECK_ORDER = ("cuda", "torch:fused", "jax", "torch", "cuda:persistent", "cu
 GPU_ORDER = ("lstm_gpu", "lstm_cpu_gpu", "mixed_precision", "quick")
 RECORD = "reproduce.json"
 GPU_CHECK = "check-gpu.jsonl"
+#: the longest a wait for an experiment goes without reading the clock again
+WAIT_SLICE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -378,13 +380,17 @@ def run_command(d: Decision, out: Path) -> list[str]:
     return _harness(args)
 
 
-def _wait(proc: subprocess.Popen, deadline: float | None) -> tuple[int, bool]:
-    """The child's exit code, and whether it was stopped at the deadline (SIGTERM: it saves and exits)."""
+def _wait(proc: subprocess.Popen, deadline: float | None, clock=time.monotonic) -> tuple[int, bool]:
+    """The child's exit code, and whether it was stopped at the deadline (SIGTERM: it saves and exits).
+
+    The deadline is on ``clock``'s scale, read at least once a second (a test passes a clock it moves itself)."""
     while True:
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        timeout = None if deadline is None else min(max(0.0, deadline - clock()), WAIT_SLICE_S)
         try:
             return proc.wait(timeout=timeout), False
         except subprocess.TimeoutExpired:
+            if clock() < deadline:
+                continue
             proc.send_signal(signal.SIGTERM)
             try:
                 return proc.wait(timeout=120), True
@@ -422,11 +428,13 @@ def gpu_backends() -> list[str]:
     return sorted(names, key=lambda n: (n == "torch:compile", rank.get(n, len(rank))))
 
 
-def gpu_check(out: Path, record: Record, say, deadline: float | None, names: list[str] | None = None) -> None:
+def gpu_check(out: Path, record: Record, say, deadline: float | None, names: list[str] | None = None,
+              clock=time.monotonic) -> None:
     """``harness check --device gpu --quick`` of every GPU backend, one backend at a time in
     :data:`GPU_CHECK_ORDER`, within :data:`GPU_CHECK_S` (and the budget), once per output folder; each
     backend's cases are kept in ``OUT/check-gpu.jsonl`` as it finishes, and what the time left
-    unchecked is named (each timed cell is verified against the reference before its rounds anyway)."""
+    unchecked is named (each timed cell is verified against the reference before its rounds anyway).
+    The time is on ``clock``'s scale (:func:`_wait`)."""
     kept = record.data.get("gpu_check", {})
     if kept.get("finished"):
         say(f"GPU check: done earlier ({out / GPU_CHECK})")
@@ -437,20 +445,20 @@ def gpu_check(out: Path, record: Record, say, deadline: float | None, names: lis
         record.save()
         say("GPU check: no available backend has a GPU device")
         return
-    started = time.monotonic()
+    started = clock()
     stop_at = started + GPU_CHECK_S if deadline is None else min(deadline, started + GPU_CHECK_S)
     exit_codes: dict[str, int] = dict(kept.get("exit_codes") or {})
     todo = [n for n in names if n not in exit_codes]
     say(f"GPU check: {len(todo)} backends, at most {GPU_CHECK_S:.0f} s: {', '.join(todo)}")
     unchecked: list[str] = []
     for k, name in enumerate(todo):
-        if time.monotonic() >= stop_at:
+        if clock() >= stop_at:
             unchecked = todo[k:]
             break
         cmd = _harness(["check", "--backends", name, "--device", "gpu", "--quick", "--json"])
         with open(out / f"{GPU_CHECK}.part", "w") as sink:
             proc = subprocess.Popen(cmd, stdout=sink, cwd=PROJECT_ROOT, preexec_fn=_set_parent_death_signal)
-            rc, stopped = _wait(proc, stop_at)
+            rc, stopped = _wait(proc, stop_at, clock)
         if stopped:
             unchecked = todo[k:]
             break
@@ -460,7 +468,7 @@ def gpu_check(out: Path, record: Record, say, deadline: float | None, names: lis
         say(f"GPU check: {name}: {'passed' if rc == 0 else f'exit code {rc}, see ' + str(out / GPU_CHECK)}")
     (out / f"{GPU_CHECK}.part").unlink(missing_ok=True)
     record.data["gpu_check"] = {"backends": names, "exit_codes": exit_codes, "unchecked": unchecked,
-                                "seconds": round(time.monotonic() - started, 1) + float(kept.get("seconds") or 0),
+                                "seconds": round(clock() - started, 1) + float(kept.get("seconds") or 0),
                                 "finished": not unchecked, "file": GPU_CHECK}
     record.save()
     if unchecked:
@@ -477,24 +485,26 @@ class Outcome:
 
 
 def run_plan(decisions: list[Decision], out: Path, machine: MachineFacts, budget_s: float | None,
-             say=print, check_gpu: bool = True) -> list[Outcome]:
-    """Run what the plan says, in its order; re-plan the budget against the clock before each one."""
+             say=print, check_gpu: bool = True, clock=time.monotonic) -> list[Outcome]:
+    """Run what the plan says, in its order; re-plan the budget against the clock before each one.
+
+    ``clock`` (seconds, monotonic) is what the budget is measured on."""
     out.mkdir(parents=True, exist_ok=True)
     record = Record(out, machine)
     call = {"started": datetime.now(timezone.utc).isoformat(), "budget_min": budget_s / 60 if budget_s else None,
             "plan": [asdict(d) for d in decisions]}
     record.data["calls"].append(call)
     record.save()
-    t0 = time.monotonic()
+    t0 = clock()
     deadline = None if budget_s is None else t0 + budget_s * (1 + OVERRUN)
     outcomes: list[Outcome] = []
     try:
         if check_gpu and machine.has_gpu:
-            gpu_check(out, record, say, deadline)
+            gpu_check(out, record, say, deadline, clock=clock)
         for d in decisions:
             if not d.runs:
                 continue
-            left = None if budget_s is None else budget_s - (time.monotonic() - t0)
+            left = None if budget_s is None else budget_s - (clock() - t0)
             if left is not None and d.estimate_s > left:
                 d.runs, d.skipped_for_budget = False, True
                 d.why = f"out of budget: needs ~{d.estimate_s / 60:.1f} min, {max(left, 0) / 60:.1f} min of the budget left"
@@ -506,9 +516,9 @@ def run_plan(decisions: list[Decision], out: Path, machine: MachineFacts, budget
             started = time.monotonic()
             proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, preexec_fn=_set_parent_death_signal)
             try:
-                rc, stopped = _wait(proc, deadline)
+                rc, stopped = _wait(proc, deadline, clock)
             except KeyboardInterrupt:
-                rc, stopped = _wait(proc, time.monotonic())  # saves and exits (Ctrl-C reached it too)
+                rc, stopped = _wait(proc, clock(), clock)  # saves and exits (Ctrl-C reached it too)
                 outcomes.append(Outcome(d.name, "interrupted", time.monotonic() - started, rc))
                 _keep(record, d, outcomes[-1])
                 raise
@@ -521,7 +531,7 @@ def run_plan(decisions: list[Decision], out: Path, machine: MachineFacts, budget
                 break
     finally:
         call["finished"] = datetime.now(timezone.utc).isoformat()
-        call["seconds"] = round(time.monotonic() - t0, 1)
+        call["seconds"] = round(clock() - t0, 1)
         call["outcomes"] = [asdict(o) for o in outcomes]
         record.save()
     return outcomes
