@@ -170,3 +170,21 @@ def test_the_dry_run_totals_what_it_would_run_and_skip():
     out = CliRunner().invoke(app, ["reproduce", "--dry-run", "--budget", "5"]).output
     total = [l for l in out.splitlines() if l.startswith("in all: ")]
     assert len(total) == 1 and " to run, ~" in total[0] and " skipped (~" in total[0]
+
+
+def test_two_calls_into_one_folder_keep_both_their_entries(tmp_path):
+    out = tmp_path / "out"
+    first, second = R.Record(out, H100), R.Record(out, H100)  # both read the folder before either wrote
+    first.data["calls"].append({"started": "2026-01-01T00:00:00"})
+    first.data["experiments"]["quick"] = {"status": "finished"}
+    first.save()
+    second.data["calls"].append({"started": "2026-01-01T00:00:05"})
+    second.data["experiments"]["sobel"] = {"status": "finished"}
+    second.save()
+    kept = json.loads((out / R.RECORD).read_text())
+    assert [c["started"] for c in kept["calls"]] == ["2026-01-01T00:00:00", "2026-01-01T00:00:05"]
+    assert set(kept["experiments"]) == {"quick", "sobel"}
+    first.data["experiments"]["quick"] = {"status": "failed"}  # a call's own entries are its to change
+    first.save()
+    kept = json.loads((out / R.RECORD).read_text())
+    assert kept["experiments"]["quick"]["status"] == "failed" and "sobel" in kept["experiments"]

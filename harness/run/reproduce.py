@@ -413,10 +413,25 @@ class Record:
         self.data["machine"] = {"cores": machine.cores, "gpus": list(machine.gpus)}
 
     def save(self) -> None:
+        """Write the record, merged with what another call into the same folder wrote since (under a lock):
+        two calls at once each keep their calls and experiments."""
+        import fcntl
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, default=str))
-        os.replace(tmp, self.path)
+        with open(self.path.with_name(f".{RECORD}.lock"), "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                on_disk = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                on_disk = {}
+            mine = {c.get("started") for c in self.data["calls"]}
+            theirs = [c for c in on_disk.get("calls") or [] if isinstance(c, dict) and c.get("started") not in mine]
+            self.data["calls"] = sorted(theirs + self.data["calls"], key=lambda c: str(c.get("started")))
+            for name, entry in (on_disk.get("experiments") or {}).items():
+                self.data["experiments"].setdefault(name, entry)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.data, indent=2, default=str))
+            os.replace(tmp, self.path)
 
 
 def gpu_backends() -> list[str]:
