@@ -77,6 +77,21 @@ def _load(commit: str | None = None):
     return _native
 
 
+def sources_newer_than(module_path: str, root: str | None = None) -> list[str]:
+    """The engine's source files (``CMakeLists.txt``, ``backends/native/*``) modified after the module at
+    ``module_path`` was built: an installed engine that its checkout has moved past (``pip install -e .``
+    rebuilds it). Empty where the sources are not there (an installed wheel) or none is newer."""
+    from pathlib import Path
+
+    root_dir = Path(root) if root else Path(__file__).resolve().parents[1]
+    try:
+        built = os.stat(module_path).st_mtime
+    except OSError:
+        return []
+    files = [root_dir / "CMakeLists.txt", *sorted((root_dir / "backends" / "native").glob("*"))]
+    return [str(f.relative_to(root_dir)) for f in files if f.is_file() and f.stat().st_mtime > built]
+
+
 def _engine_spec(problem: Problem) -> dict:
     m = problem.model
     return {
@@ -239,6 +254,10 @@ class NativeBackend(Backend):
                 f"; kernel {mod.bf16_kernel()}"
         if self.revision is not None:
             out["engine_commit"] = self._build()["commit"]
+        else:  # an A/B against another commit (native@rev:) means little if this build is not the checkout's
+            newer = sources_newer_than(getattr(mod, "__file__", "") or "")
+            out["engine_sources"] = (f"{', '.join(newer)} changed after this build: pip install -e . rebuilds it"
+                                     if newer else "the checkout's (no source newer than the build)")
         out["gemm_routes"] = ("few-row routes (SkylakeX kernels)" if blas["few_row_routes"] else "plain calls") + (
             ", single rows by GEMV" if blas.get("gemv") else "")
         return out

@@ -214,3 +214,25 @@ timing: {warmup: 1, min_rounds: 3, min_time_s: 0.05, max_time_s: 1, timeout_s: 3
     assert record is not None and Path(record["module"]).is_file() and record["facts"]["kinds"][-1] == "gru"
     versions = run.meta["versions"][f"native@rev:{commit[:native_build.SHORT]}"]
     assert versions["engine_commit"] == commit
+
+
+def test_an_installed_engine_older_than_its_sources_says_so(tmp_path):
+    """``native`` in an A/B is the installed build: versions() records when the checkout's engine sources
+    changed after it was built (the A/B would compare an old build with the last commit)."""
+    import os
+
+    from backends.native_backend import sources_newer_than
+
+    (tmp_path / "backends" / "native").mkdir(parents=True)
+    for name in ("CMakeLists.txt", "backends/native/rnn.hpp", "backends/native/module.cpp"):
+        (tmp_path / name).write_text("x")
+        os.utime(tmp_path / name, (1000, 1000))
+    module = tmp_path / "_native.so"
+    module.write_bytes(b"")
+    os.utime(module, (2000, 2000))
+    assert sources_newer_than(str(module), str(tmp_path)) == []
+    os.utime(tmp_path / "backends/native/rnn.hpp", (3000, 3000))
+    assert sources_newer_than(str(module), str(tmp_path)) == ["backends/native/rnn.hpp"]
+    assert sources_newer_than(str(tmp_path / "missing.so"), str(tmp_path)) == []
+    versions = backends.create("native").versions()
+    assert versions["engine_sources"].startswith(("the checkout's", "backends/native", "CMakeLists.txt"))
