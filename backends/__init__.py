@@ -100,7 +100,8 @@ def origin(name: str) -> str:
 
 def split_name(full: str) -> tuple[str, str | None]:
     """``"numpy:wildml"`` -> ``("numpy", "wildml")``; ``"jax"`` -> ``("jax", None)``; the versions a name
-    pins are not part of it: ``"jax:unroll=4@0.4.38"`` -> ``("jax", "unroll=4")``."""
+    pins are not part of it: ``"jax:unroll=4@0.4.38"`` -> ``("jax", "unroll=4")``, nor the revision it
+    pins: ``"native:sync@rev:4aee8db"`` -> ``("native", "sync")``."""
     name, _, variant = split_pins(full)[0].partition(":")
     return name, (variant or None)
 
@@ -119,11 +120,19 @@ def _short(full: str) -> str:
     return short_repr(full, 80)
 
 
+def revision_of(full: str) -> str | None:
+    """The git revision of its sources a backend name pins: ``"native@rev:4aee8db"`` -> ``"4aee8db"`` (None: none;
+    ``backends.native_build``)."""
+    text = split_pins(full)[1]
+    return text[len("rev:"):] if text.startswith("rev:") else None
+
+
 def pins_of(full: str) -> dict[str, str]:
-    """The versions a backend name pins, ``{package: version}`` (the backend's own ``package`` first)."""
+    """The versions a backend name pins, ``{package: version}`` (the backend's own ``package`` first); ``{}`` for
+    a name that pins a revision of its sources instead (``native@rev:4aee8db``)."""
     from harness.spec.environments import parse_pins
 
-    if "@" not in str(full):
+    if "@" not in str(full) or revision_of(full) is not None:
         return {}
     text = split_pins(full)[1]
     cls = backend_class(split_name(full)[0])
@@ -190,6 +199,18 @@ def validate_name(full: str, versions: dict[str, str] | None = None) -> str:
     canonical = cls.full_name_of(variant)
     if "@" not in str(full):
         return canonical
+    revision = revision_of(full)
+    if revision is not None:
+        if not cls.revisions:
+            raise HarnessError(f"backend {full!r}: {name} cannot be built from another revision of its sources "
+                               f"(a backend whose class sets `revisions`, such as native, can); expected {name}, "
+                               f"{name}:variant or {name}@version")
+        from backends import native_build
+
+        try:
+            return f"{canonical}@rev:{native_build.canonical(revision)}"
+        except HarnessError as exc:
+            raise HarnessError(f"backend {full!r}: {exc}") from None
     if cls.package is None:
         why = (f"it runs in its own environment {cls.environment!r}" if cls.environment
                else "its class names no `package` to pin")
@@ -225,6 +246,7 @@ def create(full: str):
     except Exception as exc:  # a constructor that raises makes the backend unavailable, not the run fail
         raise HarnessError(f"unavailable: backend {full!r} could not be created: {type(exc).__name__}: {exc}") from exc
     inst.pins = pins_of(canonical)
+    inst.revision = revision_of(canonical)
     return inst
 
 

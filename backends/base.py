@@ -31,6 +31,9 @@ class Backend:
     #: the distribution whose version a name may pin (``jax@0.4.38``: jax 0.4.38 in an environment of its
     #: own); None: this backend cannot be pinned
     package: str | None = None
+    #: True when a name may pin a git revision of the backend's own sources, built on first use
+    #: (``native@rev:4aee8db``: the C++ engine at that commit; ``backends.native_build``)
+    revisions: bool = False
     #: True when each new graph costs seconds to compile: ``harness check`` runs a
     #: representative subset in CI (``--quick``) and the whole matrix on request
     compile_heavy: bool = False
@@ -40,10 +43,13 @@ class Backend:
         self.problem: Problem | None = None
         #: the versions its name pins (``backends.create("jax@0.4.38")``: {"jax": "0.4.38"}), {} for none
         self.pins: dict[str, str] = {}
+        #: the revision of its sources its name pins (``native@rev:4aee8db``: "4aee8db"), None for none
+        self.revision: str | None = None
 
     @property
     def full_name(self) -> str:
-        return self.full_name_of(self.variant, self.pins)
+        name = self.full_name_of(self.variant, self.pins)
+        return f"{name}@rev:{self.revision}" if self.revision else name
 
     # -- naming (the one rule: a bare name means the first variant, which is written bare) ----
     @classmethod

@@ -6,7 +6,8 @@ with a float32 result. On a CUDA device PyTorch has that product as one cuBLAS c
 ``torch.mm(a_low, b_low, out_dtype=torch.float32)`` (``aten::mm.dtype``: low-precision operands,
 float32 accumulation and output). On the CPU it has none: ``aten::mm.dtype`` has no CPU kernel, and
 a low-precision ``a @ b`` there returns its result in the low type (one rounding more than the spec's,
-the one autocast adds) and, on CPUs without bfloat16 instructions, runs at about 1 GFLOP/s.
+the one autocast adds). That is the refusal's reason on every CPU; how fast that ``a @ b`` runs is not
+(about 1 GFLOP/s on an AVX2 core, about 3x float32's rate on one with AVX512-BF16).
 
 For conformance checks on a machine without a GPU the product can be *emulated* on CPU tensors:
 ``a.to(low).float() @ b.to(low).float()`` is numerically the spec's product (two numbers of 8 or 11
@@ -28,10 +29,11 @@ from harness.spec.errors import HarnessError
 EMULATE_ON_CPU = False
 
 #: why a CPU torch step refuses mixed precision (the torch backend's reason, said once)
-CPU_REASON = ("PyTorch has no CPU product of {dtype} inputs with a float32 result (torch.mm's out_dtype is CUDA-only); "
-              "its {dtype} a @ b returns {dtype}, a rounding of every result the spec does not make (autocast's: up "
-              "to 1.5x past the bound), at ~1 GFLOP/s on an AVX2 core, 50x below float32. On a GPU torch:autograd "
-              "and torch:compile run the spec's product")
+#: (what holds on every host: the missing operator, not a speed, which depends on the CPU's instructions)
+CPU_REASON = ("PyTorch has no CPU product of {dtype} inputs with a float32 result (aten::mm.dtype, torch.mm's "
+              "out_dtype, has a CUDA kernel only); its {dtype} a @ b returns {dtype}, a rounding of every result the "
+              "spec does not make (autocast's: up to 1.5x past the bound). On a GPU torch:autograd and torch:compile "
+              "run the spec's product")
 
 _emulated = None  # the custom operator, registered on first use
 _checked: dict[tuple[str, str], str | None] = {}  # (device, dtype) -> why the product failed its probe, or None

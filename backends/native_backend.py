@@ -33,6 +33,11 @@ kernel is picked at run time; on a CPU without AVX512-BF16 bfloat16 is unsupport
 the portable kernel only emulates the instruction (``bf16_kernel = "portable"`` accepts
 it anyway, for tests). ``float16`` is unsupported: no float16 dot-product instruction is
 used. ``benchmarks/measure_native.py --bf16`` measures bfloat16 against float32.
+
+Revisions: ``native@rev:<commit>`` (any variant: ``native:sync@rev:HEAD``) runs the engine's sources at
+that commit, built on first use into a folder of its own (``native_build.py``), through this
+wrapper: two engines side by side in one run (``configs/native_ab.yaml``). What an older engine
+lacks (the GRU, bidirectional layers, bfloat16) is unsupported there, as its build's probe found.
 """
 
 from __future__ import annotations
@@ -52,14 +57,39 @@ _OPENMP_VERSIONS = {201511: "4.5", 201811: "5.0", 202011: "5.1", 202111: "5.2"}
 
 
 @functools.cache
-def _load():
-    """The compiled module with its BLAS pointers set; raises if it cannot be used."""
-    from backends import _native
+def _load(commit: str | None = None):
+    """The compiled module with its BLAS pointers set (the installed one, or the build of ``commit``, a full
+    hash, made by ``native_build.ensure``); raises if it cannot be used. One process holds one engine."""
     from scipy.linalg import cython_blas
 
+    if commit is None:
+        from backends import _native
+    else:
+        from backends import native_build
+
+        record = native_build.built(commit)
+        if record is None:
+            raise RuntimeError(f"the native engine of {commit[:native_build.SHORT]} is not built "
+                               f"(native_build.ensure builds it)")
+        _native = native_build.load(record["module"])
     capi = cython_blas.__pyx_capi__
     _native.init_blas(capi["sgemm"], capi["dgemm"], capi["sgemv"], capi["dgemv"])
     return _native
+
+
+def sources_newer_than(module_path: str, root: str | None = None) -> list[str]:
+    """The engine's source files (``CMakeLists.txt``, ``backends/native/*``) modified after the module at
+    ``module_path`` was built: an installed engine that its checkout has moved past (``pip install -e .``
+    rebuilds it). Empty where the sources are not there (an installed wheel) or none is newer."""
+    from pathlib import Path
+
+    root_dir = Path(root) if root else Path(__file__).resolve().parents[1]
+    try:
+        built = os.stat(module_path).st_mtime
+    except OSError:
+        return []
+    files = [root_dir / "CMakeLists.txt", *sorted((root_dir / "backends" / "native").glob("*"))]
+    return [str(f.relative_to(root_dir)) for f in files if f.is_file() and f.stat().st_mtime > built]
 
 
 def _engine_spec(problem: Problem) -> dict:
@@ -90,6 +120,7 @@ class NativeBackend(Backend):
 
     name = "native"
     variants = ("default", "sync", "async")
+    revisions = True  # native@rev:<commit>: the engine of that commit (native_build.py)
 
     def __init__(self, variant: str | None = None):
         super().__init__(variant)
@@ -116,13 +147,40 @@ class NativeBackend(Backend):
         #: for tests, which check the engine's bfloat16 path on machines without the instruction)
         self.bf16_kernel = "auto"
 
+    def _build(self) -> dict | None:
+        """The build record of the revision this name pins (made on first use), None for the installed engine."""
+        if self.revision is None:
+            return None
+        from backends import native_build
+
+        return native_build.ensure(native_build.resolve(self.revision))
+
+    def _module(self):
+        """The engine this instance runs: the installed module, or its revision's build."""
+        record = self._build()
+        return _load(None if record is None else record["commit"])
+
     def availability(self) -> tuple[bool, str]:
-        """Usable when the compiled module imports and SciPy's BLAS capsules load."""
+        """Usable when the compiled module imports and SciPy's BLAS capsules load; for a revision, when its
+        build exists or could be made now (made here, once: the runner asks before any worker starts, and
+        never loads a second engine into its own process)."""
         try:
-            _load()
+            if self.revision is not None:
+                self._build()
+            else:
+                _load()
         except Exception as exc:  # a missing or broken build is reported, never raised
-            return False, f"unavailable: native extension not usable ({type(exc).__name__}: {exc})"
+            what = f"the native engine at {self.revision}" if self.revision else "native extension"
+            return False, f"unavailable: {what} not usable ({type(exc).__name__}: {exc})"
         return True, ""
+
+    def _facts(self) -> dict:
+        """What the engine can do: its revision's probe (native_build.probe), or the installed one's."""
+        record = self._build()
+        if record is not None:
+            return record["facts"]
+        mod = _load()
+        return {"kinds": ["elman", "lstm", "gru"], "bidirectional": True, "bf16_gemm": True, "bf16_cpu": mod.bf16_cpu()}
 
     @classmethod
     def environment_variables(cls, variant: str, threads: int, device: str, dtype: str) -> dict[str, str]:
@@ -134,6 +192,12 @@ class NativeBackend(Backend):
         CPU has AVX512-BF16 (or ``bf16_kernel`` is "portable"), float16 nowhere."""
         if problem.device != "cpu":
             return unsupported("the native backend runs on the CPU only")
+        if self.revision is not None:  # an older engine may lack a cell or layer
+            facts = self._facts()
+            if problem.model.kind not in facts["kinds"]:
+                return unsupported(f"the engine at {self.revision} has no {problem.model.kind} cell")
+            if problem.model.bidirectional and not facts["bidirectional"]:
+                return unsupported(f"the engine at {self.revision} has no bidirectional layers")
         if problem.reduced:
             ok, why = self._mixed_precision(problem.dtype)
             if not ok:
@@ -156,10 +220,12 @@ class NativeBackend(Backend):
         if self.bf16_kernel not in _BF16_KERNELS:
             return unsupported(f"bf16_kernel {self.bf16_kernel!r} is not one of {', '.join(_BF16_KERNELS)}")
         try:
-            has = _load().bf16_cpu()
+            facts = self._facts()
         except Exception as exc:
             return unsupported(f"native extension not usable ({type(exc).__name__}: {exc})")
-        if self.bf16_kernel == "portable" or has:
+        if not facts["bf16_gemm"]:
+            return unsupported(f"the engine at {self.revision} has no bfloat16 GEMM")
+        if self.bf16_kernel == "portable" or facts["bf16_cpu"]:
             return True, ""
         return unsupported("bfloat16: this CPU has no AVX512-BF16 (VDPBF16PS); the engine's portable kernel emulates "
                            "the instruction at float32 speed or worse, so a bfloat16 time would not measure bfloat16")
@@ -170,7 +236,7 @@ class NativeBackend(Backend):
         try:
             import scipy
 
-            mod = _load()
+            mod = self._module()
         except Exception:
             return out
         build, blas = mod.build_info(), mod.blas_info()
@@ -183,15 +249,22 @@ class NativeBackend(Backend):
         source = blas["config"] or "unknown BLAS"
         where = os.path.realpath(blas["library"]) if blas["library"] else "library not located: BLAS threads uncontrolled"
         out["blas"] = f"{source} via scipy.linalg.cython_blas ({where})"
-        out["bf16_gemm"] = ("AVX512-BF16 (vdpbf16ps)" if mod.bf16_cpu() else "no AVX512-BF16 on this CPU") + \
-            f"; kernel {mod.bf16_kernel()}"
+        if hasattr(mod, "bf16_cpu"):  # an engine older than its bfloat16 GEMM has none
+            out["bf16_gemm"] = ("AVX512-BF16 (vdpbf16ps)" if mod.bf16_cpu() else "no AVX512-BF16 on this CPU") + \
+                f"; kernel {mod.bf16_kernel()}"
+        if self.revision is not None:
+            out["engine_commit"] = self._build()["commit"]
+        else:  # an A/B against another commit (native@rev:) means little if this build is not the checkout's
+            newer = sources_newer_than(getattr(mod, "__file__", "") or "")
+            out["engine_sources"] = (f"{', '.join(newer)} changed after this build: pip install -e . rebuilds it"
+                                     if newer else "the checkout's (no source newer than the build)")
         out["gemm_routes"] = ("few-row routes (SkylakeX kernels)" if blas["few_row_routes"] else "plain calls") + (
             ", single rows by GEMV" if blas.get("gemv") else "")
         return out
 
     def prepare(self, problem: Problem, params: dict[str, np.ndarray], device: str = "cpu", threads: int = 1) -> None:
         """Copy the parameters into a fresh engine with up to ``threads`` OpenMP threads."""
-        mod = _load()
+        mod = self._module()
         self.close()
         self.problem = problem
         self._dtype = np.dtype(problem.master_dtype)  # bfloat16: float32 masters, data and state
@@ -236,7 +309,7 @@ class NativeBackend(Backend):
         self._net.reserve(int(x.shape[0]), int(x.shape[1]))
         if not self.adapt_threads or self._threads <= 1:
             return
-        mod = _load()
+        mod = self._module()
         for _ in range(mod.tuner_probe_calls):
             if self.problem.workload == "forward":
                 self.forward(x)
@@ -272,5 +345,5 @@ class NativeBackend(Backend):
         self._net = None
         if self._blas_threads_before is not None:
             if self._blas_threads_before > 0:
-                _load().set_blas_threads(self._blas_threads_before)
+                self._module().set_blas_threads(self._blas_threads_before)
             self._blas_threads_before = None

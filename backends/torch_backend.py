@@ -28,8 +28,8 @@ LSTM's dW_hh 1.01x, a GRU case 1.16x, nn.GRU 1.53x; ``benchmarks/measure_mixed_p
 Where that runs: torch:autograd and torch:compile on a GPU whose torch has ``aten::mm.dtype``
 (checked when the cell is screened, and the product probed once on the device in ``prepare``).
 On the CPU mixed precision is refused: PyTorch has no CPU matrix product with low-precision inputs
-and a float32 result, its low-precision ``a @ b`` returns the low type (autocast's extra rounding)
-and runs at about 1 GFLOP/s on CPUs without bfloat16 instructions. Tests run the same step on the
+and a float32 result (``aten::mm.dtype`` has a CUDA kernel only), and its low-precision ``a @ b``
+returns the low type (autocast's extra rounding), whatever its speed on the CPU at hand. Tests run the same step on the
 CPU with the product emulated (``low_precision.EMULATE_ON_CPU``), which checks the maths, never a
 speed. torch:fused refuses it everywhere: cuDNN's (and oneDNN's) half-precision RNNs run in the
 module's dtype, keeping ``h``, ``c`` and the gates in the low type and rounding every product's

@@ -25,6 +25,7 @@ then that model's sgd_step and forward, native float32 against native bfloat16, 
 alternating rounds. The ratio column is float32 time / bfloat16 time.
 
     python benchmarks/measure_native.py --bf16 --threads 1,16
+    python benchmarks/measure_native.py --bf16 --threads 1 --shapes lstm512-b64-t24,gru512-b64-t24   # other steps
     python benchmarks/measure_native.py --bf16 --portable --rounds 3   # any CPU: the emulation (no speed claim)
 """
 
@@ -71,9 +72,13 @@ SHAPES = {
                     seq_len=187, batch=32),
     "gru1536-t20": dict(model={"kind": "gru", "hidden": 1536}, input_size=1536, output_size=1536, tokens=False,
                         seq_len=20, batch=32),
-    # the bfloat16 measurement's model (--bf16)
+    # the bfloat16 measurement's model (--bf16), and DeepBench's mixed-precision shapes at T 24 (--bf16 --shapes)
     "lstm512-b64": dict(model={"kind": "lstm", "hidden": 512}, input_size=512, output_size=512, tokens=False,
                         seq_len=50, batch=64),
+    "lstm512-b64-t24": dict(model={"kind": "lstm", "hidden": 512}, input_size=512, output_size=512, tokens=False,
+                            seq_len=24, batch=64),
+    "gru512-b64-t24": dict(model={"kind": "gru", "hidden": 512}, input_size=512, output_size=512, tokens=False,
+                           seq_len=24, batch=64),
 }
 BF16_SHAPE = "lstm512-b64"
 # --bf16: the products of one lstm512-b64 step (M, N, K, op(A) transposed, op(B) transposed)
@@ -84,6 +89,7 @@ BF16_GEMMS = {
     "carry dA W_hh^T 64x512x2048": (64, 512, 2048, False, True),
     "weight grad X^T dA 512x2048x3200": (512, 2048, 3200, True, False),
 }
+DEFAULT_SHAPES = "wildml-t4,wildml-full,dense512"
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1000000000", "MALLOC_TRIM_THRESHOLD_": "1000000000"}
 CONTENDERS = ("native", "native:sync", "numpy", "torch", "torch:fused")
 GEMM_N = 2048
@@ -241,10 +247,11 @@ def bf16_child(args) -> None:
         print(json.dumps({"kind": "gemm", "what": label, "threads": args.threads, "kernel": mod.bf16_kernel(),
                           "ms": {p: m * 1e3 for p, m in med.items()},
                           "gflops": {p: 2.0 * M * N * K / m / 1e9 for p, m in med.items()}}), flush=True)
-    for workload in ("train_step", "forward"):
+    shapes = args.shapes.split(",") if args.shapes != DEFAULT_SHAPES else [BF16_SHAPE]
+    for shape, workload in [(s, w) for s in shapes for w in ("train_step", "forward")]:
         steps = {}
         for dtype in ("float32", "bfloat16"):
-            problem, params, x, y = _make(SHAPES[BF16_SHAPE], dtype)
+            problem, params, x, y = _make(SHAPES[shape], dtype)
             problem = dataclasses.replace(problem, workload=workload)
             b = NativeBackend()
             b.bf16_kernel = "portable" if args.portable else "auto"
@@ -258,7 +265,7 @@ def bf16_child(args) -> None:
             steps[dtype]()
         samples = measure.time_interleaved(steps, args.rounds)
         med = {p: float(np.median(v)) for p, v in samples.items()}
-        print(json.dumps({"kind": "step", "what": f"{BF16_SHAPE} {workload}", "threads": args.threads,
+        print(json.dumps({"kind": "step", "what": f"{shape} {workload}", "threads": args.threads,
                           "kernel": mod.bf16_kernel(), "ms": {p: m * 1e3 for p, m in med.items()},
                           "gflops": {p: problem.flops(workload) / m / 1e9 for p, m in med.items()}}), flush=True)
 
@@ -306,7 +313,8 @@ def _profile_text(shape: str, threads: int, name: str, prof: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default="wildml-t4,wildml-full,dense512", help=f"comma list of {', '.join(SHAPES)}")
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma list of {', '.join(SHAPES)} (with --bf16: the "
+                    f"steps timed, {BF16_SHAPE} by default)")
     ap.add_argument("--threads", default="1,2", help="comma list of thread counts")
     ap.add_argument("--contenders", default=",".join(CONTENDERS), help="backends beside the reference")
     ap.add_argument("--rounds", type=int, default=30)

@@ -131,6 +131,36 @@ def test_gemm_sums_in_float32_on_random_inputs(kernel, ta, tb):
         assert K < 4 or np.abs(C - (unrounded.astype(np.float64) @ (B.T if tb else B) + C0)).max() > bound.max()
 
 
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_each_operand_is_packed_with_the_rounding(kernel, ta, tb):
+    """op(A) I and I op(B) with I the identity: every element of the result is one operand's element rounded
+    to bfloat16 (times 1, plus exact zeros), so both packings of both kernels must round as ml_dtypes does,
+    ties and carries into the exponent included, at every position of a panel (odd K, partial tiles);
+    a NaN stays NaN."""
+    mod, rng = _mod(), np.random.default_rng(5)
+    for M, K in ((9, 33), (8, 64), (17, 7), (1, 70), (40, 3)):
+        bits = rng.integers(0, 2**32, size=(M, K), dtype=np.uint64).astype(np.uint32)
+        bits[:, ::3] = (bits[:, ::3] & np.uint32(0xFFFF0000)) | np.uint32(0x8000)  # ties
+        bits[:, 1::5] |= np.uint32(0x7FFF)  # one below a tie, and carries (0x..7FFF + 1)
+        x = bits.view(np.float32)
+        finite = np.isfinite(x) & (np.abs(x) < 1e38) & (np.abs(x) > 1e-37)  # products and sums stay exact
+        x = np.where(finite, x, np.float32(1.5))  # (an infinity times the identity's zeros would be NaN)
+        want = _bf16(x)
+        eye = {n: np.eye(n, dtype=np.float32) for n in (K, M)}
+        A = np.ascontiguousarray(x.T) if ta else x  # op(A) = x, then op(B) = x
+        C = np.zeros((M, K), np.float32)
+        mod.gemm(A, eye[K], C, ta, False, 1.0, 0.0, "bfloat16")
+        np.testing.assert_array_equal(C, want, err_msg=f"A {M}x{K} ta={ta}")
+        B = np.ascontiguousarray(x.T) if tb else x
+        C = np.zeros((M, K), np.float32)
+        mod.gemm(eye[M], B, C, False, tb, 1.0, 0.0, "bfloat16")
+        np.testing.assert_array_equal(C, want, err_msg=f"B {M}x{K} tb={tb}")
+    a = np.float32([[np.nan, 1.0]])
+    c = np.zeros((1, 1), np.float32)
+    mod.gemm(np.ascontiguousarray(a.T) if ta else a, np.float32([[1.0], [1.0]]), c, ta, False, 1.0, 0.0, "bfloat16")
+    assert np.isnan(c[0, 0])
+
+
 def test_gemm_edge_cases(kernel):
     mod = _mod()
     C = np.full((3, 4), 2.0, np.float32)

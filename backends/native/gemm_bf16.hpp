@@ -234,58 +234,6 @@ RNN_BF16_TARGET __attribute__((flatten)) inline void macro_avx512(int kp, int ro
 }
 #endif
 
-// ---- which kernel runs ----------------------------------------------------------------
-
-// Whether this CPU (and the OS, which must save the AVX-512 state) has VDPBF16PS.
-inline bool cpu_has_avx512bf16() {
-#if defined(RNN_BF16_X86) && defined(__GNUC__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16");
-#else
-    return false;
-#endif
-}
-
-struct Dispatch {
-    MacroFn fn = macro_portable;
-    const char* name = "portable";
-};
-
-inline Dispatch auto_dispatch() {
-#ifdef RNN_BF16_X86
-    if (cpu_has_avx512bf16()) return {macro_avx512, "avx512bf16"};
-#endif
-    return {macro_portable, "portable"};
-}
-
-inline Dispatch& dispatch() {
-    static Dispatch d = auto_dispatch();
-    return d;
-}
-
-inline const char* kernel_name() { return dispatch().name; }
-
-// "auto" (AVX512-BF16 where the CPU has it, else portable), "portable" or "avx512bf16";
-// false (nothing changed) for a kernel this CPU cannot run or an unknown name. Set it
-// outside parallel regions: every thread reads it.
-inline bool set_kernel(const std::string& name) {
-    if (name == "auto") {
-        dispatch() = auto_dispatch();
-        return true;
-    }
-    if (name == "portable") {
-        dispatch() = {macro_portable, "portable"};
-        return true;
-    }
-#ifdef RNN_BF16_X86
-    if (name == "avx512bf16" && cpu_has_avx512bf16()) {
-        dispatch() = {macro_avx512, "avx512bf16"};
-        return true;
-    }
-#endif
-    return false;
-}
-
 // ---- packing ----------------------------------------------------------------------------
 
 inline std::size_t round_up(std::size_t n, std::size_t m) { return (n + m - 1) / m * m; }
@@ -344,6 +292,168 @@ inline void pack_b(bool tb, int K, int N, const float* B, int ldb, std::uint32_t
     }
 }
 
+#ifdef RNN_BF16_X86
+// The same packings with AVX-512 (they run with the AVX512-BF16 kernel, on CPUs that have it):
+// the same words, bit for bit (round() on 16 lanes: integer operations, not VCVTNEPS2BF16,
+// which would read float32 denormals as zero), 16 or 32 elements per step. The scalar
+// packing cost a fifth of the big products' time (a weight gradient packs its K x N
+// operand once per call: two roundings per 2 M multiply-adds).
+
+// 16 floats -> their bfloat16 bits in the low half of each 32-bit lane, as round() gives them
+RNN_BF16_TARGET inline __m512i round16(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1)));
+    const __m512i nearest = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+    const __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_mov_epi32(nearest, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+}
+
+// pair() on 16 lanes
+RNN_BF16_TARGET inline __m512i pairs16(__m512 even, __m512 odd) {
+    return _mm512_or_si512(round16(even), _mm512_slli_epi32(round16(odd), 16));
+}
+
+RNN_BF16_TARGET inline __mmask16 first(int n) {
+    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
+}
+
+// The pairs of one row of K contiguous elements: out[p * stride] = pair(x[2p], x[2p + 1])
+// (an odd K's last partner zero), 32 elements per step.
+RNN_BF16_TARGET inline void row_pairs(const float* x, int K, std::uint32_t* out, std::size_t stride) {
+    // 16-bit element i of the result: element 2i of (r0, r1), the bfloat16 of x[k + i]
+    alignas(64) static const std::uint16_t even[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20,
+                                                       22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
+                                                       44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
+    const __m512i idx = _mm512_load_si512((const void*)even);
+    alignas(64) std::uint32_t w[16];
+    for (int k = 0; k < K; k += 32) {
+        const int n = K - k < 32 ? K - k : 32;
+        const __m512i r0 = round16(_mm512_maskz_loadu_ps(first(n), x + k));
+        const __m512i r1 = round16(_mm512_maskz_loadu_ps(first(n - 16), x + k + 16));
+        _mm512_store_si512((void*)w, _mm512_permutex2var_epi16(r0, idx, r1));
+        std::uint32_t* o = out + (std::size_t)(k / 2) * stride;
+        for (int p = 0; p < (n + 1) / 2; ++p) o[(std::size_t)p * stride] = w[p];
+    }
+}
+
+RNN_BF16_TARGET __attribute__((flatten)) inline void pack_a_avx512(bool ta, int M, int K, const float* A, int lda,
+                                                                   std::uint32_t* out) {
+    const int kp = (K + 1) / 2;
+    for (int i0 = 0; i0 < M; i0 += MR) {
+        std::uint32_t* panel = out + (std::size_t)(i0 / MR) * kp * MR;
+        const int rows = M - i0 < MR ? M - i0 : MR;
+        if (ta) {  // A is K x M: the panel's 8 rows are 8 contiguous columns of A
+            const __mmask16 m = first(rows);
+            for (int p = 0; p < kp; ++p) {
+                const float* e = A + (std::size_t)(2 * p) * lda + i0;
+                const __m512 o = 2 * p + 1 < K ? _mm512_maskz_loadu_ps(m, e + lda) : _mm512_setzero_ps();
+                _mm512_mask_storeu_epi32(panel + (std::size_t)p * MR, (__mmask16)0xff,
+                                         pairs16(_mm512_maskz_loadu_ps(m, e), o));
+            }
+            continue;
+        }
+        for (int i = 0; i < MR; ++i) {
+            if (i < rows) {
+                row_pairs(A + (std::size_t)(i0 + i) * lda, K, panel + i, MR);
+            } else {
+                for (int p = 0; p < kp; ++p) panel[(std::size_t)p * MR + i] = 0;
+            }
+        }
+    }
+}
+
+RNN_BF16_TARGET __attribute__((flatten)) inline void pack_b_avx512(bool tb, int K, int N, const float* B, int ldb,
+                                                                   std::uint32_t* out) {
+    const int kp = (K + 1) / 2;
+    for (int j0 = 0; j0 < N; j0 += NR) {
+        std::uint32_t* panel = out + (std::size_t)(j0 / NR) * kp * NR;
+        const int cols = N - j0 < NR ? N - j0 : NR;
+        if (tb) {  // B is N x K: each column of the panel is a row of B
+            for (int j = 0; j < NR; ++j) {
+                if (j < cols) {
+                    row_pairs(B + (std::size_t)(j0 + j) * ldb, K, panel + j, NR);
+                } else {
+                    for (int p = 0; p < kp; ++p) panel[(std::size_t)p * NR + j] = 0;
+                }
+            }
+            continue;
+        }
+        const __mmask16 m0 = first(cols), m1 = first(cols - 16);  // columns past N are zero
+        for (int p = 0; p < kp; ++p) {
+            const float* e = B + (std::size_t)(2 * p) * ldb + j0;
+            const bool odd = 2 * p + 1 < K;
+            std::uint32_t* w = panel + (std::size_t)p * NR;
+            const __m512 o0 = odd ? _mm512_maskz_loadu_ps(m0, e + ldb) : _mm512_setzero_ps();
+            const __m512 o1 = odd ? _mm512_maskz_loadu_ps(m1, e + ldb + 16) : _mm512_setzero_ps();
+            _mm512_storeu_si512((void*)w, pairs16(_mm512_maskz_loadu_ps(m0, e), o0));
+            _mm512_storeu_si512((void*)(w + 16), pairs16(_mm512_maskz_loadu_ps(m1, e + 16), o1));
+        }
+    }
+}
+#endif
+
+// ---- which kernel runs ----------------------------------------------------------------
+
+// Whether this CPU (and the OS, which must save the AVX-512 state) has VDPBF16PS.
+inline bool cpu_has_avx512bf16() {
+#if defined(RNN_BF16_X86) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16");
+#else
+    return false;
+#endif
+}
+
+// op(A) into MR-row panels, op(B) into NR-column panels (pack_a / pack_b above)
+using PackAFn = void (*)(bool, int, int, const float*, int, std::uint32_t*);
+using PackBFn = void (*)(bool, int, int, const float*, int, std::uint32_t*);
+
+struct Dispatch {
+    MacroFn fn = macro_portable;
+    const char* name = "portable";
+    PackAFn pack_a = rnn::bf16::pack_a;
+    PackBFn pack_b = rnn::bf16::pack_b;
+};
+
+inline Dispatch portable_dispatch() { return {macro_portable, "portable", pack_a, pack_b}; }
+
+inline Dispatch auto_dispatch() {
+#ifdef RNN_BF16_X86
+    if (cpu_has_avx512bf16()) return {macro_avx512, "avx512bf16", pack_a_avx512, pack_b_avx512};
+#endif
+    return portable_dispatch();
+}
+
+inline Dispatch& dispatch() {
+    static Dispatch d = auto_dispatch();
+    return d;
+}
+
+inline const char* kernel_name() { return dispatch().name; }
+
+// "auto" (AVX512-BF16 where the CPU has it, else portable), "portable" or "avx512bf16";
+// false (nothing changed) for a kernel this CPU cannot run or an unknown name. Set it
+// outside parallel regions: every thread reads it.
+inline bool set_kernel(const std::string& name) {
+    if (name == "auto") {
+        dispatch() = auto_dispatch();
+        return true;
+    }
+    if (name == "portable") {
+        dispatch() = portable_dispatch();
+        return true;
+    }
+#ifdef RNN_BF16_X86
+    if (name == "avx512bf16" && cpu_has_avx512bf16()) {
+        dispatch() = {macro_avx512, "avx512bf16", pack_a_avx512, pack_b_avx512};
+        return true;
+    }
+#endif
+    return false;
+}
+
 inline std::size_t packed_a_words(int M, int K) { return round_up((std::size_t)M, MR) * (std::size_t)((K + 1) / 2); }
 inline std::size_t packed_b_words(int K, int N) { return round_up((std::size_t)N, NR) * (std::size_t)((K + 1) / 2); }
 
@@ -395,7 +505,7 @@ inline const std::uint32_t* packed_b(bool tb, int K, int N, const float* B, int 
     const std::size_t words = packed_b_words(K, N);
     if (t.scopes == 0) {
         if (t.b.size() < words) t.b.resize(words);
-        pack_b(tb, K, N, B, ldb, t.b.data());
+        dispatch().pack_b(tb, K, N, B, ldb, t.b.data());
         return t.b.data();
     }
     PackedB* slot = &t.cache[0];
@@ -407,7 +517,7 @@ inline const std::uint32_t* packed_b(bool tb, int K, int N, const float* B, int 
         if (e.use < slot->use) slot = &e;
     }
     if (slot->words.size() < words) slot->words.resize(words);
-    pack_b(tb, K, N, B, ldb, slot->words.data());
+    dispatch().pack_b(tb, K, N, B, ldb, slot->words.data());
     slot->B = B, slot->ldb = ldb, slot->K = K, slot->N = N, slot->tb = tb, slot->use = ++t.clock;
     return slot->words.data();
 }
@@ -424,13 +534,14 @@ inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float
             for (int j = 0; j < N; ++j) C[(std::size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(std::size_t)i * ldc + j];
         return;
     }
-    const MacroFn fn = dispatch().fn;
+    const Dispatch& d = dispatch();
+    const MacroFn fn = d.fn;
     ThreadPacks& t = thread_packs();
     const int kp = (K + 1) / 2;
     const std::uint32_t* Bp = packed_b(tb, K, N, B, ldb);
     const std::size_t awords = packed_a_words(M, K);
     if (t.a.size() < awords) t.a.resize(awords);
-    pack_a(ta, M, K, A, lda, t.a.data());
+    d.pack_a(ta, M, K, A, lda, t.a.data());
     const std::size_t pa = (std::size_t)kp * MR, pb = (std::size_t)kp * NR;
     for (int p0 = 0; p0 < kp; p0 += KC) {
         const int kc = kp - p0 < KC ? kp - p0 : KC;
