@@ -66,3 +66,13 @@ def test_each_cell_gets_its_ratio_to_the_same_backend_at_the_first_setting(fake_
         assert t.loc[f"ref:slow:{dtype}", "speedup"] < 1
     # one group: the four cells took their rounds in turn
     assert len(set(t["n_samples"])) <= 2 and t["n_samples"].min() >= 4
+
+
+def test_a_widely_disagreeing_interval_stays_above_zero():
+    from harness.run.stats import paired_speedup
+
+    rng = np.random.default_rng(0)
+    base = np.concatenate([np.full(8, 0.1), np.full(8, 3.0)]) * (1 + 0.01 * rng.random(16))  # one block 30x slower
+    other = np.concatenate([np.full(8, 0.1), np.full(8, 0.1)]) * (1 + 0.01 * rng.random(16))
+    point, lo, hi = paired_speedup(base, other, blocks=[0] * 8 + [1] * 8)
+    assert 0 < lo <= point <= hi

@@ -109,8 +109,8 @@ def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0, blocks=No
             from scipy.stats import t
 
             widenings.append(float(t.ppf(0.975, len(by_block) - 1)) * _block_standard_error(b, o, by_block))
-    for w in widenings:
-        lo, hi = min(lo, point - w), max(hi, point + w)
+    for w in widenings:  # in ratio terms (point times e^(-+w/point)): a wide one never reaches zero or below
+        lo, hi = min(lo, point * float(np.exp(-w / point))), max(hi, point * float(np.exp(w / point)))
     return point, float(lo), float(hi)
 
 
