@@ -11,7 +11,7 @@ import harness
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # a whole shipped config, every pass (the runner end to end on tiny configs: test_runner.py)
 def test_quick_config_produces_results_and_plots(tmp_path):
     out = tmp_path / "quick"
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(ROOT / "configs" / "quick.yaml"),

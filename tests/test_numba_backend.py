@@ -40,7 +40,7 @@ def test_quick_matrix_passes(backend, case):
     assert res.status == "pass", f"{res.reason}\n{res.details.get('traceback', '')}"
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_whole_matrix_passes(backend):
     results = [run_case(backend, case) for case in all_cases() if case.dtype not in REDUCED_DTYPES]
     assert not _failures(results), "\n".join(_failures(results))

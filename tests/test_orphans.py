@@ -187,7 +187,7 @@ def test_a_killed_dask_local_run_takes_its_cluster_and_their_workers_with_it(tmp
     assert run.left_after() == {}
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # Theano's environment and a check's scan-graph compiles
 def test_a_killed_check_takes_its_isolated_environment_worker_with_it(tmp_path, start):
     if envs.env_python("theano") is None:
         ok, why = envs.can_create("theano")

@@ -48,7 +48,7 @@ def test_installed_plugin_shows_in_harness_list(installed_example):
     assert rows["numpy"]["origin"] == "built-in"
 
 
-@pytest.mark.slow  # the whole conformance matrix, in a fresh interpreter
+@pytest.mark.heavy  # the whole conformance matrix, in a fresh interpreter
 def test_plugin_own_tests_pass_through_the_public_helper(installed_example):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
                           capture_output=True, text=True, env=_env(installed_example), cwd=EXAMPLE, timeout=TIMEOUT_S)

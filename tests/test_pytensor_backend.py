@@ -75,7 +75,15 @@ def _conformance(full_name: str, cases):
     return results
 
 
-@pytest.mark.slow
+def test_one_graph_through_the_jax_linker():
+    """A plain `pytest` builds one PyTensor graph (the JAX linker's compile takes seconds; the C linker's first
+    compile, of PyTensor's own modules and the scan graph, minutes cold): the graph code the C and Numba
+    linkers share. The representative cases of every linker: ``-m heavy``."""
+    pytest.importorskip("jax")
+    _conformance("pytensor:jax", scan_graph_ci_cases()[:1])
+
+
+@pytest.mark.heavy  # a scan graph compiled cold per case and linker (the C linker's first: minutes)
 @pytest.mark.parametrize("variant", ["c", "numba", "jax"])
 def test_representative_conformance(variant):
     if variant != "c":

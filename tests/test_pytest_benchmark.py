@@ -27,7 +27,7 @@ def _invoke(*args):
     return result
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # the whole pytest-benchmark suite, every backend
 def test_suite_json_imports_as_a_run_with_a_speedup_plot(tmp_path):
     """The whole way: the suite under pytest-benchmark, harness import, report, export, pytest-benchmark compare."""
     out_json = tmp_path / "out.json"

@@ -69,7 +69,7 @@ def theano_env():
         pytest.skip(f"the theano environment could not be built here: {exc}")
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # builds Theano's environment (minutes, once per HARNESS_HOME) and compiles each scan graph
 def test_representative_conformance_in_the_environment(theano_env):
     from harness.run.conformance import _check_isolated
     from harness.verify.check import all_cases

@@ -228,6 +228,7 @@ def pinned_env():
     return name
 
 
+@pytest.mark.heavy  # builds a version environment
 def test_a_pinned_cell_runs_in_its_environment_and_an_uninstallable_pin_is_unavailable(pinned_env, tmp_path):
     (tmp_path / "pinned.yaml").write_text(RUN)
     out = tmp_path / "run"
@@ -255,6 +256,7 @@ def test_a_pinned_cell_runs_in_its_environment_and_an_uninstallable_pin_is_unava
     assert labels == {f"numpy {np.__version__}": "", "numpy 2.2.6": "2.2.6", "numpy 0.0.1": "0.0.1"}
 
 
+@pytest.mark.heavy  # builds a version environment
 def test_env_commands_create_list_and_remove_pinned_environments(pinned_env, tmp_path, monkeypatch):
     runner = CliRunner()
     listed = runner.invoke(app, ["env", "list"], env={"COLUMNS": "250"})
