@@ -20,6 +20,9 @@ from harness.verify.check import (Case, all_cases, gru_or_bidirectional, initial
 from harness.spec.model import REDUCED_DTYPES, ModelSpec, Problem  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+# one test process takes them all (pytest -n 2 --dist loadgroup): each compiles the step once per dtype on a cold
+# cache, and two processes would compile the same one side by side
+pytestmark = pytest.mark.xdist_group("numba")
 # every case shares the one compiled step, so CI takes the whole quick matrix (but mixed precision, which numba
 # refuses: tests/test_mixed_precision.py)
 QUICK = [c for c in all_cases(quick=True) if c.dtype not in REDUCED_DTYPES]
