@@ -61,7 +61,7 @@ def run_cmd(
     """Run configs: every cell in fresh workers, results and plots in a folder per config."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from harness.run.config import load_config
+    from harness.config import load_config
     from harness.run.client import kill_all_workers, stop_on_signals
     from harness.results.store import RunStore, config_fingerprint
     from harness.run.runner import Runner, new_run_meta
@@ -125,7 +125,7 @@ def run_cmd(
 def _end_stale_workers(folder: Path) -> None:
     """End the workers a killed runner of this run left running, saying so (with the kernel's
     guarantee, Linux, there are none: each worker died with its runner)."""
-    from harness.run.lifeline import end_stale
+    from harness.worker.lifeline import end_stale
 
     ended = end_stale(folder)
     if ended:
@@ -252,7 +252,7 @@ def reproduce_cmd(
     archive: Annotated[Optional[Path], typer.Option("--archive", help="Afterwards, the finished run folders in one .tgz, named as results/examples names them (tar xzf FILE -C results/examples; harness docs).")] = None,
 ):
     """Every experiment of docs/experiments.md that fits this machine, within a budget, resumable."""
-    from harness.run import reproduce
+    from harness import reproduce
 
     try:
         if budget is not None and budget <= 0:
@@ -299,7 +299,7 @@ def docs_cmd(
     examples: Annotated[Path, typer.Option("--examples", help="The run folders the tables read.")] = Path("results/examples"),
 ):
     """Regenerate the measured tables of docs/experiments.md from the runs under results/examples/."""
-    from harness.results import docs
+    from harness import docs
 
     try:
         changed = docs.check_page(page, examples) if check else docs.write_page(page, examples)

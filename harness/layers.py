@@ -1,7 +1,8 @@
 """The house's layers, read from the import graph of ``harness/`` and ``backends/``.
 
-Bottom to top: the spec, the backends, verification, running, results, and the CLI (with the
-public ``harness.testing`` and ``harness.reference``) on top. A module may import its own layer
+Bottom to top: the spec, the backends, verification, the configs, the worker side, the running
+(the manager's side), results, and the CLI (with ``reproduce``, ``docs``, the public
+``harness.testing`` and ``harness.reference``) on top. A module may import its own layer
 and those below it, never one above; ``tests/test_layers.py`` holds the tree to that, and
 ``python -m harness.layers docs/layers.png`` draws the picture in ``docs/architecture.md`` from
 the same graph.
@@ -20,9 +21,12 @@ LAYERS = [
     ("spec", ("harness.spec",)),
     ("backends", ("backends",)),
     ("verify", ("harness.verify",)),
+    ("config", ("harness.config",)),
+    ("worker", ("harness.worker",)),
     ("run", ("harness.run",)),
     ("results", ("harness.results",)),
-    ("top", ("harness.cli", "harness.testing", "harness.reference", "harness.layers", "harness")),
+    ("top", ("harness.cli", "harness.reproduce", "harness.docs", "harness.testing", "harness.reference",
+             "harness.layers", "harness")),
 ]
 
 

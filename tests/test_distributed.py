@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from harness.run.config import load_config
+from harness.config import load_config
 from harness.run.distributed import DaskExecutor, cpu_slices, group_resources, merge_fragment, unmet_need
 from harness.spec.errors import HarnessError
 from harness.results.store import RunStore, load_run

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import harness.results.store
 from harness.cli import app
-from harness.run.config import load_config
+from harness.config import load_config
 from harness.spec.errors import HarnessError
 from harness.results.store import RunStore, config_fingerprint
 from harness.run.runner import Runner, finish_meta, new_run_meta

@@ -4,8 +4,8 @@ import io
 
 import pytest
 
-from harness.run import protocol
-from harness.run.worker import serve
+from harness.worker import protocol
+from harness.worker.worker import serve
 
 
 @pytest.mark.parametrize("req", [
@@ -19,7 +19,7 @@ def test_every_request_round_trips(req):
 
 
 def test_train_settings_come_from_the_config_without_defaults_of_their_own():
-    from harness.run.config import TrainConfig
+    from harness.config import TrainConfig
 
     cfg = TrainConfig(epochs=3, patience=4)
     s = protocol.TrainSettings.of(cfg, seed=11)
@@ -53,7 +53,7 @@ def test_the_server_answers_errors_and_stays_alive():
 
 
 def test_each_document_of_a_config_brings_its_own_seed(write_config):
-    from harness.run.config import load_config
+    from harness.config import load_config
 
     path = write_config("name: two\nseed: 4\nmodel: {kind: elman, hidden: 4}\ntask: {kind: random, vocab: 5, seq_len: 3}\n"
                         "backends: [numpy]\n---\nseed: 9\nbatch: [2]\n")

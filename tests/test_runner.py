@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 
 import harness
-from harness.run import measure, stats
-from harness.run.config import load_config
+from harness.worker import measure, stats
+from harness.config import load_config
 from harness.results.store import RunStore
 from harness.run.runner import Runner, finish_meta, new_run_meta
-from harness.run.stats import Stats, paired_speedup
+from harness.worker.stats import Stats, paired_speedup
 
 FAST_TIMING = "timing: {warmup: 1, min_rounds: 4, min_time_s: 0.05, max_time_s: 1, timeout_s: 4}\n"
 STEP = """
@@ -201,7 +201,7 @@ def test_a_worker_runs_on_as_many_cores_as_its_threads(fake_backends):
     assert env["HARNESS_CPUS"] == str(mine[0])
     assert worker_cpus(len(mine)) == mine
     assert worker_cpus(len(mine) + 1) == []  # oversubscribed on purpose: left alone
-    code = "import os, harness.run.worker; print(sorted(os.sched_getaffinity(0)))"
+    code = "import os, harness.worker.worker; print(sorted(os.sched_getaffinity(0)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ, HARNESS_CPUS=str(mine[-1])), cwd=Path(harness.__file__).parent.parent)
     assert out.stdout.strip() == str([mine[-1]])
@@ -261,7 +261,7 @@ def _children_of(pid: int) -> set[int]:
 
 @pytest.mark.parametrize("phase", ["init", "warmup", "verify", "calibrate", "rounds", "train"])
 def test_an_interrupt_at_any_phase_leaves_no_worker_behind(fake_backends, write_config, tmp_path, monkeypatch, phase):
-    from harness.run import protocol
+    from harness.worker import protocol
     from harness.run.runner import WorkerProcess
 
     text = STEP + "backends: [ref, 'ref:slow']\n" + FAST_TIMING
@@ -332,7 +332,7 @@ def test_only_the_timed_worker_runs_while_it_is_timed(fake_backends, write_confi
 
 
 def test_several_processes_per_cell_take_the_rounds_in_turn(fake_backends, write_config, tmp_path, monkeypatch):
-    from harness.run import protocol
+    from harness.worker import protocol
     from harness.run.runner import WorkerProcess
 
     text = STEP + "backends: [ref, 'ref:slow']\n" + FAST_TIMING.replace("timeout_s: 4}", "timeout_s: 4, processes: 2}")

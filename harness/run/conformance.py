@@ -30,10 +30,10 @@ def _check_isolated(full_name: str, cases: list, quick: bool, device: str,
                     indices: list[int] | None = None) -> list[CaseResult]:
     """Check a backend that lives in an isolated environment through a worker there (the runner's protocol),
     one request per case: the worker gets the run's thread settings and each case a timeout."""
-    from harness.run import measure
-    from harness.run import protocol
+    from harness.worker import measure
+    from harness.worker import protocol
     from harness.run.client import WorkerFailure, WorkerProcess, worker_environment
-    from harness.run.config import DEFAULT_ENV
+    from harness.config import DEFAULT_ENV
 
     # dtype None: the check runs float32 and float64 cases in one process, so no flag may pin one
     environment, env = worker_environment(full_name, device, None, threads, DEFAULT_ENV)
@@ -70,7 +70,7 @@ def run_conformance(names: list[str] | None, quick: bool = False, device: str = 
     gets a line per backend and per case."""
     import setuptools  # noqa: F401  (before any distutils import; see tests/conftest.py)
 
-    from harness.run import measure
+    from harness.worker import measure
     from harness.verify.check import case_list
 
     import backends

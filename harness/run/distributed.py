@@ -120,14 +120,14 @@ def merge_fragment(meta: dict, result: dict) -> None:
 def _local_worker_plugin(slices: list[list[int]], runner_pid: int):
     """A Dask worker plugin for the local cluster's workers: each gets its own slice of this machine's
     cores, and dies with the runner (``runner_pid``, their parent) however the runner dies, as the
-    benchmark workers it starts die with it (:mod:`harness.run.lifeline`)."""
+    benchmark workers it starts die with it (:mod:`harness.worker.lifeline`)."""
     from distributed.diagnostics.plugin import WorkerPlugin
 
     class LocalWorker(WorkerPlugin):
         name = "harness-local-worker"
 
         def setup(self, worker):
-            from harness.run import lifeline
+            from harness.worker import lifeline
 
             # set on the worker process's main thread (its event loop), which lives as long as it
             lifeline.die_with_parent(runner_pid)

@@ -16,9 +16,10 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 
-from harness.run import envs, machine, measure, protocol
+from harness.run import envs, machine
+from harness.worker import measure, protocol
 from harness.run.client import WorkerFailure, WorkerProcess, worker_settings
-from harness.run.config import Cell
+from harness.config import Cell
 from harness.spec.errors import HarnessError
 from harness.spec.status import Status
 

@@ -14,11 +14,12 @@ from datetime import datetime, timezone
 
 from rich.markup import escape
 
-from harness.run import lifeline, machine, roofs
+from harness.worker import lifeline
+from harness.run import machine, roofs
 # the worker client's names, importable from here as they always were
 from harness.run.client import (WorkerFailure, WorkerProcess, classify_exit, kill_all_workers,  # noqa: F401
                                 worker_cpus, worker_environment, worker_settings)
-from harness.run.config import Cell, RunConfig
+from harness.config import Cell, RunConfig
 from harness.run.group import GroupRun, Outcome  # noqa: F401  (Outcome: what a group's cells come to)
 
 

@@ -152,7 +152,7 @@ def _profiles(path: Path) -> list[str]:
 def experiments(root: Path = PROJECT_ROOT, configs: list[Path] | None = None) -> list[Experiment]:
     """Every experiment of the covered configs, with its cells' count, devices and environments."""
     import backends
-    from harness.run.config import load_config
+    from harness.config import load_config
 
     out = []
     for rel in configs if configs is not None else covered_configs(root):

@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from harness.run import measure
+from harness.worker import measure
 from harness.spec.errors import HarnessError
 from harness.spec.model import REDUCED_DTYPES
 

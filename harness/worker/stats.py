@@ -1,6 +1,6 @@
 """The statistics of a timing: summaries of samples, paired speedups and their intervals, the
 precision a speedup met, and the rounds a burst of load disturbed. The one timing loop and the
-stop rule that reads these live in :mod:`harness.run.measure`; this module only summarises."""
+stop rule that reads these live in :mod:`harness.worker.measure`; this module only summarises."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0, blocks=No
     they disagree no amount of further rounds from the same stretch narrows it below that.
 
     ``blocks`` labels each round with the worker process that took it (see
-    :meth:`harness.run.measure.TimingPolicy.round_block`: one per fresh process, of every pass
+    :meth:`harness.worker.measure.TimingPolicy.round_block`: one per fresh process, of every pass
     over the group). Blocks are independent draws of what a round cannot resample: which
     fresh process one got (its memory layout, the kernels a library picked at start) and
     when in the run it was taken. With ``k`` blocks of MIN_BLOCK_ROUNDS rounds or more, the

@@ -16,7 +16,7 @@ def gpu_roofs(n: int = 4096, copy_mib: int = 512, seconds: float = 0.5) -> dict:
     "gemm_fp16_gflops", "bandwidth_gbs"}``."""
     import torch
 
-    from harness.run import measure
+    from harness.worker import measure
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device visible to torch")

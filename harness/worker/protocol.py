@@ -198,7 +198,7 @@ class Check(Request):
 @dataclass
 class GemmPeak(Request):
     """The machine's best GFLOP/s of an ``n`` x ``n`` x ``n`` GEMM in ``dtype`` through ``library``
-    (:mod:`harness.run.cpu_roofs`)."""
+    (:mod:`harness.worker.cpu_roofs`)."""
 
     cmd: ClassVar[str] = "gemm_peak"
     Body: ClassVar[type] = GemmPeakReply

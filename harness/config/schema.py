@@ -21,7 +21,7 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from harness.run import envs
+from harness.spec.environments import THREAD_VARS
 from harness.spec.errors import HarnessError
 from harness.spec.model import DEFAULT_LOSS_SCALE, DTYPE_BYTES, DTYPES, MAX_INT, ModelSpec, Problem, TaskSpec, short_repr
 
@@ -94,7 +94,7 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 RESERVED_ENV = ("HARNESS_", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUNBUFFERED")
 # variables the harness sets from a cell's own settings (threads:, device:), which would override the config's
 # value: refused, so that what a run records is what its workers got
-OVERRIDDEN_ENV = {**{v: "threads:" for v in envs.THREAD_VARS}, "HL_NUM_THREADS": "threads:",
+OVERRIDDEN_ENV = {**{v: "threads:" for v in THREAD_VARS}, "HL_NUM_THREADS": "threads:",
                   **{v: "device:" for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")}}
 # variables that make the dynamic loader load code of the config's choosing into every worker
 LOADER_ENV = ("LD_", "DYLD_", "GCONV_PATH")
@@ -318,8 +318,6 @@ class RunConfig:
         """Refuse, before anything runs, a config whose comparison group would need more memory than
         the machine has (the group's workers run side by side), showing the estimate."""
         if limit_mb is None:
-            from harness.run.client import memory_limit_mb
-
             limit_mb = memory_limit_mb()
         if not limit_mb:
             return
@@ -350,6 +348,20 @@ _DEFAULT_TASK = TaskSpec()
 
 def _fmt_mb(mb: float) -> str:
     return f"{mb / 1024:.3g} GB" if mb >= 1024 else f"{mb:.3g} MB"
+
+
+def memory_limit_mb() -> float | None:
+    """The memory this process tree may use: its cgroup's limit, else the machine's RAM."""
+    try:
+        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if text != "max":
+            return int(text) / 2**20
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def estimate_bytes(cell: Cell) -> float:
