@@ -183,7 +183,7 @@ def test_resume_through_dask_redoes_no_finished_group(tmp_path):
     store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
     runner = Runner(cfg, store)
     first = runner.pending_groups()[0]
-    runner.run_group(first)  # as if the run was interrupted after one group
+    runner.run(groups=[first])  # as if the run was interrupted after one group
     before = {r["cell_id"]: list(r["samples_s"]) for r in store.timings}
     resumed = RunStore.open(tmp_path / "run")
     Runner(cfg, resumed).run(None, DaskExecutor(n_workers=2))

@@ -316,7 +316,7 @@ def test_rows_record_precision_and_disturbed_rounds(write_config):
     from harness.results import schema
     from harness.config import load_config
     from harness.results.rows import precision_columns as _precision_columns
-    from harness.run.runner import Outcome
+    from harness.run.group import Outcome
 
     cfg = load_config(write_config("name: p\nmodel: {kind: elman, hidden: 4}\ntask: {kind: random, vocab: 5, seq_len: 3}\n"
                                    "backends: [numpy, 'numpy:wildml']\ntiming: {speedup_precision: 0.02}\n"))

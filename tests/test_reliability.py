@@ -201,7 +201,7 @@ def _started_run(tmp_path, cfg):
     store = RunStore.create(tmp_path / "run", meta)
     runner = Runner(cfg, store)
     runner.gemm_peaks = {"float32|threads=1": 1.0}
-    runner.run_group(runner.pending_groups()[0])  # one group done, then "interrupted"
+    runner.run(groups=runner.pending_groups()[:1])  # one group done, then "interrupted"
     finish_meta(store, interrupted=True)
     return store
 

@@ -1,7 +1,7 @@
 """A comparison group's outcomes as result rows: the one place a row of ``timings.parquet``
 (and its points of ``curves.parquet``) is made.
 
-The runner only runs: it hands the outcomes of a finished group (:class:`harness.run.runner.Outcome`)
+The runner only runs: it hands the outcomes of a finished group (:class:`harness.run.group.Outcome`)
 to :meth:`harness.results.store.RunStore.add_group`, which calls :func:`group_rows` here. A row is
 the cell's identifying columns (:func:`harness.results.schema.cell_columns`), its status, the
 summary of its rounds, its GFLOP/s against the roof of its device, its speedup over the group's

@@ -110,11 +110,9 @@ def _worker_host() -> str | None:
 
 def merge_fragment(meta: dict, result: dict) -> None:
     """Fold the facts of the host a group's pass ran on into run.json's ``hosts`` (its machine and roofs)."""
-    host = meta.setdefault("hosts", {}).setdefault(result["host"], {"machine": result["machine"], "gemm_peak_gflops": {}})
-    host["machine"] = result["machine"]
-    host["gemm_peak_gflops"].update(result["gemm_peak_gflops"])
-    if result.get("gpu_roofs"):
-        host["gpu_roofs"] = result["gpu_roofs"]
+    from harness.run import machine
+
+    machine.record_host(meta, result["host"], result["machine"], result["gemm_peak_gflops"], result.get("gpu_roofs"))
 
 
 def _local_worker_plugin(slices: list[list[int]], runner_pid: int):
