@@ -30,7 +30,7 @@ def test_train_settings_come_from_the_config_without_defaults_of_their_own():
 def test_replies_are_framed_and_other_lines_are_not_replies():
     line = protocol.encode_reply(protocol.Reply("ok", {"inner": 3}, peak_rss_mb=10.0))
     reply = protocol.decode_reply(line)
-    assert reply.status == "ok" and reply["inner"] == 3 and reply.peak_rss_mb == 10.0
+    assert reply.status == "ok" and reply.body["inner"] == 3 and reply.peak_rss_mb == 10.0
     assert protocol.decode_reply('{"status": "ok", "body": {}}') is None  # unframed JSON is stray output
     assert protocol.decode_reply("hello") is None
     with pytest.raises(protocol.ProtocolError):
@@ -49,7 +49,7 @@ def test_the_server_answers_errors_and_stays_alive():
     replies = [protocol.decode_reply(line) for line in out.getvalue().splitlines()]
     assert [r.status for r in replies] == ["error", "error", "ok", "ok"]  # nothing answered after quit
     assert "before init" in replies[0].error and "not a request" in replies[1].error
-    assert replies[2]["gflops"] > 0 and all(r.peak_rss_mb > 0 for r in replies)
+    assert replies[2].body["gflops"] > 0 and all(r.peak_rss_mb > 0 for r in replies)
 
 
 def test_each_document_of_a_config_brings_its_own_seed(write_config):

@@ -273,9 +273,6 @@ class Reply:
     error: str = ""
     traceback: str = ""
 
-    def __getitem__(self, key: str) -> Any:
-        return self.body[key]
-
     def get(self, key: str, default: Any = None) -> Any:
         """A body value, or ``default``."""
         return self.body.get(key, default)
