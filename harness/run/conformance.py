@@ -7,6 +7,7 @@ import sys
 from harness.verify.check import CaseResult, check_backend
 from harness.spec.errors import HarnessError
 from harness.spec.model import DTYPES
+from harness.spec.status import Status
 
 CASE_TIMEOUT_S = 300.0  # a first Theano compile takes ~20 s; a case beyond this is stuck
 
@@ -46,7 +47,7 @@ def _check_isolated(full_name: str, cases: list, quick: bool, device: str,
             try:
                 reply = worker.request(protocol.Check(full_name, device, quick, representative, i), CASE_TIMEOUT_S)
             except WorkerFailure as exc:
-                results.append(CaseResult(full_name, cases[i].label, cases[i].dtype, "error",
+                results.append(CaseResult(full_name, cases[i].label, cases[i].dtype, Status.ERROR,
                                           f"check worker failed ({exc.status}): {exc}"))
                 break
             got = [CaseResult(**r) for r in reply.body.results]
@@ -92,7 +93,7 @@ def run_conformance(names: list[str] | None, quick: bool = False, device: str = 
         try:
             environment = backends.environment_of(full)  # a pinned name's, or the class's (theano)
         except HarnessError as exc:  # known but broken here (a plugin that fails to import): a result, not a crash
-            results.append(CaseResult(full, "*", "*", "unavailable", str(exc)))
+            results.append(CaseResult(full, "*", "*", Status.UNAVAILABLE, str(exc)))
             continue
         if progress is not None:
             progress.print(f"checking {full} ({len(indices)} cases) ...", highlight=False, markup=False)
@@ -101,7 +102,7 @@ def run_conformance(names: list[str] | None, quick: bool = False, device: str = 
                 results += _check_isolated(full, cases, quick, device, representative,
                                            progress=progress, indices=indices)
             except HarnessError as exc:
-                results.append(CaseResult(full, "*", "*", "unavailable", str(exc)))
+                results.append(CaseResult(full, "*", "*", Status.UNAVAILABLE, str(exc)))
             continue
         start = measure.clock_ns()
         for i, res in enumerate(check_backend(full, device=device, cases=[cases[j] for j in indices]), 1):
