@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from harness.spec.model import Problem
+from harness.spec.status import Status
 
 
 class Backend:
@@ -183,37 +184,37 @@ def supports(backend: Backend, problem: Problem) -> tuple[bool, str]:
     return backend.supports(problem)
 
 
-def screen(backend: Backend, problem: Problem) -> tuple[str, str]:
-    """Whether ``backend`` can run ``problem`` here: ``("ok", "")``, ``("unavailable", why)`` when
-    this machine lacks it (library, device) or ``("unsupported", why)`` when the backend does.
+def screen(backend: Backend, problem: Problem) -> tuple[Status, str]:
+    """Whether ``backend`` can run ``problem`` here: ``(Status.OK, "")``, ``(Status.UNAVAILABLE, why)`` when
+    this machine lacks it (library, device) or ``(Status.UNSUPPORTED, why)`` when the backend does.
 
     The one screening, in the order availability -> device -> supports; cheap (no heavy import)."""
     status, why = screen_device(backend, problem.device)
-    if status != "ok":
+    if status != Status.OK:
         return status, why
     try:
         ok, why = supports(backend, problem)
     except Exception as exc:
-        return "unavailable", f"unavailable: supports() raised {type(exc).__name__}: {exc}"
+        return Status.UNAVAILABLE, f"unavailable: supports() raised {type(exc).__name__}: {exc}"
     if not ok:
-        return "unsupported", why
-    return "ok", ""
+        return Status.UNSUPPORTED, why
+    return Status.OK, ""
 
 
-def screen_device(backend: Backend, device: str) -> tuple[str, str]:
+def screen_device(backend: Backend, device: str) -> tuple[Status, str]:
     """The first two steps of :func:`screen`: the backend's availability here, then ``device``:
     ``unsupported`` when the backend has no implementation for it, ``unavailable`` when this machine lacks it."""
     try:
         ok, why = backend.reachable()
     except Exception as exc:  # a broken (e.g. third-party) backend is unavailable, never a crash
-        return "unavailable", f"unavailable: availability() raised {type(exc).__name__}: {exc}"
+        return Status.UNAVAILABLE, f"unavailable: availability() raised {type(exc).__name__}: {exc}"
     if not ok:
-        return "unavailable", why
+        return Status.UNAVAILABLE, why
     ok, why = backend.supports_device(device)
     if not ok:
-        return "unsupported", why
+        return Status.UNSUPPORTED, why
     if device != "cpu":
         ok, why = backend.device_availability(device)
         if not ok:
-            return "unavailable", why
-    return "ok", ""
+            return Status.UNAVAILABLE, why
+    return Status.OK, ""

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.run import measure  # noqa: E402
+from harness.worker import measure  # noqa: E402
 
 SHAPES = {
     "sobel": dict(model={"kind": "elman", "hidden": 32, "head": "mse", "output_act": "tanh"}, D=1, O=1, T=64, B=16),

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backends.jax_backend import SINGLE_THREAD_XLA_FLAGS  # noqa: E402  (cheap: no jax import)
-from harness.run import measure  # noqa: E402
+from harness.worker import measure  # noqa: E402
 
 JAX_VARIANTS = ("jax:unroll=1", "jax:unroll=4", "jax:unroll=T", "jax:python")
 SHAPES = {

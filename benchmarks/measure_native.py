@@ -1,7 +1,7 @@
 """Side-by-side sgd_step timings of the native backend against the reference, NumPy and PyTorch.
 
 Every contender runs in ONE process per thread count, in alternating rounds
-(``harness.run.measure.time_interleaved``: the order reverses every round), so machine
+(``harness.worker.measure.time_interleaved``: the order reverses every round), so machine
 noise hits them alike; what is worth quoting is the ratios. Each thread count gets a fresh child process whose environment merges
 what every contender asks for (``Backend.environment_variables``) plus the allocator
 settings of DESIGN.md, applied identically to all. GFLOP/s is
@@ -196,7 +196,7 @@ def _profile_summary(prof: dict) -> dict:
 
 def child(args) -> None:
     """Runs every contender on every shape at one thread count; prints one JSON line per shape."""
-    from harness.run import measure
+    from harness.worker import measure
 
     names = [n for n in args.contenders.split(",") if n]
     pinned = _numpy_blas_threads(args.threads)
@@ -226,7 +226,7 @@ def bf16_child(args) -> None:
     """--bf16: the engine's float32 against its bfloat16 GEMM on the products of the BF16_SHAPE step, then that
     step (sgd_step and forward) natively in float32 against bfloat16; one JSON line each."""
     from backends.native_backend import NativeBackend, _load
-    from harness.run import measure
+    from harness.worker import measure
 
     mod = _load()
     if not mod.bf16_cpu() and not args.portable:

@@ -2,7 +2,7 @@
 import argparse, os, statistics, sys
 import numpy as np
 import backends
-from harness.run import measure
+from harness.worker import measure
 from harness.spec import reference as ref
 from harness.verify.check import run_case, all_cases
 from harness.spec.model import ModelSpec, Problem

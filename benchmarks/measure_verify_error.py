@@ -42,7 +42,7 @@ def cells(shape: str, names: list[str]):
     """The float32 train_step cells of a shape, grouped by batch."""
     import yaml
 
-    from harness.run.config import load_config
+    from harness.config import load_config
 
     if shape == "bigbatch":
         with tempfile.TemporaryDirectory() as tmp:
@@ -93,9 +93,9 @@ def _backend(name: str):
 
 def measure(shape: str, names: list[str], wrong: bool = False) -> list[dict]:
     """One row per backend and batch of a shape."""
-    from harness.run import protocol
+    from harness.worker import protocol
     from harness.spec import reference
-    from harness.run.worker import CellState
+    from harness.worker.worker import CellState
 
     rows = []
     for batch, group in cells(shape, names).items():

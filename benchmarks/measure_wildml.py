@@ -18,7 +18,7 @@ import statistics
 import numpy as np
 
 import backends
-from harness.run import measure
+from harness.worker import measure
 from harness.spec import reference as ref
 from harness.spec.model import ModelSpec, Problem
 

@@ -4,7 +4,7 @@ on the small cells of ``benchmarks/backends.yaml``.
     pytest benchmarks/ --benchmark-only -k numpy --benchmark-json=out.json
     harness import out.json && harness report results/<the printed run>
 
-Each cell is built exactly as a harness worker builds it (:class:`harness.run.worker.CellState`: the
+Each cell is built exactly as a harness worker builds it (:class:`harness.worker.worker.CellState`: the
 task's data, the shared initial parameters, the backend's screening), compiled and warmed up with
 the backend's ``warm_up`` and the config's warm-up calls, and every timed call ends with the
 backend's ``sync()``. ``extra_info`` carries the cell's result columns, so ``harness import`` turns
@@ -23,9 +23,9 @@ import pytest
 
 import backends
 from backends.base import screen
-from harness.run import protocol
+from harness.worker import protocol
 from harness.results import schema
-from harness.run.config import load_config
+from harness.config import load_config
 from harness.spec.errors import HarnessError
 from harness.results.pytest_benchmark import benchmark_group, benchmark_id
 
@@ -52,7 +52,7 @@ CELLS = {benchmark_id(schema.cell_columns(c)): c for c in load_config(CONFIG, ba
 
 @pytest.mark.parametrize("cell_id", list(CELLS))
 def test_backend(benchmark, cell_id):
-    from harness.run.worker import CellState
+    from harness.worker.worker import CellState
 
     cell = CELLS[cell_id]
     p = cell.problem

@@ -62,7 +62,7 @@ def run_cmd(
     """Run configs: every cell in fresh workers, results and plots in a folder per config."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from harness.run.config import load_config
+    from harness.config import load_config
     from harness.run.client import kill_all_workers, stop_on_signals
     from harness.results.store import RunStore, check_out_folder, config_fingerprint
     from harness.run.runner import Runner, new_run_meta
@@ -143,7 +143,7 @@ def _resume_command(config: str, folder: Path, profile: str | None, backends_opt
 def _end_stale_workers(folder: Path) -> None:
     """End the workers a killed runner of this run left running, saying so (with the kernel's
     guarantee, Linux, there are none: each worker died with its runner)."""
-    from harness.run.lifeline import end_stale
+    from harness.worker.lifeline import end_stale
 
     ended = end_stale(folder)
     if ended:
@@ -282,7 +282,7 @@ def reproduce_cmd(
     archive: Annotated[Optional[Path], typer.Option("--archive", help="Afterwards, the finished run folders in one .tgz, named as results/examples names them (tar xzf FILE -C results/examples; harness docs).")] = None,
 ):
     """Every experiment of docs/experiments.md that fits this machine, within a budget, resumable."""
-    from harness.run import reproduce
+    from harness import reproduce
 
     from harness.results.store import check_out_folder, read_folder
 
@@ -339,7 +339,7 @@ def docs_cmd(
     examples: Annotated[Path, typer.Option("--examples", help="The run folders the tables read.")] = Path("results/examples"),
 ):
     """Regenerate the measured tables of docs/experiments.md, and the stale plots and reports of the runs under results/examples/."""
-    from harness.results import docs
+    from harness import docs
 
     try:
         changed = docs.check_page(page, examples) if check else docs.write_page(page, examples)

@@ -1,7 +1,8 @@
 """The house's layers, read from the import graph of ``harness/`` and ``backends/``.
 
-Bottom to top: the spec, the backends, verification, running, results, and the CLI (with the
-public ``harness.testing`` and ``harness.reference``) on top. A module may import its own layer
+Bottom to top: the spec, the backends, verification, the configs, the worker side, the running
+(the manager's side), results, and the CLI (with ``reproduce``, ``docs``, the public
+``harness.testing`` and ``harness.reference``) on top. A module may import its own layer
 and those below it, never one above; ``tests/test_layers.py`` holds the tree to that, and
 ``python -m harness.layers docs/layers.png`` draws the picture in ``docs/architecture.md`` from
 the same graph.
@@ -20,9 +21,12 @@ LAYERS = [
     ("spec", ("harness.spec",)),
     ("backends", ("backends",)),
     ("verify", ("harness.verify",)),
+    ("config", ("harness.config",)),
+    ("worker", ("harness.worker",)),
     ("run", ("harness.run",)),
     ("results", ("harness.results",)),
-    ("top", ("harness.cli", "harness.testing", "harness.reference", "harness.layers", "harness")),
+    ("top", ("harness.cli", "harness.reproduce", "harness.docs", "harness.testing", "harness.reference",
+             "harness.layers", "harness")),
 ]
 
 
@@ -40,34 +44,67 @@ def layer(module: str) -> int | None:
     return None
 
 
+def _files() -> dict[str, Path]:
+    files = [p for pkg in ("harness", "backends") for p in (ROOT / pkg).rglob("*.py")]
+    return {_module_name(p): p for p in files}
+
+
+def imports_of(module: str, path: Path) -> set[str]:
+    """Every module name ``module`` (in file ``path``) imports, at any depth of its code (lazy imports
+    count), relative imports resolved; ``from pkg import name`` gives ``pkg.name``."""
+    out = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            out.update(f"{base}.{a.name}" for a in node.names)
+    return out
+
+
 def import_graph() -> dict[str, set[str]]:
     """module -> the project modules it imports (at any depth of its code: lazy imports count)."""
-    files = [p for pkg in ("harness", "backends") for p in (ROOT / pkg).rglob("*.py")]
-    modules = {_module_name(p): p for p in files}
+    modules = _files()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         deps = set()
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(up + ([base] if base else []))
-                # `from pkg import mod` names a module when pkg.mod is one
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-            else:
-                continue
-            for t in targets:
-                while t and t not in modules:
-                    t = t.rpartition(".")[0]
-                if t and t != name:
-                    deps.add(t)
+        for t in imports_of(name, path):
+            # `from pkg import name` names a module when pkg.name is one, else pkg
+            while t and t not in modules:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                deps.add(t)
         graph[name] = deps
     return graph
 
+
+#: what the worker side may import: it runs in every backend's environment (Theano's numpy 1.23,
+#: a pinned ``jax@0.4.38``), which hold the standard library, numpy, PyYAML and the backend
+WORKER_MAY_IMPORT = ("numpy", "yaml", "harness.spec", "harness.verify", "backends", "harness.worker")
+
+
+def worker_imports_beyond() -> dict[str, set[str]]:
+    """Each worker-side module -> the modules it imports beyond the standard library and
+    :data:`WORKER_MAY_IMPORT` (lazy imports count)."""
+    out = {}
+    for name, path in _files().items():
+        if not (name == "harness.worker" or name.startswith("harness.worker.")):
+            continue
+        wrong = set()
+        for t in imports_of(name, path):
+            top = t.partition(".")[0]
+            if top in sys.stdlib_module_names or top == "__future__":
+                continue
+            if any(t == p or t.startswith(p + ".") for p in WORKER_MAY_IMPORT):
+                continue
+            wrong.add(t)
+        if wrong:
+            out[name] = wrong
+    return out
 
 
 def layer_edges(graph: dict[str, set[str]] | None = None) -> dict[tuple[int, int], int]:

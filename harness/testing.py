@@ -21,7 +21,7 @@ One test per case, with the unsupported ones skipped::
 
 from __future__ import annotations
 
-from harness.spec.status import CASE_FAILED
+from harness.spec.status import CASE_FAILED, Status
 from harness.verify.check import Case, CaseResult, all_cases
 
 __all__ = ["ConformanceError", "check_backend", "check_case", "conformance_cases"]
@@ -88,11 +88,11 @@ def check_case(name: str, case: Case, device: str = "cpu", skip_unsupported: boo
     except HarnessError as exc:
         raise ConformanceError(str(exc)) from None
     status, why = screen_device(backend, device)
-    if status != "ok":
+    if status != Status.OK:
         result = CaseResult(backend.full_name, case.label, case.dtype, status, why)
     else:
         result = check.run_case(backend, case, device)
-    if result.status == "unsupported" and skip_unsupported:
+    if result.status == Status.UNSUPPORTED and skip_unsupported:
         import pytest
 
         pytest.skip(result.reason)
@@ -107,6 +107,6 @@ def _raise_on_failures(full: str, results: list[CaseResult]) -> None:
         more = f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else ""
         raise ConformanceError(f"{full}: {len(bad)} of {len(results)} conformance case(s) failed\n"
                                + "\n".join(lines) + more)
-    if not any(r.status == "pass" for r in results):
+    if not any(r.status == Status.PASS for r in results):
         reasons = sorted({r.reason for r in results})
         raise ConformanceError(f"{full}: no conformance case passed (every case unsupported: {'; '.join(reasons)})")

@@ -63,7 +63,7 @@ class _Bar:
 def test_the_bar_moves_with_every_pass_and_names_backend_and_phase_first(fake_backends, write_config, tmp_path):
     import harness
     from harness.results.store import RunStore
-    from harness.run.config import load_config
+    from harness.config import load_config
     from harness.run.runner import Runner, finish_meta, new_run_meta
 
     cfg = load_config(write_config("""

@@ -4,7 +4,7 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.run.config import load_config
+from harness.config import load_config
 from harness.spec.errors import HarnessError
 
 BASE = """

@@ -147,7 +147,7 @@ def dict_fault(draw, cfg):
 
 
 def _valid_keys(section: tuple) -> set:
-    from harness.run.config import SWEEPABLE, RawConfig
+    from harness.config import SWEEPABLE, RawConfig
 
     return set(RawConfig.model_fields) | {"profiles"} if not section else SWEEPABLE[section[0]]
 

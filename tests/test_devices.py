@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.run.config import load_config
+from harness.config import load_config
 from harness.results.devices import gpu_over_cpu
 from harness.spec.errors import HarnessError
 from harness.results.plots import plot_crossover, plot_roofline
@@ -170,7 +170,7 @@ def test_gpu_rows_are_read_against_the_gpu_roofs_and_cpu_rows_against_numpy(tmp_
 
 
 def test_gpu_roofs_request_travels_the_worker_protocol():
-    from harness.run import protocol
+    from harness.worker import protocol
 
     req = protocol.decode_request(protocol.encode_request(protocol.GpuRoofs(1024)))
     assert isinstance(req, protocol.GpuRoofs) and req.n == 1024

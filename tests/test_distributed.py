@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from harness.run.config import load_config
+from harness.config import load_config
 from harness.run.distributed import DaskExecutor, cpu_slices, group_resources, merge_fragment, unmet_need
 from harness.spec.errors import HarnessError
 from harness.results.store import RunStore, load_run
@@ -183,7 +183,7 @@ def test_resume_through_dask_redoes_no_finished_group(tmp_path):
     store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
     runner = Runner(cfg, store)
     first = runner.pending_groups()[0]
-    runner.run_group(first)  # as if the run was interrupted after one group
+    runner.run(groups=[first])  # as if the run was interrupted after one group
     before = {r["cell_id"]: list(r["samples_s"]) for r in store.timings}
     resumed = RunStore.open(tmp_path / "run")
     Runner(cfg, resumed).run(None, DaskExecutor(n_workers=2))

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.results import docs
+from harness import docs
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE, EXAMPLES = ROOT / "docs" / "experiments.md", ROOT / "results" / "examples"

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import harness.results.store
 from harness.cli import app
-from harness.run.config import load_config
+from harness.config import load_config
 from harness.spec.errors import HarnessError
 from harness.results.store import RunStore, config_fingerprint
 from harness.run.runner import Runner, finish_meta, new_run_meta
@@ -137,7 +137,7 @@ def _started_run(tmp_path, text=BASE + "batch: [1, 2]\n" + FAST):
     store = RunStore.create(tmp_path / "run", meta)
     runner = Runner(cfg, store)
     runner.gemm_peaks = {"float32|threads=1": 1.0}
-    runner.run_group(runner.pending_groups()[0])
+    runner.run(groups=runner.pending_groups()[:1])
     finish_meta(store, interrupted=True)
     return path
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.run import reproduce as R
+from harness import reproduce as R
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = R.MachineFacts(16, ("NVIDIA H100 80GB HBM3",))
@@ -150,7 +150,7 @@ def test_the_archive_holds_the_finished_runs_under_their_example_names(shipped, 
 
 
 def test_lstm_gpu_default_is_the_ablation_and_a_few_batches_and_full_sweeps(shipped):
-    from harness.run.config import load_config
+    from harness.config import load_config
 
     default = load_config(ROOT / "configs" / "lstm_gpu.yaml").cells()
     full = load_config(ROOT / "configs" / "lstm_gpu.yaml", None, "full").cells()

@@ -10,8 +10,9 @@ import pytest
 
 from harness.results import schema
 from harness.results.store import RunStore
-from harness.run import distributed, group as group_module, measure, protocol, roofs
-from harness.run.config import load_config
+from harness.run import distributed, group as group_module, roofs
+from harness.worker import measure, protocol
+from harness.config import load_config
 from harness.run.group import GroupRun
 from harness.run.runner import Runner, new_run_meta
 

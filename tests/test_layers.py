@@ -50,3 +50,21 @@ def _only_package_reexport(circle: str) -> bool:
 
 def test_every_module_has_a_layer():
     assert all(layer(m) is not None for m in import_graph())
+
+
+def test_the_worker_side_imports_only_what_every_environment_holds():
+    # the worker runs in Theano's numpy 1.23 environment and every pinned one: the standard library,
+    # numpy, PyYAML, the spec and verify layers and the backends, nothing else (lazy imports count)
+    from harness.layers import WORKER_MAY_IMPORT, worker_imports_beyond
+
+    wrong = worker_imports_beyond()
+    assert not wrong, "\n".join(f"{m} imports {', '.join(sorted(d))} (allowed: the standard library, "
+                                f"{', '.join(WORKER_MAY_IMPORT)})" for m, d in sorted(wrong.items()))
+
+
+def test_the_worker_rule_reads_lazy_and_relative_imports(tmp_path):
+    from harness.layers import imports_of
+
+    path = tmp_path / "measure.py"
+    path.write_text("import os\nfrom . import stats\ndef f():\n    from scipy.stats import t\n    import torch.nn\n")
+    assert imports_of("harness.worker.measure", path) == {"os", "harness.worker.stats", "scipy.stats.t", "torch.nn"}

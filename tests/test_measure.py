@@ -2,8 +2,8 @@
 
 import pytest
 
-from harness.run import measure
-from harness.run.config import TimingConfig
+from harness.worker import measure
+from harness.config import TimingConfig
 
 
 def test_rounds_sync_before_every_clock_read_and_report_seconds_per_call(monkeypatch):
@@ -84,7 +84,7 @@ def test_screening_says_who_lacks_the_device():
 
 def test_numpy_gpu_cells_are_unsupported_not_unavailable(write_config, tmp_path):
     import harness
-    from harness.run.config import load_config
+    from harness.config import load_config
     from harness.results.store import RunStore
     from harness.run.runner import Runner, finish_meta, new_run_meta
 

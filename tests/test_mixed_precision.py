@@ -343,7 +343,7 @@ train: {loss_scale: 256}
 
 
 def test_config_takes_the_mixed_precision_dtypes_and_the_loss_scale(write_config):
-    from harness.run.config import estimate_bytes, load_config
+    from harness.config import estimate_bytes, load_config
 
     cells = {c.problem.dtype: c for c in load_config(write_config(MIXED)).cells()}
     assert set(cells) == {"float32", "bfloat16", "float16"}
@@ -359,7 +359,7 @@ def test_config_takes_the_mixed_precision_dtypes_and_the_loss_scale(write_config
 @pytest.mark.parametrize("value, said", [("-1", "greater than 0"), ("0", "greater than 0"), ("'x'", "a number"),
                                          (".inf", "finite"), ("1.0e+10", "less than or equal to")])
 def test_a_bad_loss_scale_is_a_config_error_naming_the_key(write_config, value, said):
-    from harness.run.config import load_config
+    from harness.config import load_config
     from harness.spec.errors import HarnessError
 
     with pytest.raises(HarnessError, match=rf"train\.loss_scale: .*{said}"):
@@ -378,7 +378,7 @@ def test_plots_and_roofs_read_the_mixed_precision_dtypes():
 
 
 def test_a_low_precision_gemm_rate_is_measured_through_a_library_that_has_the_type():
-    from harness.run.cpu_roofs import gemm_rate
+    from harness.worker.cpu_roofs import gemm_rate
 
     for library in ("jax", "torch"):
         pytest.importorskip(library)
@@ -402,7 +402,7 @@ def test_a_bfloat16_cell_reads_the_fastest_librarys_roof_and_carries_float32s(wr
     the fastest is the cells' roof, float32's rides along to be drawn beside it."""
     from harness.results.rows import peak_columns
     from harness.run import roofs
-    from harness.run.config import load_config
+    from harness.config import load_config
 
     cfg = load_config(write_config("""
 name: roofs
@@ -457,9 +457,9 @@ def test_the_roofline_draws_the_low_types_roof_beside_float32s(tmp_path, monkeyp
 # -- a cell's own check before it is timed ---------------------------------------------------------
 
 def test_a_bfloat16_cell_verifies_and_a_wrong_one_does_not(write_config):
-    from harness.run import protocol
-    from harness.run.config import load_config
-    from harness.run.worker import CellState, verify_step
+    from harness.worker import protocol
+    from harness.config import load_config
+    from harness.worker.worker import CellState, verify_step
 
     cell = next(c for c in load_config(write_config(MIXED)).cells() if c.problem.dtype == "bfloat16")
     p = cell.problem

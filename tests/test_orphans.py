@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.run import envs
-from harness.run import lifeline
+from harness.worker import lifeline
 from harness.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +83,7 @@ def _processes(token: str) -> dict[int, str]:
 
 
 def _workers(token: str) -> dict[int, str]:
-    return {pid: cmd for pid, cmd in _processes(token).items() if "harness.run.worker" in cmd}
+    return {pid: cmd for pid, cmd in _processes(token).items() if "harness.worker" in cmd}
 
 
 def _children(pid: int) -> list[int]:
@@ -219,7 +219,7 @@ def test_a_worker_whose_parent_died_before_it_started_exits_at_once(tmp_path):
     gone.wait()
     env = {**os.environ, lifeline.PARENT_VAR: str(gone.pid),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    child = subprocess.run([sys.executable, "-m", "harness.run.worker"], input=b"", env=env, capture_output=True,
+    child = subprocess.run([sys.executable, "-m", "harness.worker"], input=b"", env=env, capture_output=True,
                            timeout=60, cwd=tmp_path)
     assert child.returncode == 1, child.stderr.decode()[-2000:]
 
@@ -257,7 +257,7 @@ def test_resume_ends_a_stale_worker_of_the_killed_run_by_its_recorded_pid(fake_b
 
 WATCHED_CHILD = """
 import time
-from harness.run import lifeline
+from harness.worker import lifeline
 lifeline._kernel_guard = lambda: False  # as on a platform without prctl
 assert lifeline.die_with_parent() == "watch"
 print("ready", flush=True)
@@ -265,7 +265,7 @@ time.sleep(60)
 """
 MIDDLE = """
 import subprocess, sys, time
-from harness.run import lifeline
+from harness.worker import lifeline
 child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], env=lifeline.child_environ(), stdout=sys.stdout)
 print(child.pid, flush=True)
 time.sleep(60)

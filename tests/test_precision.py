@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from harness.run import measure, stats
+from harness.worker import measure, stats
 from harness.results.compare import ratio_interval
-from harness.run.config import TimingConfig
-from harness.run.stats import paired_speedup
+from harness.config import TimingConfig
+from harness.worker.stats import paired_speedup
 
 TARGET = 0.02
 
@@ -85,7 +85,7 @@ def test_a_shift_in_how_the_sides_compare_is_not_averaged_away(monkeypatch):
     """For the last 30% of the rounds the machine's state changes the ratio itself (another
     tenant's load slows one side more than the other): the median of all rounds hardly moves,
     so the bootstrap alone calls the run precise, but the next run may be all in the new state."""
-    from harness.run import stats as timing
+    from harness.worker import stats as timing
 
     rng = np.random.default_rng(4)
     base = [0.010 * (1 + 0.002 * rng.standard_normal()) for _ in range(40)]
@@ -228,7 +228,7 @@ def test_the_time_cap_ends_the_passes():
 def test_the_pass_counts_are_validated_and_set_the_rounds_per_pass(write_config):
     from pydantic import ValidationError
 
-    from harness.run.config import load_config
+    from harness.config import load_config
     from harness.spec.errors import HarnessError
 
     assert TimingConfig().passes == 1 and TimingConfig().max_passes is None
@@ -314,9 +314,9 @@ def test_the_setting_is_validated():
 def test_rows_record_precision_and_disturbed_rounds(write_config):
     """The columns a timed group's rows carry, from the rounds the stop rule left (no workers needed)."""
     from harness.results import schema
-    from harness.run.config import load_config
+    from harness.config import load_config
     from harness.results.rows import precision_columns as _precision_columns
-    from harness.run.runner import Outcome
+    from harness.run.group import Outcome
 
     cfg = load_config(write_config("name: p\nmodel: {kind: elman, hidden: 4}\ntask: {kind: random, vocab: 5, seq_len: 3}\n"
                                    "backends: [numpy, 'numpy:wildml']\ntiming: {speedup_precision: 0.02}\n"))
@@ -384,7 +384,7 @@ def test_a_run_records_precision_through_the_results_folder(fake_backends, write
     import pandas as pd
 
     import harness
-    from harness.run.config import load_config
+    from harness.config import load_config
     from harness.results.store import RunStore
     from harness.run.runner import Runner, finish_meta, new_run_meta
 

@@ -4,8 +4,8 @@ import io
 
 import pytest
 
-from harness.run import protocol
-from harness.run.worker import serve
+from harness.worker import protocol
+from harness.worker.worker import serve
 
 
 @pytest.mark.parametrize("req", [
@@ -19,7 +19,7 @@ def test_every_request_round_trips(req):
 
 
 def test_train_settings_come_from_the_config_without_defaults_of_their_own():
-    from harness.run.config import TrainConfig
+    from harness.config import TrainConfig
 
     cfg = TrainConfig(epochs=3, patience=4)
     s = protocol.TrainSettings.of(cfg, seed=11)
@@ -30,7 +30,7 @@ def test_train_settings_come_from_the_config_without_defaults_of_their_own():
 def test_replies_are_framed_and_other_lines_are_not_replies():
     line = protocol.encode_reply(protocol.Reply("ok", {"inner": 3}, peak_rss_mb=10.0))
     reply = protocol.decode_reply(line)
-    assert reply.status == "ok" and reply["inner"] == 3 and reply.peak_rss_mb == 10.0
+    assert reply.status == "ok" and reply.body["inner"] == 3 and reply.peak_rss_mb == 10.0
     assert protocol.decode_reply('{"status": "ok", "body": {}}') is None  # unframed JSON is stray output
     assert protocol.decode_reply("hello") is None
     with pytest.raises(protocol.ProtocolError):
@@ -49,11 +49,11 @@ def test_the_server_answers_errors_and_stays_alive():
     replies = [protocol.decode_reply(line) for line in out.getvalue().splitlines()]
     assert [r.status for r in replies] == ["error", "error", "ok", "ok"]  # nothing answered after quit
     assert "before init" in replies[0].error and "not a request" in replies[1].error
-    assert replies[2]["gflops"] > 0 and all(r.peak_rss_mb > 0 for r in replies)
+    assert replies[2].body["gflops"] > 0 and all(r.peak_rss_mb > 0 for r in replies)
 
 
 def test_each_document_of_a_config_brings_its_own_seed(write_config):
-    from harness.run.config import load_config
+    from harness.config import load_config
 
     path = write_config("name: two\nseed: 4\nmodel: {kind: elman, hidden: 4}\ntask: {kind: random, vocab: 5, seq_len: 3}\n"
                         "backends: [numpy]\n---\nseed: 9\nbatch: [2]\n")

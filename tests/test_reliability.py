@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 import harness
 from harness.cli import app
-from harness.run.config import load_config
+from harness.config import load_config
 from harness.spec.errors import HarnessError
 from harness.results.store import RunStore, write_json
 from harness.run.runner import Runner, finish_meta, new_run_meta
@@ -129,7 +129,7 @@ def test_worker_reads_text_only_from_a_regular_file(tmp_path):
 
 
 def test_memory_refusal_shows_the_estimate(fake_backends, tmp_path):
-    from harness.run.config import estimate_bytes
+    from harness.config import estimate_bytes
 
     path = tmp_path / "cfg.yaml"
     path.write_text(BASE.replace("hidden: 8}", "hidden: 4096}") + "batch: 64\n")
@@ -201,7 +201,7 @@ def _started_run(tmp_path, cfg):
     store = RunStore.create(tmp_path / "run", meta)
     runner = Runner(cfg, store)
     runner.gemm_peaks = {"float32|threads=1": 1.0}
-    runner.run_group(runner.pending_groups()[0])  # one group done, then "interrupted"
+    runner.run(groups=runner.pending_groups()[:1])  # one group done, then "interrupted"
     finish_meta(store, interrupted=True)
     return store
 
@@ -351,7 +351,7 @@ def test_compare_of_runs_with_no_cell_in_common_fails(fake_backends, tmp_path):
 
 # -- the worker channel ---------------------------------------------------------------------------------------
 def test_a_malformed_reply_line_fails_one_cell_not_the_run(fake_backends, tmp_path, monkeypatch):
-    from harness.run import protocol
+    from harness.worker import protocol
 
     site = tmp_path / "site"
     site.mkdir()

@@ -15,7 +15,7 @@ import backends
 from harness.cli import app
 from harness.results.store import RunStore, config_fingerprint, load_run, read_folder
 from harness.run import envs
-from harness.run.config import load_config
+from harness.config import load_config
 from harness.run.runner import Runner, finish_meta, new_run_meta
 from harness.spec import environments
 from harness.spec.errors import HarnessError
@@ -249,7 +249,7 @@ def test_a_run_with_its_own_tables_is_one_for_every_reader(fake_backends, two_ru
 
 
 def test_reproduce_takes_a_run_as_done_only_when_it_is_the_experiment_s(fake_backends, two_runs, tmp_path):
-    from harness.run import reproduce as R
+    from harness import reproduce as R
 
     good, other = two_runs
     cfg = load_config(good.parent / "t.yaml")
@@ -376,7 +376,7 @@ def test_the_resume_hint_is_the_command_as_given_with_the_options_the_run_needs(
 
 
 def test_reproduce_gives_its_runs_absolute_paths_so_their_hints_hold_anywhere(tmp_path, monkeypatch):
-    from harness.run import reproduce as R
+    from harness import reproduce as R
 
     monkeypatch.chdir(tmp_path)
     d = R.Decision("threads", "configs/threads.yaml", None, True, "", 1.0, "", 4, state="resume")

@@ -19,11 +19,12 @@ from typer.testing import CliRunner
 
 import harness
 from harness.cli import app
-from harness.run.config import load_config
+from harness.config import load_config
 from harness.results.plots import arithmetic_intensity, crossover_batch, make_plots
 from harness.results.report import build_report, to_markdown, write_report
 from harness.results.store import RunStore
-from harness.run.runner import Outcome, Runner, finish_meta, new_run_meta
+from harness.run.group import Outcome
+from harness.run.runner import Runner, finish_meta, new_run_meta
 
 SWEEP = """
 name: synthetic

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.run import reproduce as R
+from harness import reproduce as R
 
 ROOT = Path(__file__).resolve().parents[1]
 

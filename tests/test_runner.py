@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 
 import harness
-from harness.run import measure, stats
-from harness.run.config import load_config
+from harness.worker import measure, stats
+from harness.config import load_config
 from harness.results.store import RunStore
 from harness.run.runner import Runner, finish_meta, new_run_meta
-from harness.run.stats import Stats, paired_speedup
+from harness.worker.stats import Stats, paired_speedup
 
 # a worker's start (its imports) can take seconds on a loaded machine: no healthy test backend comes near 60 s
 FAST_TIMING = "timing: {warmup: 1, min_rounds: 4, min_time_s: 0.05, max_time_s: 1, timeout_s: 60}\n"
@@ -203,14 +203,14 @@ def test_run_json_summarises_cell_verification(fake_backends, write_config, tmp_
 
 
 def test_a_worker_runs_on_as_many_cores_as_its_threads(fake_backends):
-    from harness.run.runner import worker_cpus, worker_environment
+    from harness.run.client import worker_cpus, worker_environment
 
     mine = sorted(os.sched_getaffinity(0))
     _, env = worker_environment("ref", "cpu", "float32", 1, {})
     assert env["HARNESS_CPUS"] == str(mine[0])
     assert worker_cpus(len(mine)) == mine
     assert worker_cpus(len(mine) + 1) == []  # oversubscribed on purpose: left alone
-    code = "import os, harness.run.worker; print(sorted(os.sched_getaffinity(0)))"
+    code = "import os, harness.worker.worker; print(sorted(os.sched_getaffinity(0)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ, HARNESS_CPUS=str(mine[-1])), cwd=Path(harness.__file__).parent.parent)
     assert out.stdout.strip() == str([mine[-1]])
@@ -226,7 +226,7 @@ def test_a_worker_killed_by_a_signal_is_not_called_out_of_memory(fake_backends, 
 
 def test_a_failed_cell_keeps_its_samples_but_shows_no_median(fake_backends, write_config, tmp_path):
     from harness.results.rows import group_rows
-    from harness.run.runner import Outcome
+    from harness.run.group import Outcome
 
     cfg = load_config(write_config(STEP + "backends: [ref, 'bad:killed']\n" + FAST_TIMING))
     runner = Runner(cfg, RunStore.create(tmp_path / "run", new_run_meta(cfg)))
@@ -239,7 +239,7 @@ def test_a_failed_cell_keeps_its_samples_but_shows_no_median(fake_backends, writ
 
 
 def test_out_of_memory_needs_evidence():
-    from harness.run.runner import classify_exit
+    from harness.run.client import classify_exit
 
     kill = -signal.SIGKILL
     assert classify_exit(kill, "", 100.0, 16000.0).status == "error"
@@ -270,8 +270,8 @@ def _children_of(pid: int) -> set[int]:
 
 @pytest.mark.parametrize("phase", ["init", "warmup", "verify", "calibrate", "rounds", "train"])
 def test_an_interrupt_at_any_phase_leaves_no_worker_behind(fake_backends, write_config, tmp_path, monkeypatch, phase):
-    from harness.run import protocol
-    from harness.run.runner import WorkerProcess
+    from harness.worker import protocol
+    from harness.run.client import WorkerProcess
 
     text = STEP + "backends: [ref, 'ref:slow']\n" + FAST_TIMING
     if phase == "train":
@@ -315,7 +315,7 @@ def test_only_the_timed_worker_runs_while_it_is_timed(fake_backends, write_confi
     # last call) must not share the cores of the worker being timed: they are stopped
     from harness.run.client import _process_state as _state
     from harness.run.client import live_workers
-    from harness.run.runner import WorkerProcess
+    from harness.run.client import WorkerProcess
 
     cfg = load_config(write_config(STEP + "backends: [ref, 'ref:slow']\n" + FAST_TIMING))
     store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
@@ -341,8 +341,8 @@ def test_only_the_timed_worker_runs_while_it_is_timed(fake_backends, write_confi
 
 
 def test_several_processes_per_cell_take_the_rounds_in_turn(fake_backends, write_config, tmp_path, monkeypatch):
-    from harness.run import protocol
-    from harness.run.runner import WorkerProcess
+    from harness.worker import protocol
+    from harness.run.client import WorkerProcess
 
     text = STEP + "backends: [ref, 'ref:slow']\n" + FAST_TIMING.replace("timeout_s: 60}", "timeout_s: 60, processes: 2}")
     cfg = load_config(write_config(text))
@@ -369,7 +369,7 @@ def test_several_processes_per_cell_take_the_rounds_in_turn(fake_backends, write
 
 
 def test_passes_visit_every_group_in_turn_with_fresh_processes(fake_backends, write_config, tmp_path, monkeypatch):
-    from harness.run.runner import WorkerProcess
+    from harness.run.client import WorkerProcess
 
     text = (STEP.replace("batch: [2]", "batch: [2, 3]") + "backends: [ref, 'ref:slow']\n"
             + FAST_TIMING.replace("timeout_s: 60}", "timeout_s: 60, passes: 2}"))

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.run.config import load_config
+from harness.config import load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 

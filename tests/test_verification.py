@@ -6,13 +6,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from harness.run import protocol
+from harness.worker import protocol
 from harness.spec import reference as ref
 from harness.verify.check import Case, all_cases, run_case
-from harness.run.config import load_config
+from harness.config import load_config
 from harness.spec.model import ModelSpec
 from harness.spec.tolerance import SPEC_TOLERANCES, Tolerance, compare
-from harness.run.worker import CellState, verify_step
+from harness.worker.worker import CellState, verify_step
 from wrong_backends import WrongBackend
 
 WRONG = ("scaled", "nobias", "window")

@@ -16,7 +16,7 @@ from harness.results.compare import compare_runs
 from harness.results.labels import backend_label, backend_name
 from harness.results.store import RunStore, load_run
 from harness.run import envs
-from harness.run.config import load_config
+from harness.config import load_config
 from harness.spec import environments
 from harness.spec.errors import HarnessError
 
@@ -121,7 +121,7 @@ def test_caches_of_an_isolated_environment_are_its_own(monkeypatch, tmp_path):
 
 
 def test_the_worker_refuses_a_pin_its_environment_does_not_hold():
-    from harness.run.worker import library_versions
+    from harness.worker.worker import library_versions
 
     inst = backends.create("numpy@0.0.1")  # this process has the main environment's numpy
     with pytest.raises(RuntimeError, match=r"pins numpy 0\.0\.1, but the worker's environment .* has " + np.__version__):

@@ -191,7 +191,7 @@ def import_json(path, out=None, baseline: str | None = None) -> Path:
 def _row(bench: dict) -> tuple[dict, dict]:
     """The timings row of one benchmark, and what of it the row cannot hold (for the export)."""
     from harness.results.schema import TIMING_COLUMNS
-    from harness.run.stats import Stats
+    from harness.worker.stats import Stats
 
     info = bench.get("extra_info") or {}
     stats = bench["stats"]

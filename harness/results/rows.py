@@ -1,7 +1,7 @@
 """A comparison group's outcomes as result rows: the one place a row of ``timings.parquet``
 (and its points of ``curves.parquet``) is made.
 
-The runner only runs: it hands the outcomes of a finished group (:class:`harness.run.runner.Outcome`)
+The runner only runs: it hands the outcomes of a finished group (:class:`harness.run.group.Outcome`)
 to :meth:`harness.results.store.RunStore.add_group`, which calls :func:`group_rows` here. A row is
 the cell's identifying columns (:func:`harness.results.schema.cell_columns`), its status, the
 summary of its rounds, its GFLOP/s against the roof of its device, its speedup over the group's
@@ -14,9 +14,9 @@ from __future__ import annotations
 import statistics
 
 from harness.results import schema
-from harness.run import stats
-from harness.run.cpu_roofs import peak_key, roof_library
-from harness.run.stats import Stats, paired_speedup
+from harness.worker import stats
+from harness.worker.cpu_roofs import peak_key, roof_library
+from harness.worker.stats import Stats, paired_speedup
 from harness.spec.errors import HarnessError
 
 

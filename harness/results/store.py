@@ -100,9 +100,9 @@ def check_out_file(path, option: str = "--out") -> Path:
 
 
 def config_fingerprint(config) -> str:
-    """The config's digest that ``run.json`` records (:func:`harness.run.config.config_fingerprint`, imported
+    """The config's digest that ``run.json`` records (:func:`harness.config.config_fingerprint`, imported
     here only when asked: loading a run needs no config machinery)."""
-    from harness.run.config import config_fingerprint as digest
+    from harness.config import config_fingerprint as digest
 
     return digest(config)
 

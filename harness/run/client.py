@@ -1,4 +1,4 @@
-"""The runner's side of :mod:`harness.run.protocol`: a worker subprocess, its environment, its failures.
+"""The runner's side of :mod:`harness.worker.protocol`: a worker subprocess, its environment, its failures.
 
 Used by the runner (one worker per cell) and by ``harness check`` of a backend that lives in
 an isolated environment, so both get the same timeouts, thread settings and failure statuses.
@@ -18,7 +18,9 @@ import weakref
 from contextlib import contextmanager
 from pathlib import Path
 
-from harness.run import envs, lifeline, protocol
+from harness.config import memory_limit_mb
+from harness.run import envs
+from harness.worker import lifeline, protocol
 from harness.spec.status import Status
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -130,20 +132,6 @@ def worker_environment(cell_backend: str, device: str, dtype: str, threads: int,
     return environment, {**envs.worker_environ(environment), **settings}
 
 
-def memory_limit_mb() -> float | None:
-    """The memory this process tree may use: its cgroup's limit, else the machine's RAM."""
-    try:
-        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if text != "max":
-            return int(text) / 2**20
-    except (OSError, ValueError):
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def _oom_kills() -> int | None:
     """The kernel's count of OOM kills in this cgroup (cgroup v2), or None where unknown."""
     try:
@@ -189,7 +177,7 @@ def _process_state(pid: int) -> str | None:
 
 
 class WorkerProcess:
-    """A worker subprocess, talked to through :mod:`harness.run.protocol`, with timeouts.
+    """A worker subprocess, talked to through :mod:`harness.worker.protocol`, with timeouts.
 
     ``env`` is its whole process environment; ``recorded`` the part of it the run chose
     (see :func:`worker_settings`), kept as ``.env`` for run.json."""
@@ -202,7 +190,7 @@ class WorkerProcess:
         self.stray: list[str] = []  # stdout lines that were not replies (kept for the error tail)
         self.peak_rss_mb: float | None = None
         self.oom_kills = _oom_kills()
-        self.proc = subprocess.Popen([python, "-m", "harness.run.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([python, "-m", "harness.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, env=lifeline.child_environ(env), cwd=str(PROJECT_ROOT),
                                      start_new_session=True)
         _LIVE.add(self)

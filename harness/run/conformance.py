@@ -7,6 +7,7 @@ import sys
 from harness.verify.check import CaseResult, check_backend
 from harness.spec.errors import HarnessError
 from harness.spec.model import DTYPES
+from harness.spec.status import Status
 
 CASE_TIMEOUT_S = 300.0  # a first Theano compile takes ~20 s; a case beyond this is stuck
 
@@ -30,10 +31,10 @@ def _check_isolated(full_name: str, cases: list, quick: bool, device: str,
                     indices: list[int] | None = None) -> list[CaseResult]:
     """Check a backend that lives in an isolated environment through a worker there (the runner's protocol),
     one request per case: the worker gets the run's thread settings and each case a timeout."""
-    from harness.run import measure
-    from harness.run import protocol
+    from harness.worker import measure
+    from harness.worker import protocol
     from harness.run.client import WorkerFailure, WorkerProcess, worker_environment
-    from harness.run.config import DEFAULT_ENV
+    from harness.config import DEFAULT_ENV
 
     # dtype None: the check runs float32 and float64 cases in one process, so no flag may pin one
     environment, env = worker_environment(full_name, device, None, threads, DEFAULT_ENV)
@@ -46,7 +47,7 @@ def _check_isolated(full_name: str, cases: list, quick: bool, device: str,
             try:
                 reply = worker.request(protocol.Check(full_name, device, quick, representative, i), CASE_TIMEOUT_S)
             except WorkerFailure as exc:
-                results.append(CaseResult(full_name, cases[i].label, cases[i].dtype, "error",
+                results.append(CaseResult(full_name, cases[i].label, cases[i].dtype, Status.ERROR,
                                           f"check worker failed ({exc.status}): {exc}"))
                 break
             got = [CaseResult(**r) for r in reply.body.results]
@@ -70,7 +71,7 @@ def run_conformance(names: list[str] | None, quick: bool = False, device: str = 
     gets a line per backend and per case."""
     import setuptools  # noqa: F401  (before any distutils import; see tests/conftest.py)
 
-    from harness.run import measure
+    from harness.worker import measure
     from harness.verify.check import case_list
 
     import backends
@@ -92,7 +93,7 @@ def run_conformance(names: list[str] | None, quick: bool = False, device: str = 
         try:
             environment = backends.environment_of(full)  # a pinned name's, or the class's (theano)
         except HarnessError as exc:  # known but broken here (a plugin that fails to import): a result, not a crash
-            results.append(CaseResult(full, "*", "*", "unavailable", str(exc)))
+            results.append(CaseResult(full, "*", "*", Status.UNAVAILABLE, str(exc)))
             continue
         if progress is not None:
             progress.print(f"checking {full} ({len(indices)} cases) ...", highlight=False, markup=False)
@@ -102,7 +103,7 @@ def run_conformance(names: list[str] | None, quick: bool = False, device: str = 
                 results += _check_isolated(full, cases, quick, device, representative,
                                            progress=progress, indices=indices)
             except HarnessError as exc:
-                results.append(CaseResult(full, "*", "*", "unavailable", str(exc)))
+                results.append(CaseResult(full, "*", "*", Status.UNAVAILABLE, str(exc)))
             continue
         start = measure.clock_ns()
         for i, res in enumerate(check_backend(full, device=device, cases=[cases[j] for j in indices]), 1):

@@ -110,24 +110,22 @@ def _worker_host() -> str | None:
 
 def merge_fragment(meta: dict, result: dict) -> None:
     """Fold the facts of the host a group's pass ran on into run.json's ``hosts`` (its machine and roofs)."""
-    host = meta.setdefault("hosts", {}).setdefault(result["host"], {"machine": result["machine"], "gemm_peak_gflops": {}})
-    host["machine"] = result["machine"]
-    host["gemm_peak_gflops"].update(result["gemm_peak_gflops"])
-    if result.get("gpu_roofs"):
-        host["gpu_roofs"] = result["gpu_roofs"]
+    from harness.run import machine
+
+    machine.record_host(meta, result["host"], result["machine"], result["gemm_peak_gflops"], result.get("gpu_roofs"))
 
 
 def _local_worker_plugin(slices: list[list[int]], runner_pid: int):
     """A Dask worker plugin for the local cluster's workers: each gets its own slice of this machine's
     cores, and dies with the runner (``runner_pid``, their parent) however the runner dies, as the
-    benchmark workers it starts die with it (:mod:`harness.run.lifeline`)."""
+    benchmark workers it starts die with it (:mod:`harness.worker.lifeline`)."""
     from distributed.diagnostics.plugin import WorkerPlugin
 
     class LocalWorker(WorkerPlugin):
         name = "harness-local-worker"
 
         def setup(self, worker):
-            from harness.run import lifeline
+            from harness.worker import lifeline
 
             # set on the worker process's main thread (its event loop), which lives as long as it
             lifeline.die_with_parent(runner_pid)

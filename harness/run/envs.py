@@ -28,19 +28,13 @@ import sys
 import time
 from pathlib import Path
 
-from harness.run import lifeline, measure
+from harness.worker import lifeline, measure
 from harness.spec import environments
 # the folders and the recipe type live in the spec layer, where backends read them
-from harness.spec.environments import MARKER, Recipe, current_env, env_dir, env_python, home  # noqa: F401
+from harness.spec.environments import MARKER, THREAD_VARS, Recipe, current_env, env_dir, env_python, home  # noqa: F401
 from harness.spec.environments import damaged_reason, marker as _marker
 from harness.spec.errors import HarnessError
 from harness.spec.model import short_repr
-
-# The variables that size the thread pools of BLAS, OpenMP and friends: a worker gets all of them
-# set to its cell's thread count.
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
-               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "NUMBA_NUM_THREADS")
-
 
 # creations that failed in this process, by folder: the other cells of a run that need the environment
 # get the same answer at once instead of another installer run (a later process tries again)
@@ -265,7 +259,7 @@ def _probe_blas(name: str, recipe: Recipe, target: Path, py: Path, say, rounds: 
         samples: dict[str, list[float]] = {"numpy": [], "openblas": []}
         for r in range(rounds):
             for key in measure.round_order(["numpy", "openblas"], r):
-                out = _run([str(py), "-m", "harness.run.blas_probe", "--backend", recipe.blas_probe,
+                out = _run([str(py), "-m", "harness.worker.blas_probe", "--backend", recipe.blas_probe,
                             "--ldflags", f"{key}={flags[key]}"], "BLAS probe", env=env)
                 samples[key].append(json.loads(out.strip().splitlines()[-1])["median_ms"][key])
         med = {key: min(values) for key, values in samples.items()}  # the least disturbed process

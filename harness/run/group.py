@@ -16,9 +16,10 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 
-from harness.run import envs, machine, measure, protocol
+from harness.run import envs, machine
+from harness.worker import measure, protocol
 from harness.run.client import WorkerFailure, WorkerProcess, close_all, worker_settings
-from harness.run.config import Cell
+from harness.config import Cell
 from harness.spec.errors import HarnessError
 from harness.spec.status import Status
 
@@ -101,16 +102,13 @@ class GroupRun:
         """The group as :meth:`saved` kept it after its last finished pass (a fresh one without)."""
         state = cls(group)
         cells = {c.cell_id: c for c in group}
-        if not saved or set(saved.get("outcomes", {})) != set(cells):
-            return state
+        if not saved or "rule" not in saved or set(saved.get("outcomes", {})) != set(cells):
+            return state  # nothing kept, or kept for other cells or by an earlier format: the group starts afresh
         state.outcomes = {cid: Outcome(cells[cid], **kept) for cid, kept in saved["outcomes"].items()}
         state.samples = {cid: state.outcomes[cid].samples or [] for cid in saved["timed"]}
         state.inner, state.blocks = dict(saved["inner"]), list(saved["blocks"])
         state.timed_s, state.passes_done = float(saved["timed_s"]), int(saved["passes_done"])
-        if "rule" in saved:
-            state.rule.restore(saved["rule"])
-        else:  # kept by an earlier version: the cells still short of the target is all it knew
-            state.rule.pending = set(saved["pending"]) if saved.get("pending") is not None else None
+        state.rule.restore(saved["rule"])
         state.wants_pass = True  # kept only between passes
         return state
 

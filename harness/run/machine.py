@@ -115,3 +115,14 @@ def git_commit(path: str | Path | None = None) -> str | None:
         return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def record_host(meta: dict, host: str, machine: dict | None, gemm_peaks: dict, gpu_roofs: dict | None) -> None:
+    """Fold one host's facts into run.json's ``hosts``: its machine, the GEMM peaks measured there (added
+    to those it had) and its GPU roofs (where measured). A local run has one host; a Dask run, each
+    host a group's pass ran on."""
+    entry = meta.setdefault("hosts", {}).setdefault(host, {"machine": machine, "gemm_peak_gflops": {}})
+    entry["machine"] = machine
+    entry["gemm_peak_gflops"].update(gemm_peaks)
+    if gpu_roofs:
+        entry["gpu_roofs"] = gpu_roofs

@@ -1,10 +1,10 @@
 """The roofs a cell's GFLOP/s is read against, measured in a worker of their own: the CPU's GEMM
-peak per dtype and thread count (:mod:`harness.run.cpu_roofs`), and the GPU's GEMM rates and
-memory bandwidth (:mod:`harness.run.gpu_roofs`)."""
+peak per dtype and thread count (:mod:`harness.worker.cpu_roofs`), and the GPU's GEMM rates and
+memory bandwidth (:mod:`harness.worker.gpu_roofs`)."""
 
 from __future__ import annotations
 
-from harness.run import cpu_roofs, protocol
+from harness.worker import cpu_roofs, protocol
 from harness.run.client import WorkerFailure, WorkerProcess, worker_environment
 from harness.spec.model import REDUCED_DTYPES
 

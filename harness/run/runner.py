@@ -14,12 +14,11 @@ from datetime import datetime, timezone
 
 from rich.markup import escape
 
-from harness.run import lifeline, machine, roofs
-# the worker client's names, importable from here as they always were
-from harness.run.client import (WorkerFailure, WorkerProcess, classify_exit, kill_all_workers,  # noqa: F401
-                                worker_cpus, worker_environment, worker_settings)
-from harness.run.config import Cell, RunConfig
-from harness.run.group import GroupRun, Outcome  # noqa: F401  (Outcome: what a group's cells come to)
+from harness.worker import lifeline
+from harness.run import machine, roofs
+from harness.run.client import kill_all_workers
+from harness.config import Cell, RunConfig
+from harness.run.group import GroupRun
 
 
 class Runner:
@@ -55,16 +54,17 @@ class Runner:
             self._say(f"resuming: {len(groups) - len(todo)} of {len(groups)} comparison groups already done")
         return todo
 
-    def run(self, progress=None, executor=None) -> None:
-        """Run every pending group here, one at a time, or hand them to ``executor`` (an object
-        with ``run(runner, groups, progress, task_id)``, e.g. the Dask one), storing each as it finishes."""
+    def run(self, progress=None, executor=None, groups: list[list[Cell]] | None = None) -> None:
+        """Run every pending group (or just ``groups``) here, one at a time, or hand them to ``executor``
+        (an object with ``run(runner, groups, progress, task_id)``, e.g. the Dask one), storing each as
+        it finishes."""
         try:
-            self._run(progress, executor)
+            self._run(progress, executor, groups)
         finally:
             kill_all_workers()  # an interrupt at any phase must leave none behind
 
-    def _run(self, progress, executor) -> None:
-        todo = self.pending_groups()
+    def _run(self, progress, executor, groups) -> None:
+        todo = self.pending_groups() if groups is None else groups
         # the bar counts passes over cells: a group of passes 3 moves it three times, not once at its end
         planned = {id(g): len(g) * max(1, g[0].timing.passes) for g in todo}
         if executor is not None:  # it counts each group once, when it comes back
@@ -73,8 +73,8 @@ class Runner:
             return
         task_id = progress.add_task("cells", total=sum(planned.values())) if progress else None
         self.measure_roofs(self.config.cells())
-        self.store.meta.setdefault("hosts", {})[machine.host_name()] = {
-            "machine": self.store.meta.get("machine"), "gemm_peak_gflops": self.gemm_peaks, "gpu_roofs": self.gpu_roofs}
+        machine.record_host(self.store.meta, machine.host_name(), self.store.meta.get("machine"), self.gemm_peaks,
+                            self.gpu_roofs)
         states = [GroupRun.restore(g, self.store.unfinished(g[0].group_key)) for g in todo]
         if any(s.passes_done for s in states):
             self._say(f"resuming: {sum(1 for s in states if s.passes_done)} comparison group(s) go on at their next pass")
@@ -102,16 +102,6 @@ class Runner:
         if counted[id(state)] > planned.get(key, 0) or state.finished:
             planned[key] = counted[id(state)]
         progress.update(task_id, total=sum(planned.values()), advance=len(state.group))
-
-    def run_group(self, group: list[Cell], progress=None, task_id=None) -> list[Outcome]:
-        """Time one comparison group side by side, all its passes back to back, store its rows, and
-        return its outcomes."""
-        state = GroupRun(group)
-        describe = _describer(progress, task_id)
-        while not state.finished:
-            state.run_pass(describe, self.record)
-        self.store.add_group(state.ordered(), self.gemm_peaks, self.gpu_roofs)
-        return state.ordered()
 
     def measure_roofs(self, cells: list[Cell]) -> None:
         """The roofs the cells' GFLOP/s are read against, where this run has not measured them yet:

@@ -25,8 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MARKER = "harness-env.json"
-#: what a worker imports besides its backend's library (harness.run.worker and the spec layer)
+#: what a worker imports besides its backend's library (harness.worker.worker and the spec layer)
 WORKER_PACKAGES = ("numpy", "PyYAML")
+
+# The variables that size the thread pools of BLAS, OpenMP and friends: a worker gets all of them
+# set to its cell's thread count.
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import numpy as np
 from backends.base import supports
 from harness.spec import reference as ref
 from harness.spec.model import REDUCED_DTYPES, ModelSpec, Problem, master_dtype
+from harness.spec.status import Status
 from harness.spec.tolerance import SPEC_TOLERANCES as TOLERANCES, Tolerance, compare, worst  # noqa: F401  (re-exported)
 
 LR = 0.1
@@ -77,12 +78,15 @@ class CaseResult:
     backend: str
     case: str
     dtype: str
-    status: str  # pass | fail | unsupported | error
+    status: Status  # pass | fail | unsupported | error | unavailable
     reason: str = ""
     worst: str = ""  # the tensor closest to (or furthest past) its bound
     worst_ratio: float = 0.0  # max |got-ref| / bound over all tensors; <= 1 passes
     bound: str = ""
     details: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.status = Status(self.status)  # a word read back from JSON becomes the member
 
 
 def _small(cell, head, bptt, tokens, dtype, batch, i) -> Case:
@@ -283,11 +287,11 @@ def reference_run(case: Case, params: dict[str, np.ndarray], dtype, forward: boo
 def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
     """Conformance of one backend instance on one case: forward, loss + grads, 3 SGD steps."""
     full = backend.full_name
-    res = CaseResult(full, case.label, case.dtype, "pass")
+    res = CaseResult(full, case.label, case.dtype, Status.PASS)
     train = case.problem("train_step", device)
     ok, why = supports(backend, train)
     if not ok:
-        res.status, res.reason = "unsupported", why
+        res.status, res.reason = Status.UNSUPPORTED, why
         return res
     tol = Tolerance.of(case.dtype, backend.tolerance(train))
     res.reason, res.bound = tol.why, tol.describe()
@@ -321,7 +325,7 @@ def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
                                         for q in tol.starts(ref.params_like(params, master_dtype(tol.low_dtype)))],
                            other=lambda: reference_run(case, params, tol.low_dtype, "outputs" in got, True))
     except Exception as exc:  # a crash is a result of the check, shown with its reason
-        res.status = "error"
+        res.status = Status.ERROR
         res.reason = f"{type(exc).__name__}: {exc}"
         res.details = {"traceback": traceback.format_exc(limit=6)}
         return res
@@ -330,7 +334,7 @@ def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
     res.worst, res.worst_ratio = worst(ratios)
     res.details = {"ratios": {k: float(v) for k, v in ratios.items()}}
     if res.worst_ratio > 1.0:
-        res.status = "fail"
+        res.status = Status.FAIL
         res.reason = f"{res.worst} off by {res.worst_ratio:.3g}x the bound"
     return res
 
@@ -348,7 +352,7 @@ def check_backend(full_name: str, quick: bool = False, device: str = "cpu", case
 
     backend = backends.create(full_name)
     status, why = screen_device(backend, device)
-    if status != "ok":
+    if status != Status.OK:
         yield CaseResult(backend.full_name, "*", "*", status, why)
         return
     for case in cases if cases is not None else all_cases(quick):

@@ -5,7 +5,8 @@ reply line starting with :data:`REPLY_PREFIX`. Any other line on stdout (a libra
 a ``sitecustomize`` printing before the worker has pointed file descriptor 1 at stderr)
 is not a reply: the client keeps it for the error tail instead of failing to parse it.
 
-Worker-safe: standard library only, so it runs in isolated environments on numpy 1.23 too.
+Worker-safe: the standard library and the spec layer's Status, so it runs in isolated environments on
+numpy 1.23 too.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
+
+from harness.spec.status import Status
 
 # A prefix no library prints by accident (plain ASCII: str.splitlines would split at a control character).
 REPLY_PREFIX = "@@harness-reply@@ "
@@ -81,9 +84,12 @@ class TrainReply:
     eval_s: float
     time_to_target_s: float | None
     stop: str | None  # why training stopped (target, time_budget, epochs) or what diverged
-    status: str  # ok or diverged
+    status: Status  # ok or diverged
     examples: int
     final_lr: float
+
+    def __post_init__(self):
+        self.status = Status(self.status)
 
 
 @dataclass
@@ -198,7 +204,7 @@ class Check(Request):
 @dataclass
 class GemmPeak(Request):
     """The machine's best GFLOP/s of an ``n`` x ``n`` x ``n`` GEMM in ``dtype`` through ``library``
-    (:mod:`harness.run.cpu_roofs`)."""
+    (:mod:`harness.worker.cpu_roofs`)."""
 
     cmd: ClassVar[str] = "gemm_peak"
     Body: ClassVar[type] = GemmPeakReply
@@ -231,7 +237,7 @@ REQUESTS: dict[str, type[Request]] = {c.cmd: c for c in (Init, WarmUp, Verify, C
 
 def typed(req: Request, reply: "Reply") -> "Reply":
     """The reply with its body as ``req``'s body type (an ok reply's; a failed one carries none)."""
-    if reply.status == "ok" and isinstance(reply.body, dict) and req.Body is not dict:
+    if reply.status == Status.OK and isinstance(reply.body, dict) and req.Body is not dict:
         try:
             reply.body = req.Body(**reply.body)
         except TypeError as exc:
@@ -267,14 +273,14 @@ class Reply:
     reads it back with :func:`typed`), a mapping on the wire; every reply carries the worker's peak
     RSS so far."""
 
-    status: str
+    status: Status
     body: dict = field(default_factory=dict)
     peak_rss_mb: float | None = None
     error: str = ""
     traceback: str = ""
 
-    def __getitem__(self, key: str) -> Any:
-        return self.body[key]
+    def __post_init__(self):
+        self.status = Status(self.status)  # the word on the wire becomes the member
 
     def get(self, key: str, default: Any = None) -> Any:
         """A body value, or ``default``."""

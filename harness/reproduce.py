@@ -29,8 +29,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from harness.spec.errors import HarnessError
+from harness.worker import lifeline
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 #: profiles that ask for hardware beyond a small CPU machine: (profile, what it needs)
 HARDWARE_PROFILES = ("gpu", "many-cores")
 #: cores from which a machine runs the ``many-cores`` profiles
@@ -155,7 +156,7 @@ def _profiles(path: Path) -> list[str]:
 def experiments(root: Path = PROJECT_ROOT, configs: list[Path] | None = None) -> list[Experiment]:
     """Every experiment of the covered configs, with its cells' count, devices and environments."""
     import backends
-    from harness.run.config import config_fingerprint, load_config
+    from harness.config import config_fingerprint, load_config
 
     out = []
     for rel in configs if configs is not None else covered_configs(root):
@@ -357,12 +358,7 @@ def _set_parent_death_signal() -> None:
     (in the background), and SIGTERM (which ``harness run`` treats as Ctrl-C: it saves and exits,
     resumable) reaches it when this process dies."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    lifeline.parent_death_signal(signal.SIGTERM)
 
 
 def _harness(args: list[str]) -> list[str]:

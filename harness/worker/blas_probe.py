@@ -1,6 +1,6 @@
 """Which BLAS makes a backend's training step faster.
 
-``python -m harness.run.blas_probe --backend theano --ldflags "openblas=-L... -l..."`` compiles
+``python -m harness.worker.blas_probe --backend theano --ldflags "openblas=-L... -l..."`` compiles
 the sgd_step at the WildML shape once per ``blas__ldflags`` value given, times the
 variants in alternating steps and prints one JSON line with the medians. harness/run/envs.py
 runs it with one value per process, alternating processes, at each thread count
@@ -15,7 +15,7 @@ import os
 import statistics
 import sys
 
-from harness.run import lifeline
+from harness.worker import lifeline
 
 lifeline.die_with_parent()  # a probe outlives no harness that is building its environment
 
@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 def probe(full_name: str, ldflags: dict[str, str], n_steps: int = 40) -> dict:
     """Median sgd_step time (ms) per ``blas__ldflags`` value at vocab 8000, hidden 100, T 20, batch 1, float32."""
     import backends
-    from harness.run import measure
+    from harness.worker import measure
     from harness.spec import reference
     from harness.spec.model import ModelSpec, Problem
 
@@ -51,7 +51,7 @@ def probe(full_name: str, ldflags: dict[str, str], n_steps: int = 40) -> dict:
 
 def main(argv=None) -> int:
     """Entry point: print the probe's result as one JSON line."""
-    ap = argparse.ArgumentParser(prog="python -m harness.run.blas_probe")
+    ap = argparse.ArgumentParser(prog="python -m harness.worker.blas_probe")
     ap.add_argument("--backend", required=True)
     ap.add_argument("--ldflags", action="append", required=True, help="NAME=FLAGS, repeated")
     ap.add_argument("--steps", type=int, default=40)

@@ -16,11 +16,8 @@ Heavy libraries are imported only by the worker that measures through them.
 
 from __future__ import annotations
 
-from typing import Callable
-
-import numpy as np
-
-from harness.run import measure
+from backends import products
+from harness.worker import measure
 from harness.spec.errors import HarnessError
 from harness.spec.model import REDUCED_DTYPES
 
@@ -28,60 +25,16 @@ from harness.spec.model import REDUCED_DTYPES
 LOW_PRECISION_LIBRARIES = ("jax", "torch", "native")
 
 
-def _numpy(dtype: str, n: int, threads: int) -> Callable[[], object]:
-    rng = np.random.default_rng(0)
-    a, b = rng.random((n, n)).astype(dtype), rng.random((n, n)).astype(dtype)
-    c = np.empty((n, n), dtype)
-    return lambda: np.matmul(a, b, out=c)
-
-
-def _jax(dtype: str, n: int, threads: int) -> Callable[[], object]:
-    import jax
-    import jax.numpy as jnp
-
-    low = getattr(jnp, dtype)
-    rng = np.random.default_rng(0)
-    a, b = (jax.device_put(jnp.asarray(rng.random((n, n)), dtype=low)) for _ in range(2))
-    product = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
-    return lambda: product(a, b).block_until_ready()
-
-
-def _torch(dtype: str, n: int, threads: int) -> Callable[[], object]:
-    import torch
-
-    low = getattr(torch, dtype)
-    g = torch.Generator().manual_seed(0)
-    a, b = (torch.rand(n, n, generator=g).to(low) for _ in range(2))
-    c = torch.empty(n, n, dtype=low)
-    return lambda: torch.mm(a, b, out=c)
-
-
-def _native(dtype: str, n: int, threads: int) -> Callable[[], object]:
-    from backends import _native
-
-    if dtype != "bfloat16":
-        raise HarnessError(f"unavailable: the native engine has no {dtype} product")
-    if not _native.bf16_cpu():
-        raise HarnessError("unavailable: this CPU has no AVX512-BF16, so the native engine refuses bfloat16")
-    rng = np.random.default_rng(0)
-    a, b = rng.random((n, n), np.float32), rng.random((n, n), np.float32)
-    c = np.empty((n, n), np.float32)
-    return lambda: _native.gemm(a, b, c, precision="bfloat16", threads=threads)
-
-
-_LIBRARIES = {"numpy": _numpy, "jax": _jax, "torch": _torch, "native": _native}
-
-
 def gemm_rate(dtype: str, library: str = "numpy", n: int = 1024, seconds: float = 0.5, threads: int = 1) -> float:
     """Best GFLOP/s of an ``n`` x ``n`` x ``n`` ``dtype`` product through ``library`` in this process
     (``threads``: for a library that takes them per call; the others inherit the worker's settings).
     A library that cannot run the product here raises a HarnessError starting ``unavailable:``."""
-    if library not in _LIBRARIES:
-        raise HarnessError(f"no GEMM peak is measured through {library!r} (known: {', '.join(_LIBRARIES)})")
+    if library not in products.LIBRARIES:
+        raise HarnessError(f"no GEMM peak is measured through {library!r} (known: {', '.join(products.LIBRARIES)})")
     if library == "numpy" and dtype in REDUCED_DTYPES:
         raise HarnessError(f"NumPy has no {dtype} product: measure it through {', '.join(LOW_PRECISION_LIBRARIES)}")
     try:
-        call = _LIBRARIES[library](dtype, n, threads)
+        call = products.LIBRARIES[library](dtype, n, threads)
     except ImportError as exc:
         raise HarnessError(f"unavailable: {library} is not installed here ({exc})") from None
     call()  # compile (JAX) and warm the caches

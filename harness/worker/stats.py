@@ -1,6 +1,6 @@
 """The statistics of a timing: summaries of samples, paired speedups and their intervals, the
 precision a speedup met, and the rounds a burst of load disturbed. The one timing loop and the
-stop rule that reads these live in :mod:`harness.run.measure`; this module only summarises."""
+stop rule that reads these live in :mod:`harness.worker.measure`; this module only summarises."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0, blocks=No
     they disagree no amount of further rounds from the same stretch narrows it below that.
 
     ``blocks`` labels each round with the worker process that took it (see
-    :meth:`harness.run.measure.TimingPolicy.round_block`: one per fresh process, of every pass
+    :meth:`harness.worker.measure.TimingPolicy.round_block`: one per fresh process, of every pass
     over the group). Blocks are independent draws of what a round cannot resample: which
     fresh process one got (its memory layout, the kernels a library picked at start) and
     when in the run it was taken. With ``k`` blocks of MIN_BLOCK_ROUNDS rounds or more, the
@@ -106,12 +106,44 @@ def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0, blocks=No
         by_block = [np.flatnonzero(labels == k) for k in np.unique(labels)]
         by_block = [i for i in by_block if i.size >= MIN_BLOCK_ROUNDS]
         if len(by_block) > 1:  # its processes and passes: independent draws, a t interval
-            from scipy.stats import t
-
-            widenings.append(float(t.ppf(0.975, len(by_block) - 1)) * _block_standard_error(b, o, by_block))
+            widenings.append(t_quantile(0.975, len(by_block) - 1) * _block_standard_error(b, o, by_block))
     for w in widenings:  # in ratio terms (point times e^(-+w/point)): a wide one never reaches zero or below
         lo, hi = min(lo, point * float(np.exp(-w / point))), max(hi, point * float(np.exp(w / point)))
     return point, float(lo), float(hi)
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile (``p`` > 0.5) of Student's t with ``df`` degrees of freedom, found by bisection
+    on the closed form of its distribution for whole ``df`` (Abramowitz and Stegun 26.7.3-4): the
+    standard library's, so the worker side needs no SciPy (it agrees with ``scipy.stats.t.ppf`` to
+    about 1e-13)."""
+    target = 2 * p - 1  # P(|T| < t)
+    lo, hi = 0.0, 1.0
+    while _t_central(hi, df) < target:
+        hi *= 2
+    while hi - lo > 1e-14 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _t_central(mid, df) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _t_central(t: float, df: int) -> float:
+    """P(|T| < t) for Student's t with ``df`` (a whole number) degrees of freedom."""
+    import math
+
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # theta + sin(theta) (cos + 2/3 cos^3 + 2*4/(3*5) cos^5 + ...), times 2/pi
+        term, total = math.cos(theta), 0.0
+        for k in range(3, df + 1, 2):
+            total += term
+            term *= c2 * (k - 1) / k
+        return 2 / math.pi * (theta + math.sin(theta) * total)
+    term, total = 1.0, 0.0  # sin(theta) (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...)
+    for k in range(2, df + 1, 2):
+        total += term
+        term *= c2 * (k - 1) / k
+    return math.sin(theta) * total
 
 
 def _block_standard_error(b: np.ndarray, o: np.ndarray, blocks: list) -> float:

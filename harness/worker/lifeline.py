@@ -42,15 +42,20 @@ def child_environ(env: dict | None = None) -> dict:
     return env
 
 
-def _kernel_guard() -> bool:
-    """Ask the kernel for SIGKILL when this process's parent exits; False where it cannot."""
+def parent_death_signal(sig: int) -> bool:
+    """Ask the kernel to send this process ``sig`` when its parent exits; False where it cannot."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def _kernel_guard() -> bool:
+    """Ask the kernel for SIGKILL when this process's parent exits; False where it cannot."""
+    return parent_death_signal(signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:

@@ -5,7 +5,7 @@ training steps and GEMM peak, the BLAS probe, and the benchmark scripts. The clo
 ``time.perf_counter_ns`` and the code under test is ``sync()``-ed before every read, so
 asynchronous backends (JAX, CUDA) are charged for the work they queued.
 
-Worker-safe: the standard library and the statistics of :mod:`harness.run.stats` (the policy
+Worker-safe: the standard library and the statistics of :mod:`harness.worker.stats` (the policy
 is built from the config's timing settings on the runner side, and from plain numbers on the
 worker side).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from harness.run.stats import MIN_BLOCK_ROUNDS, MIN_PRECISION_ROUNDS, half_width, paired_speedup, precision_met
+from harness.worker.stats import MIN_BLOCK_ROUNDS, MIN_PRECISION_ROUNDS, half_width, paired_speedup, precision_met
 from harness.spec.errors import HarnessError
 
 MAX_INNER = 10_000  # calls per round at most: beyond that a round's clock reads are noise-free enough
@@ -109,7 +109,7 @@ def elapsed_s(start_ns: int) -> float:
 
 class TimingPolicy:
     """How a cell is timed: the config's ``timing:`` settings, read through (their one definition, with
-    their defaults and the rules between them, is :class:`harness.run.config.TimingConfig`), and what
+    their defaults and the rules between them, is :class:`harness.config.TimingConfig`), and what
     follows from them."""
 
     def __init__(self, timing):
@@ -147,7 +147,7 @@ class TimingPolicy:
     def round_block(self, n_pass: int, n_round: int) -> int:
         """The block of the ``n_round``-th round (from 0) of the ``n_pass``-th pass (from 0): the pass's
         worker process that takes it (round ``i`` of a pass runs in its process ``i % processes``),
-        numbered across passes, as :func:`harness.run.stats.paired_speedup` reads it."""
+        numbered across passes, as :func:`harness.worker.stats.paired_speedup` reads it."""
         return n_pass * self.processes + n_round % self.processes
 
 
@@ -322,7 +322,7 @@ class StopRule:
 def stop_rule(timing) -> StopRule:
     """A fresh stop rule for one group timed with ``timing`` (a TimingConfig or TimingPolicy).
 
-    A precision target reads the speedups' intervals through :func:`harness.run.stats.paired_speedup`."""
+    A precision target reads the speedups' intervals through :func:`harness.worker.stats.paired_speedup`."""
     policy = timing if isinstance(timing, TimingPolicy) else TimingPolicy.of(timing)
     interval = None
     if policy.speedup_precision is not None:

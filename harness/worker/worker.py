@@ -1,9 +1,9 @@
-"""One benchmark cell in its own process: ``python -m harness.run.worker``.
+"""One benchmark cell in its own process: ``python -m harness.worker``.
 
-Serves the requests of :mod:`harness.run.protocol` (init, warmup, verify, calibrate, rounds,
+Serves the requests of :mod:`harness.worker.protocol` (init, warmup, verify, calibrate, rounds,
 train, check, gemm_peak, quit): one request per line on stdin, one framed reply per line
 on the process's original stdout. Anything a library prints goes to stderr, which the
-runner keeps the tail of. Every timed loop goes through :mod:`harness.run.measure`. Imports
+runner keeps the tail of. Every timed loop goes through :mod:`harness.worker.measure`. Imports
 nothing but numpy, this package's numpy-only modules and the backend, so it runs in
 isolated environments on numpy 1.23 too. A failed request answers ``status: error`` (or
 ``diverged``) and the worker stays alive.
@@ -19,7 +19,7 @@ import sys
 import traceback
 from dataclasses import asdict
 
-from harness.run import lifeline
+from harness.worker import lifeline
 
 # First of all: this process dies with the runner that started it, even one killed with SIGKILL
 # while this worker is stopped, compiling or in a long step.
@@ -33,8 +33,8 @@ if os.environ.get("HARNESS_CPUS"):
 
 import numpy as np  # noqa: E402
 
-from harness.run import measure
-from harness.run import protocol  # noqa: E402
+from harness.worker import measure
+from harness.worker import protocol  # noqa: E402
 from harness.spec.status import Status  # noqa: E402
 
 
@@ -286,13 +286,13 @@ class CellState:
 
 
 def _gemm_rate(req: protocol.GemmPeak) -> float:
-    from harness.run.cpu_roofs import gemm_rate
+    from harness.worker.cpu_roofs import gemm_rate
 
     return gemm_rate(req.dtype, req.library, req.n, threads=req.threads)
 
 
 def _gpu_roofs(n: int) -> dict:
-    from harness.run.gpu_roofs import gpu_roofs
+    from harness.worker.gpu_roofs import gpu_roofs
 
     return gpu_roofs(n)
 

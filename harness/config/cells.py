@@ -1,0 +1,265 @@
+"""The cells a config expands into: :class:`Cell` (one measurement, with the keys that say which
+comparison group it joins and what else its result depends on), :class:`RunConfig` (a validated
+config, its cells and groups), each device's baseline, and the memory a group needs against the
+memory this machine allows."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.config.schema import DEFAULT_ENV, RawConfig, TimingConfig, TrainConfig
+from harness.spec.errors import HarnessError
+from harness.spec.model import DTYPE_BYTES, Problem, TaskSpec
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measurement: a backend on one problem, with its threads and data."""
+
+    backend: str
+    problem: Problem
+    task: TaskSpec
+    threads: int
+    point: dict  # the sweep values of this cell ({} without a sweep)
+    train: TrainConfig  # resolved train settings (a sweep may change them)
+    timing: TimingConfig  # resolved timing settings
+    baseline: str  # the backend its speedup is measured against
+    env: dict  # extra environment variables of its worker
+    seed: int  # data and initial parameters (its own document's seed)
+    task_sha256: str | None = None  # the content of the task's text file (task.path), so a changed file is another cell
+    # pair_over: the settings timed in one group with this cell, and their first listed values
+    # (the setting the ratios are against), e.g. (("dtype", "float32"),)
+    paired: tuple = ()
+
+    @property
+    def group_key(self) -> str:
+        """Cells that differ only by backend share a key and are timed side by side. The key holds every
+        setting that changes a result, so two cells with one key are the same measurement."""
+        p = self.problem
+        sweep = ",".join(f"{k}={v}" for k, v in self.point.items())
+        key = (f"{p.workload}|{p.device}|{p.dtype}|{p.model.describe()}|{self.task.kind}|T={p.seq_len}"
+               f"|D={p.input_size}|O={p.output_size}|B={p.batch}|threads={self.threads}|{sweep}")
+        settings = self.settings_key()
+        return f"{key}|{settings}" if settings else key
+
+    def settings_key(self) -> str:
+        """What else the cell's result depends on, where it differs from the defaults: the task's own
+        sizes, train and timing settings (unless swept, hence in the sweep part), the seed and env."""
+        parts = []
+        for k, v in self.task.to_mapping().items():
+            if v != getattr(_DEFAULT_TASK, k) and k not in ("kind", "seq_len", "input_size", "output_size"):
+                parts.append(f"task.{k}={v}")
+        if self.task_sha256:
+            parts.append(f"task.sha256={self.task_sha256[:16]}")
+        for section, settings, default in (("train", self.train, _DEFAULT_TRAIN), ("timing", self.timing, _DEFAULT_TIMING)):
+            for k, v in settings.model_dump().items():
+                if section == "train" and k == "loss_scale" and self.problem.dtype != "float16":
+                    continue  # read by float16 steps alone
+                if v != getattr(default, k) and f"{section}.{k}" not in self.point:
+                    parts.append(f"{section}.{k}={v}")
+        if self.seed:
+            parts.append(f"seed={self.seed}")
+        parts += [f"env.{k}={v}" for k, v in sorted(self.env.items()) if DEFAULT_ENV.get(k) != v]
+        return ",".join(parts)
+
+    @property
+    def cell_id(self) -> str:
+        return f"{self.group_key}|{self.backend}"
+
+    def setting(self) -> dict:
+        """This cell's values of the paired settings (``{"dtype": "bfloat16"}``; ``{}`` without ``pair_over``)."""
+        return {k: (self.problem.dtype if k == "dtype" else self.threads) for k, _ in self.paired}
+
+    @property
+    def setting_baseline(self) -> str:
+        """The paired settings' first values, as the results name them: ``dtype=float32,threads=1``."""
+        return ",".join(f"{k}={v}" for k, v in self.paired)
+
+    @property
+    def timing_key(self) -> str:
+        """The comparison group whose rounds this cell takes in turn: its ``group_key``, or with ``pair_over``
+        the key with the paired settings left out, so one backend's cells at each setting share it."""
+        if not self.paired:
+            return self.group_key
+        parts = self.group_key.split("|")
+        keys = dict(self.paired)
+        if "dtype" in keys:
+            parts[2] = "dtype=*"
+        if "threads" in keys:
+            parts[9] = "threads=*"
+        return "|".join(parts)
+
+
+@dataclass
+class RunConfig:
+    """A validated config and where it came from.
+
+    A YAML file may hold several documents (``---``): each later one is merged over
+    the first and adds its own cells to the same run, so one file can pair, say,
+    ``train_step`` cells at two batch sizes with one short ``train`` curve.
+    """
+
+    parts: list[tuple[RawConfig, list[dict]]]  # per document: its config and sweep points
+    path: str
+    source: list[dict]
+
+    @property
+    def raw(self) -> RawConfig:
+        return self.parts[0][0]
+
+    @property
+    def name(self) -> str:
+        return self.raw.name
+
+    @property
+    def baselines(self) -> dict[str, str]:
+        """The baseline of each device the first document times on."""
+        return device_baselines(self.raw)
+
+    @property
+    def baseline(self) -> str:
+        """The baseline's name, or ``cpu: a, gpu: b`` when the devices have different ones."""
+        names = self.baselines
+        if len(set(names.values())) == 1:
+            return next(iter(names.values()))
+        return ", ".join(f"{device}: {name}" for device, name in names.items())
+
+    @property
+    def backends(self) -> list[str]:
+        return list(dict.fromkeys(b for raw, _ in self.parts for b in raw.backends))
+
+    @property
+    def task_files(self) -> dict[str, str]:
+        """The text files the tasks read (task.path, resolved against the config's folder) -> their sha256."""
+        return {point["task"].path: point["task_sha256"] for _, points in self.parts for point in points
+                if point.get("task_sha256")}
+
+    def groups(self) -> list[list[Cell]]:
+        """The comparison groups, in the config's order: the cells of one problem, baseline first; with
+        ``pair_over``, the cells of one problem at each paired setting, the first setting's first."""
+        groups: dict[str, list[Cell]] = {}
+        for cell in self.cells():
+            groups.setdefault(cell.timing_key, []).append(cell)
+        return list(groups.values())
+
+    def cells(self) -> list[Cell]:
+        """Every cell, grouped: cells of one comparison group are adjacent, baseline first."""
+        cells = []
+        for r, points in self.parts:
+            baselines = device_baselines(r)
+            for point, device, dtype, workload, batch, threads in itertools.product(
+                points, r.device, r.dtype, r.workloads, r.batch, r.threads
+            ):
+                baseline = baselines[device]
+                order = [baseline] + [b for b in r.backends if b != baseline]
+                task = point["task"]
+                d_in, d_out = task.sizes()
+                scale = point["train"].loss_scale if dtype == "float16" else None
+                prob = Problem(point["model"], d_in, d_out, task.tokens, dtype, batch, task.seq_len, device, workload,
+                               scale)
+                paired = tuple((k, (r.dtype if k == "dtype" else r.threads)[0]) for k in r.pair_over)
+                for b in order:
+                    cells.append(Cell(b, prob, task, threads, point["values"], point["train"], point["timing"],
+                                      baseline, dict(r.env), r.seed, point.get("task_sha256"), paired))
+        # the same measurement asked for twice (a repeated sweep value, a document repeating another) runs
+        # once; a group's cells stay together in the order their group first appears
+        groups: dict[str, dict[str, Cell]] = {}
+        for cell in cells:
+            groups.setdefault(cell.group_key, {}).setdefault(cell.cell_id, cell)
+        return [cell for group in groups.values() for cell in group.values()]
+
+    def check_memory(self, limit_mb: float | None = None) -> None:
+        """Refuse, before anything runs, a config whose comparison group would need more memory than
+        the machine has (the group's workers run side by side), showing the estimate."""
+        if limit_mb is None:
+            limit_mb = memory_limit_mb()
+        if not limit_mb:
+            return
+        groups: dict[str, list[Cell]] = {}
+        for cell in self.cells():  # the workers of one timing group (paired settings included) live side by side
+            groups.setdefault(cell.timing_key, []).append(cell)
+        for group in groups.values():
+            need_mb = sum(estimate_bytes(c) * _n_workers(c) for c in group) / 2**20
+            if need_mb > limit_mb:
+                c = group[0]
+                p = c.problem
+                raise HarnessError(
+                    f"{self.path}: model.hidden/layers, batch, task sizes: expected a problem that fits in memory; "
+                    f"{p.workload} {p.model.describe()} B={p.batch} T={p.seq_len} D={p.input_size} O={p.output_size} "
+                    f"needs an estimated {_fmt_mb(need_mb)} for its {sum(map(_n_workers, group))} worker(s), "
+                    f"this machine has {_fmt_mb(limit_mb)}")
+
+
+def _n_workers(cell: Cell) -> int:
+    """Worker processes a cell keeps alive beside the rest of its group (a training cell runs alone)."""
+    return 1 if cell.problem.workload == "train" else cell.timing.processes
+
+
+_DEFAULT_TRAIN = TrainConfig()
+_DEFAULT_TIMING = TimingConfig()
+_DEFAULT_TASK = TaskSpec()
+
+
+def _fmt_mb(mb: float) -> str:
+    return f"{mb / 1024:.3g} GB" if mb >= 1024 else f"{mb:.3g} MB"
+
+
+def memory_limit_mb() -> float | None:
+    """The memory this process tree may use: its cgroup's limit, else the machine's RAM."""
+    try:
+        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if text != "max":
+            return int(text) / 2**20
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def estimate_bytes(cell: Cell) -> float:
+    """A lower estimate of one cell's worker memory: parameters with their gradients and a copy,
+    the activations BPTT keeps (T x B x H per layer and gate), the outputs, and the data set."""
+    p, m, task = cell.problem, cell.problem.model, cell.task
+    item = DTYPE_BYTES[p.master_dtype]  # mixed precision keeps parameters, gradients and state in float32
+    h = m.hidden
+    # closed forms, not loops over layers: an absurd layer count must be refused at once
+    params = m.param_count(p.input_size, p.output_size)
+    activations = p.seq_len * p.batch * (h * m.layers * m.directions * (2 * m.gates + 1) + 2 * p.output_size)
+    n_seq = task.n_sequences + task.n_eval
+    per_step_in = 1 if p.tokens else p.input_size
+    per_step_out = 1 if m.head == "softmax_xent" else p.output_size
+    data = n_seq * p.seq_len * (per_step_in + per_step_out)
+    if task.kind == "lm_markov":
+        data += (task.vocab or 0) * task.branching
+    return float(item) * (3 * params + activations + data)
+
+
+def device_baselines(raw: RawConfig) -> dict[str, str]:
+    """The baseline of each device of ``raw``: the one named for it, else the configured one if it
+    runs on that device, else the first configured backend that does (a GPU group of a mixed run
+    gets a GPU baseline instead of a baseline that cannot run there)."""
+    named = raw.baseline if isinstance(raw.baseline, dict) else {}
+    default = raw.baseline if isinstance(raw.baseline, str) else raw.backends[0]
+    out = {}
+    for device in raw.device:
+        if device in named:
+            out[device] = named[device]
+            continue
+        candidates = [default] + [b for b in raw.backends if b != default]
+        out[device] = next((b for b in candidates if device in _devices_of(b)), default)
+    return out
+
+
+def _devices_of(full_name: str) -> tuple[str, ...]:
+    """The devices a backend implements (none when it cannot be imported here)."""
+    import backends as registry
+
+    try:
+        return registry.backend_class(registry.split_name(full_name)[0]).devices
+    except HarnessError:
+        return ()
