@@ -100,3 +100,88 @@ def test_a_lone_backend_is_timed_in_two_fresh_processes_and_the_report_says_so(f
     md = (tmp_path / "run" / "report.md")
     report.write_report(tmp_path / "run")
     assert "| processes |" in md.read_text() and "2 (spread" in md.read_text()
+
+
+WILDML_B16 = """
+name: thp
+seed: 10
+model: {kind: elman, hidden: 100, activation: tanh, bias: false, head: softmax_xent, bptt: {truncated: 4}}
+task: {kind: lm_markov, vocab: 2000, seq_len: 20, n_sequences: 32, n_eval: 8}
+batch: [16]
+backends: [numpy]
+"""
+
+
+def _init(cell):
+    from harness.run import protocol
+
+    p = cell.problem
+    return protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed, cell.threads, cell.train.lr)
+
+
+def test_a_verification_runs_without_numpys_huge_page_advice(write_config, monkeypatch):
+    import numpy as np
+
+    from harness.run import worker
+
+    core = getattr(np, "_core", None) or np.core
+    seen = []
+
+    def verify_step(*args, **kwargs):
+        was = core.multiarray._set_madvise_hugepage(False)
+        core.multiarray._set_madvise_hugepage(was)
+        seen.append(was)
+        return {"ok": True, "worst": "loss", "ratio": 0.0, "bound": "-"}
+
+    monkeypatch.setattr(worker, "verify_step", verify_step)
+    cell = load_config(write_config(WILDML_B16.replace("vocab: 2000", "vocab: 20"))).cells()[0]
+    state = worker.CellState(_init(cell))
+    before = core.multiarray._set_madvise_hugepage(True)
+    try:
+        state.verify("")
+        assert seen == [False]  # the reference's arrays are not advised
+        assert core.multiarray._set_madvise_hugepage(True) is True  # and the step's are again afterwards
+    finally:
+        core.multiarray._set_madvise_hugepage(before)
+
+
+def _thp_mode() -> str:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return "unknown"
+    return text.split("[")[1].split("]")[0] if "[" in text else "unknown"
+
+
+@pytest.mark.skipif(_thp_mode() != "madvise", reason="transparent huge pages are not in madvise mode here")
+def test_the_timed_steps_of_a_worker_get_no_huge_pages_from_its_verification(write_config):
+    """In a worker's environment (the raised malloc thresholds), the reference's 5 MiB float64 arrays of a
+    WildML step at batch 16 were advised huge pages that the heap kept for the timed steps' buffers."""
+    import os
+    import subprocess
+    import sys
+
+    from harness.run.client import worker_environment
+
+    path = write_config(WILDML_B16)
+    cell = load_config(path).cells()[0]
+    _, env = worker_environment(cell.backend, "cpu", cell.problem.dtype, cell.threads, cell.env)
+    assert env["MALLOC_MMAP_THRESHOLD_"] and env["MALLOC_TRIM_THRESHOLD_"]
+    code = f"""
+import re
+from harness.run import worker
+from harness.run.config import load_config
+from tests.test_absolute_times import _init
+cell = load_config({str(path)!r}).cells()[0]
+state = worker.CellState(_init(cell))
+state.warmup(0)
+assert state.verify("")["ok"]
+state.warmup(2, compile=False)
+state.rounds(3, 2)
+print(re.search(r"AnonHugePages:\\s+(\\d+)", open("/proc/self/smaps_rollup").read()).group(1))
+"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, cwd=root, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.split()[-1]) == 0

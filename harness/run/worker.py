@@ -17,6 +17,7 @@ import os
 import resource
 import sys
 import traceback
+from contextlib import contextmanager
 from dataclasses import asdict
 
 from harness.run import lifeline
@@ -141,6 +142,33 @@ def verify_step(p, b, x, y, lr: float, memo: str = "") -> dict:
     return {"ok": bool(ratio <= 1.0), "worst": name, "ratio": ratio, "bound": tol.describe()}
 
 
+@contextmanager
+def without_hugepage_advice():
+    """NumPy's advice for transparent huge pages off inside (it madvises every array of 4 MiB or more).
+
+    A verification's float64 reference arrays can be that large where the step's own are not
+    (WildML's Elman at vocabulary 2000, batch 16: 5 MiB of softmax). Under the raised
+    ``MALLOC_MMAP_THRESHOLD_`` they lie in the heap, which keeps them (``MALLOC_TRIM_THRESHOLD_``)
+    and hands their huge pages on to the step's buffers: the timed steps then ran on memory that
+    a plain process of the same step never gets, and read faster than it (there, 4-7% against
+    pyperf's processes). Arrays of the step itself keep NumPy's advice, as in a plain process."""
+    import importlib
+
+    setter = None
+    for module in ("numpy._core.multiarray", "numpy.core.multiarray"):  # numpy 2.x, 1.x
+        try:
+            setter = importlib.import_module(module)._set_madvise_hugepage
+            break
+        except (ImportError, AttributeError):
+            continue
+    before = setter(False) if setter is not None else None
+    try:
+        yield
+    finally:
+        if setter is not None:
+            setter(before)
+
+
 class CellState:
     """The state of one cell in its worker: its backend, data and parameters."""
 
@@ -192,8 +220,10 @@ class CellState:
 
     def verify(self, memo: str = "") -> dict:
         """This cell's own next step (or forward pass) against the reference, on its own data
-        (the fields of :class:`protocol.VerifyReply`)."""
-        return verify_step(self.problem, self.backend, self.x, self.y, self.lr, memo)
+        (the fields of :class:`protocol.VerifyReply`). The reference's arrays leave no huge pages to the
+        timed steps (:func:`without_hugepage_advice`)."""
+        with without_hugepage_advice():
+            return verify_step(self.problem, self.backend, self.x, self.y, self.lr, memo)
 
     def rounds(self, n: int, inner: int) -> list[float]:
         """``n`` rounds of ``inner`` calls each; seconds per call of each round."""
