@@ -38,6 +38,7 @@ def test_every_timed_cell_samples_two_processes_by_default_over_its_passes():
     # the rounds alternate between the processes; the speedup's blocks stay those of processes x passes
     assert [_policy().round_process(p, r) for p in (0, 1) for r in range(3)] == [0, 1, 0, 2, 3, 2]
     assert [_policy().round_block(p, r) for p in (0, 1) for r in range(3)] == [0, 0, 0, 1, 1, 1]
+    assert _policy(min_rounds=10).pass_rounds == 10  # the floor's rounds, shared by the two processes
     with pytest.raises(Exception):
         TimingConfig(min_processes=0)
 
