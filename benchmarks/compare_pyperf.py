@@ -54,7 +54,7 @@ CONFIG = textwrap.dedent("""\
     baseline: numpy
     train: {lr: 0.005}
     ---
-    model: {kind: lstm, hidden: 128, bias: true, head: mse}
+    model: {kind: lstm, hidden: 128, bias: true, head: mse, bptt: full}
     task: {kind: random, input_size: 64, output_size: 64, seq_len: 25, n_sequences: 64, n_eval: 16}
     batch: [16]
     """)
@@ -198,6 +198,7 @@ def main(argv=None) -> None:
     envs_by_name = environments(config_path)
     print("pyperf environments:", json.dumps({e: envs_by_name[e] for e in env_names}), flush=True)
     labels = [label(c) for c in cells(config_path)]
+    history: list[tuple[dict, dict]] = []
     for r in range(args.repeat):
         results, ran = {}, {}
         order = env_names + [None]  # None: the harness; every other round in reverse, so a drift of load favours none
@@ -222,6 +223,19 @@ def main(argv=None) -> None:
             cols.append(f"{_t(h['median_s'])} ({h['n_processes']} proc, spread {h['process_spread']:.1%}, "
                         f"IQR {h['iqr_s'] / h['median_s']:.1%})")
             cols += [f"{h['median_s'] / results[e][lab]['median_s']:.3f}" for e in env_names]
+            print("| " + " | ".join(cols) + " |", flush=True)
+        history.append((results, ran))
+    if len(history) > 1:  # each tool's median over the repeats, and every repeat's ratio
+        print(f"over the {len(history)} repeats: median of each tool's medians (each repeat's ratio)")
+        head = ["shape"] + [f"pyperf {e} env" for e in env_names] + ["harness"] + [f"harness / pyperf {e}" for e in env_names]
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for lab in labels:
+            h = statistics.median(ran[lab]["median_s"] for _, ran in history)
+            p = {e: statistics.median(res[e][lab]["median_s"] for res, _ in history) for e in env_names}
+            each = {e: " / ".join(f"{ran[lab]['median_s'] / res[e][lab]['median_s']:.3f}" for res, ran in history)
+                    for e in env_names}
+            cols = [lab] + [_t(p[e]) for e in env_names] + [_t(h)] + [f"{h / p[e]:.3f} ({each[e]})" for e in env_names]
             print("| " + " | ".join(cols) + " |", flush=True)
     print(f"files: {out}")
 
