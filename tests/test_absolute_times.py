@@ -120,28 +120,34 @@ def _init(cell):
     return protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed, cell.threads, cell.train.lr)
 
 
-def test_a_verification_runs_without_numpys_huge_page_advice(write_config, monkeypatch):
+def test_a_verification_runs_the_reference_without_numpys_huge_page_advice(write_config, monkeypatch):
     import numpy as np
 
     from harness.run import worker
+    from harness.spec import reference
 
     core = getattr(np, "_core", None) or np.core
-    seen = []
 
-    def verify_step(*args, **kwargs):
+    def advised() -> bool:
         was = core.multiarray._set_madvise_hugepage(False)
         core.multiarray._set_madvise_hugepage(was)
-        seen.append(was)
-        return {"ok": True, "worst": "loss", "ratio": 0.0, "bound": "-"}
+        return was
 
-    monkeypatch.setattr(worker, "verify_step", verify_step)
+    seen = []
     cell = load_config(write_config(WILDML_B16.replace("vocab: 2000", "vocab: 20"))).cells()[0]
     state = worker.CellState(_init(cell))
+    for owner, name, who in ((reference, "sgd_step", "reference"), (state.backend, "sgd_step", "backend")):
+        def watched(*args, _f=getattr(owner, name), _who=who, **kwargs):
+            seen.append((_who, advised()))
+            return _f(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, watched)
     before = core.multiarray._set_madvise_hugepage(True)
     try:
-        state.verify("")
-        assert seen == [False]  # the reference's arrays are not advised
-        assert core.multiarray._set_madvise_hugepage(True) is True  # and the step's are again afterwards
+        assert state.verify("")["ok"]
+        assert ("reference", False) in seen and ("reference", True) not in seen  # its arrays are not advised
+        assert seen[0] == ("backend", True)  # the backend's step as in a plain process
+        assert advised() is True  # and the timed steps' again afterwards
     finally:
         core.multiarray._set_madvise_hugepage(before)
 
