@@ -21,7 +21,10 @@ reference's huge pages for the step's buffers). The table gives the harness's ti
     python benchmarks/compare_pyperf.py --repeat 2 --out /tmp/cmp
 
 Prints the load average before and after each tool: on a shared machine, read the ratios
-together with it.
+together with it. pyperf runs in a session of its own, as each harness worker does: with
+the kernel's autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``) a session
+is one group sharing the CPU with every other, and a worker in the caller's session would
+get a smaller share than the harness's on a busy machine.
 """
 
 from __future__ import annotations
@@ -148,7 +151,11 @@ def run_pyperf(config_path: str, env: dict[str, str], out: Path, args, reference
     for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX", "MALLOC_TOP_PAD_"):
         if k not in env:
             full.pop(k, None)
-    subprocess.run(cmd, check=True, env=full, cwd=str(ROOT))
+    # a session of its own, as the harness starts each worker: with the kernel's autogroup scheduling a
+    # session is one group sharing the CPU fairly with every other, so on a busy machine a process in the
+    # caller's session gets a smaller share than a worker in its own (pyperf read 1.5-4x the harness's
+    # wall times that way on the 2-core VM under a load of 7)
+    subprocess.run(cmd, check=True, env=full, cwd=str(ROOT), start_new_session=True)
     found = {}
     for bench in pyperf.BenchmarkSuite.load(str(out)).get_benchmarks():
         per_process = [statistics.median(r.values) for r in bench.get_runs() if r.values]
