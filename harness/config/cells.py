@@ -195,7 +195,10 @@ class RunConfig:
 
 def _n_workers(cell: Cell) -> int:
     """Worker processes a cell keeps alive beside the rest of its group (a training cell runs alone)."""
-    return 1 if cell.problem.workload == "train" else cell.timing.processes
+    if cell.problem.workload == "train":
+        return 1
+    t = cell.timing  # TimingPolicy.worker_processes, read without the worker layer
+    return max(t.processes, -(-t.min_processes // t.passes))
 
 
 _DEFAULT_TRAIN = TrainConfig()

@@ -44,6 +44,13 @@ class TimingConfig(_Strict):
                                      "of its value (0.02: +-2%), or max_time_s per cell; unset: the floor alone")
     processes: int = Field(1, ge=1, le=16, description="fresh worker processes per timed cell, taking its rounds in turn; "
                                                       "a speedup's interval then covers how far they disagree")
+    min_processes: int = Field(2, ge=1, le=16, description="fresh worker processes every timed cell's rounds come from at "
+                                                          "least, over its passes (each pass starts ceil(min_processes / "
+                                                          "passes) when processes is fewer), so that every absolute time, "
+                                                          "the baseline's and a lone backend's too, samples what differs "
+                                                          "between processes (memory layout, allocator state, the kernels "
+                                                          "a library picked), as pyperf's do; the spread between them is "
+                                                          "recorded. A speedup's interval covers only processes and passes")
     passes: int = Field(1, ge=1, le=16, description="visits to each comparison group, spread over the run, each with "
                                                    "fresh worker processes and its share of the rounds; a speedup's "
                                                    "interval then covers how far the passes disagree")

@@ -107,6 +107,16 @@ def fmt_speedup(row) -> str:
     return out
 
 
+def fmt_processes(row) -> str:
+    """How many fresh worker processes a median comes from, with the spread of their own medians:
+    ``2 (spread 2.6%)`` (the slowest minus the fastest, relative), ``1``, or ``-`` where unrecorded."""
+    n = row.get("n_worker_processes")
+    if not _num(n):
+        return "-"
+    spread = row.get("process_spread")
+    return f"{int(n)} (spread {spread:.1%})" if _num(spread) else f"{int(n)}"
+
+
 def imprecise(row) -> bool:
     """A speedup timed with a precision target that ran out of time (or passes) before reaching it."""
     met = row.get("precision_met")
@@ -321,7 +331,8 @@ def _results_section(timings: pd.DataFrame) -> list:
                     "speedup is baseline median / backend median from rounds timed in turn, with a 95% paired-bootstrap "
                     "interval, widened to cover a drift between the rounds' halves and, with several worker processes "
                     "or passes, the t interval of their speedups' mean; compile is the warm-up (JIT/compile) time, "
-                    "excluded from the rounds. Rounds slowed "
+                    "excluded from the rounds; processes: the fresh worker processes a median's rounds came from (in turn, "
+                    "all passes), with the spread of their own medians (slowest minus fastest). Rounds slowed "
                     "by a burst of load are kept: on both sides of a pair the pairing cancels them, on one side "
                     "they widen the interval (timings.parquet counts them per cell)."))
     for _, g in df.groupby("group", sort=False):
@@ -333,9 +344,9 @@ def _results_section(timings: pd.DataFrame) -> list:
         for _, r in g.iterrows():
             rows.append([r["label"], r["status"], fmt_time(r.get("median_s")), fmt_time(r.get("iqr_s")),
                          fmt_speedup(r), fmt_time(r.get("compile_s")), _f(r.get("n_samples") or None, ".0f"),
-                         _f(r.get("gflops"), ".3g")])
-        out.append(Table(["backend", "status", "median", "IQR", "speedup [95% CI]", "compile", "rounds", "GFLOP/s"],
-                         rows, right={2, 3, 4, 5, 6, 7}, status_col=1))
+                         fmt_processes(r), _f(r.get("gflops"), ".3g")])
+        out.append(Table(["backend", "status", "median", "IQR", "speedup [95% CI]", "compile", "rounds", "processes",
+                          "GFLOP/s"], rows, right={2, 3, 4, 5, 6, 7, 8}, status_col=1))
     note = precision_note(timings)
     if note:
         out.append(Para(note))

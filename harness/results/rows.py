@@ -85,6 +85,7 @@ def _problem_rows(outcomes: list, meta: dict, gemm_peaks: dict | None, gpu_roofs
                                                                                   blocks=o.blocks)
             row["speedup_over"] = over.cell.backend
         row.update(precision_columns(o, over, row))
+        row.update(process_columns(o))
         if o.verify:
             row["verified_ratio"] = o.verify["ratio"]
             conformance_entry(meta, o.cell.backend, o.verify)
@@ -176,6 +177,22 @@ def precision_columns(o, base, row: dict) -> dict:
         if target is not None:
             cols["precision_met"] = stats.precision_met(point, lo, hi, n, target)
     return cols
+
+
+def process_columns(o) -> dict:
+    """schema.PROCESS_COLUMNS of one timed cell: the fresh worker processes its median comes from, how far
+    their own medians lie apart (slowest minus fastest, over the cell's median), and each round's process."""
+    if o.status != "ok" or not o.samples or o.cell.problem.workload == "train":
+        return {}
+    labels = list(o.processes if o.processes is not None else (o.blocks or []))[:len(o.samples)]
+    if len(labels) != len(o.samples):  # rounds of unknown processes: only their count is unknown
+        return {}
+    by_process: dict[int, list[float]] = {}
+    for label, s in zip(labels, o.samples):
+        by_process.setdefault(int(label), []).append(float(s))
+    medians = [statistics.median(v) for v in by_process.values()]
+    spread = (max(medians) - min(medians)) / statistics.median(o.samples) if len(medians) > 1 else None
+    return {"n_worker_processes": len(by_process), "process_spread": spread, "samples_process": [int(v) for v in labels]}
 
 
 def speedup_reference(outcomes: list, base):

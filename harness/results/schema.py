@@ -54,6 +54,11 @@ PRECISION_COLUMNS = ("speedup_precision", "speedup_half_width", "precision_met",
                      "n_disturbed_rounds", "n_disturbed_shared", "n_disturbed_one_sided", "n_processes",
                      "n_passes")
 
+# The processes behind a timed cell's absolute time (timing.processes, min_processes, passes): how many
+# fresh worker processes its rounds came from, all passes, the spread of their own medians (slowest minus
+# fastest, relative to the cell's median; None from one process) and, per round, the process that took it.
+PROCESS_COLUMNS = ("n_worker_processes", "process_spread", "samples_process")
+
 
 # Every column of ``timings.parquet``, in its order: a row (harness.results.rows) has no other.
 TIMING_COLUMNS = [
@@ -76,4 +81,5 @@ TIMING_COLUMNS = [
     "gemm_peak_library", "master_peak_gflops",
     *PRECISION_COLUMNS,
     *VERSION_COLUMNS,
+    *PROCESS_COLUMNS,
 ]

@@ -42,6 +42,7 @@ class Outcome:
     host: str | None = None  # where it ran (a run spread over a cluster names each cell's host)
     stop_reason: str | None = None  # why the group's interleaved rounds stopped (floor | target | cap)
     blocks: list | None = None  # per round, the (pass, process) block that took it (TimingPolicy.round_block)
+    processes: list | None = None  # per round, the fresh worker process that took it (TimingPolicy.round_process)
 
 
 @dataclass
@@ -53,6 +54,7 @@ class GroupRun:
     samples: dict[str, list[float]] = field(default_factory=dict)  # the timed cells' rounds, all passes
     inner: dict[str, int] = field(default_factory=dict)  # calls per round, calibrated in the first pass
     blocks: list[int] = field(default_factory=list)  # the block of each of the group's rounds, in order
+    processes: list[int] = field(default_factory=list)  # the worker process of each of the group's rounds, in order
     timed_s: float = 0.0  # seconds of interleaved rounds so far, all passes (the cap counts them)
     passes_done: int = 0
     wants_pass: bool = False  # the stop rule asked for another pass, and a timed cell is left for it
@@ -89,12 +91,12 @@ class GroupRun:
 
     # what run.json keeps of a group between its passes, so that --resume goes on where an interrupt stopped it
     _KEPT = ("status", "error", "compile_s", "samples", "peak_rss_mb", "versions", "data_meta", "train",
-             "worker_env", "verify", "host", "stop_reason", "blocks")
+             "worker_env", "verify", "host", "stop_reason", "blocks", "processes")
 
     def saved(self) -> dict:
         """The group between passes, as plain JSON values (run.json keeps it; a Dask task returns it)."""
         return {"passes_done": self.passes_done, "timed_s": self.timed_s, "inner": self.inner, "blocks": self.blocks,
-                "timed": list(self.samples), "rule": self.rule.state(),
+                "processes": self.processes, "timed": list(self.samples), "rule": self.rule.state(),
                 "outcomes": {cid: {k: getattr(o, k) for k in self._KEPT} for cid, o in self.outcomes.items()}}
 
     @classmethod
@@ -107,6 +109,8 @@ class GroupRun:
         state.outcomes = {cid: Outcome(cells[cid], **kept) for cid, kept in saved["outcomes"].items()}
         state.samples = {cid: state.outcomes[cid].samples or [] for cid in saved["timed"]}
         state.inner, state.blocks = dict(saved["inner"]), list(saved["blocks"])
+        # kept by an earlier version: its processes were its blocks (one per process of each pass)
+        state.processes = list(saved.get("processes", saved["blocks"]))
         state.timed_s, state.passes_done = float(saved["timed_s"]), int(saved["passes_done"])
         state.rule.restore(saved["rule"])
         state.wants_pass = True  # kept only between passes
@@ -178,9 +182,10 @@ class GroupRun:
 
     def _start_processes(self, cell: Cell, describe, record, verify: bool = True,
                          memo: str = "") -> tuple[Outcome, list[WorkerProcess]]:
-        """The cell's ``timing.processes`` warmed workers (the first one verified, if ``verify``), each
-        paused as soon as it is ready, so that the next one's start and compile time are taken alone too."""
-        n = cell.timing.processes
+        """The cell's warmed workers of a pass (TimingPolicy.worker_processes: ``timing.processes``, or more for
+        ``min_processes``; the first one verified, if ``verify``), each paused as soon as it is ready, so that
+        the next one's start and compile time are taken alone too."""
+        n = measure.TimingPolicy.of(cell.timing).worker_processes
         procs: list[WorkerProcess] = []
         outcome = None
         for k in range(n):
@@ -221,7 +226,7 @@ class GroupRun:
 
     def _interleave(self, workers: dict[str, list[WorkerProcess]], describe) -> None:
         """One pass of rounds of the group's warmed workers in turn, until the stop rule ends it. With
-        several processes per cell, round ``i`` of the pass runs in the cell's process ``i % processes``."""
+        several processes per cell, round ``i`` of the pass runs in the cell's process ``i % worker_processes``."""
         state = self
         group, policy = state.group, state.policy
         rule, outcomes, samples, inner = state.rule, state.outcomes, state.samples, state.inner
@@ -264,7 +269,8 @@ class GroupRun:
             while alive and not done():
                 describe(f"round {n_round + 1} ({', '.join(c.backend for c in group if c.cell_id in alive)})")
                 state.blocks.append(policy.round_block(state.passes_done, n_round))
-                k = n_round % policy.processes
+                state.processes.append(policy.round_process(state.passes_done, n_round))
+                k = n_round % policy.worker_processes
                 n_round += 1
                 for cid in list(alive):
                     try:
@@ -283,6 +289,7 @@ class GroupRun:
         for cid in workers:
             outcomes[cid].samples = samples[cid]
             outcomes[cid].blocks = state.blocks[:len(samples[cid])]
+            outcomes[cid].processes = state.processes[:len(samples[cid])]
             met = rule.pending is not None and cid not in rule.pending and cid != base  # its own target
             outcomes[cid].stop_reason = "target" if met else rule.reason
 

@@ -144,6 +144,18 @@ class TimingPolicy:
             share = max(share, MIN_BLOCK_ROUNDS * self.processes)
         return share
 
+    @property
+    def worker_processes(self) -> int:
+        """The fresh worker processes of a timed cell in each pass: ``processes``, or more where
+        ``min_processes`` asks for more over the ``passes`` (they take its rounds in turn; the blocks
+        of a speedup's interval stay ``processes``')."""
+        return max(self.processes, -(-getattr(self._timing, "min_processes", 1) // self.passes))
+
+    def round_process(self, n_pass: int, n_round: int) -> int:
+        """The worker process (numbered across passes, from 0) that takes the ``n_round``-th round of the
+        ``n_pass``-th pass: the pass's process ``n_round % worker_processes``."""
+        return n_pass * self.worker_processes + n_round % self.worker_processes
+
     def round_block(self, n_pass: int, n_round: int) -> int:
         """The block of the ``n_round``-th round (from 0) of the ``n_pass``-th pass (from 0): the pass's
         worker process that takes it (round ``i`` of a pass runs in its process ``i % processes``),

@@ -17,6 +17,7 @@ import os
 import resource
 import sys
 import traceback
+from contextlib import contextmanager
 from dataclasses import asdict
 
 from harness.worker import lifeline
@@ -107,8 +108,9 @@ def verify_step(p, b, x, y, lr: float, memo: str = "") -> dict:
     start = reference.params_like(b.get_params(), p.master_dtype)  # a copy: the step may update views in place
     before = reference.params_like(start, np.float64)
     if p.workload == "forward":
-        got = b.forward(x)
-        b.sync()
+        with hugepage_advice(True):  # the backend's own arrays as in a plain process (CellState.verify)
+            got = b.forward(x)
+            b.sync()
 
         def outputs(params, precision=reference.EXACT):
             return memoised(memo, lambda: {"outputs": reference.outputs(p.model, params, x, precision=precision)},
@@ -118,8 +120,9 @@ def verify_step(p, b, x, y, lr: float, memo: str = "") -> dict:
                            low=lambda: [outputs(q, low) for q in tol.starts(start)],
                            other=lambda: outputs(start, other))
     else:
-        loss = float(b.sgd_step(x, y, lr))  # a device scalar converts only through float() (Backend.sgd_step)
-        b.sync()
+        with hugepage_advice(True):  # the backend's own arrays as in a plain process (CellState.verify)
+            loss = float(b.sgd_step(x, y, lr))  # a device scalar converts only through float() (Backend.sgd_step)
+            b.sync()
         after = b.get_params()
 
         def changes(params, precision=reference.EXACT):  # each update from its own start (a nudged one too)
@@ -139,6 +142,34 @@ def verify_step(p, b, x, y, lr: float, memo: str = "") -> dict:
                            other=lambda: changes(start, other))
     name, ratio = worst(ratios)
     return {"ok": bool(ratio <= 1.0), "worst": name, "ratio": ratio, "bound": tol.describe()}
+
+
+@contextmanager
+def hugepage_advice(on: bool):
+    """NumPy's advice for transparent huge pages (a madvise on every array of 4 MiB or more) on or off inside.
+
+    A verification's float64 reference arrays (and its float64 copies of the parameters) can be
+    that large where the step's own are not: at WildML's Elman with vocabulary 2000 and batch 16
+    its softmax is 5 MiB. Under the raised ``MALLOC_MMAP_THRESHOLD_`` they lie in the heap, which
+    keeps them (``MALLOC_TRIM_THRESHOLD_``) and hands their huge pages on to the step's buffers:
+    the timed steps then ran on memory that a plain process of the same step never gets (8 MiB
+    of huge pages in the worker, none in the plain process). So the reference's work runs with
+    the advice off, and the backend's own calls with it on, as in a plain process."""
+    import importlib
+
+    setter = None
+    for module in ("numpy._core.multiarray", "numpy.core.multiarray"):  # numpy 2.x, 1.x
+        try:
+            setter = importlib.import_module(module)._set_madvise_hugepage
+            break
+        except (ImportError, AttributeError):
+            continue
+    before = setter(on) if setter is not None else None
+    try:
+        yield
+    finally:
+        if setter is not None:
+            setter(before)
 
 
 class CellState:
@@ -192,8 +223,10 @@ class CellState:
 
     def verify(self, memo: str = "") -> dict:
         """This cell's own next step (or forward pass) against the reference, on its own data
-        (the fields of :class:`protocol.VerifyReply`)."""
-        return verify_step(self.problem, self.backend, self.x, self.y, self.lr, memo)
+        (the fields of :class:`protocol.VerifyReply`). The reference's arrays leave no huge pages to the
+        timed steps (:func:`hugepage_advice`)."""
+        with hugepage_advice(False):
+            return verify_step(self.problem, self.backend, self.x, self.y, self.lr, memo)
 
     def rounds(self, n: int, inner: int) -> list[float]:
         """``n`` rounds of ``inner`` calls each; seconds per call of each round."""

@@ -1,0 +1,254 @@
+"""The harness's absolute time of one NumPy SGD step against pyperf's, back to back.
+
+The same cells (one config, NumPy only, one thread) are timed twice: by pyperf, as a user who
+trusts it would (fresh processes x values, pinned to one CPU, one BLAS/OpenMP thread, a plain
+``backends.create("numpy")``, ``prepare``, ``sgd_step(x, y, 0.005)`` loop), and by ``harness run``.
+Both take the problem, parameters and batch from the config through the harness's own spec
+(``reference.init_params``, ``make_dataset``), so only the timers differ.
+
+pyperf starts its workers with a clean environment (PATH, HOME and what ``--inherit-environ``
+names): what the harness sets for its workers beyond the thread counts, the allocator settings
+of the config's ``env`` above all (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``), is
+not there unless passed on. ``--pyperf-env`` says which environments pyperf runs under:
+``plain`` (the thread counts alone, as a plain pyperf run pinned to one thread has them),
+``harness`` (the variables of the harness's worker for this cell, read from
+:func:`harness.run.client.worker_settings`) and ``harness+reference`` (those, and one float64
+reference step before the timed ones, as a worker's verification ran it while NumPy's
+huge-page advice was on for it: with the raised malloc thresholds the heap kept the
+reference's huge pages for the step's buffers). The table gives the harness's time over each.
+
+    python benchmarks/compare_pyperf.py                       # 6 processes x 5 values, CPU 0
+    python benchmarks/compare_pyperf.py --repeat 2 --out /tmp/cmp
+
+Prints the load average before and after each tool: on a shared machine, read the ratios
+together with it. pyperf runs in a session of its own, as each harness worker does: with
+the kernel's autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``) a session
+is one group sharing the CPU with every other, and a worker in the caller's session would
+get a smaller share than the harness's on a busy machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parents[1]
+
+# the issue's three shapes: WildML's Elman language model at vocabulary 2000 (batch 1 and 16) and an
+# LSTM on dense input; every cell one NumPy thread
+CONFIG = textwrap.dedent("""\
+    name: compare-pyperf
+    seed: 10
+    dtype: float32
+    model: {kind: elman, hidden: 100, activation: tanh, bias: false, head: softmax_xent, bptt: {truncated: 4}}
+    task: {kind: lm_markov, vocab: 2000, seq_len: 20, n_sequences: 64, n_eval: 16}
+    workloads: [train_step]
+    batch: [1, 16]
+    threads: [1]
+    backends: [numpy]
+    baseline: numpy
+    train: {lr: 0.005}
+    ---
+    model: {kind: lstm, hidden: 128, bias: true, head: mse, bptt: full}
+    task: {kind: random, input_size: 64, output_size: 64, seq_len: 25, n_sequences: 64, n_eval: 16}
+    batch: [16]
+    """)
+
+
+def label(cell) -> str:
+    """A short name of a cell's shape (the table's first column, pyperf's benchmark name)."""
+    p = cell.problem
+    return f"{p.model.kind} in{p.input_size} H{p.model.hidden} T{p.seq_len} B{p.batch}"
+
+
+def cells(config_path: str) -> list:
+    from harness.config import load_config
+
+    return [c for group in load_config(config_path).groups() for c in group]
+
+
+# -- pyperf's side: this file run as a pyperf Runner (its workers run it again with --worker) ----------
+
+def plain_step(cell, reference_first: bool = False):
+    """A time function for pyperf: ``loops`` plain SGD steps of the cell's problem on its batch.
+
+    ``reference_first``: one float64 reference step on the same batch before the timed ones, as a worker's
+    verification ran it before this project kept NumPy's huge-page advice off for it."""
+    import numpy as np
+
+    import backends
+    from harness.spec import reference
+    from harness.spec.data import make_dataset
+
+    p = cell.problem
+    data = make_dataset(cell.task, p.model, cell.seed, p.master_dtype)
+    x, y = data.batch(np.arange(p.batch) % data.n_sequences)  # the worker's batch (CellState)
+    b = backends.create("numpy")
+    params = reference.init_params(p.model, p.input_size, p.output_size, cell.seed, p.dtype)
+    b.prepare(p, params, device="cpu", threads=1)
+    lr = cell.train.lr
+    if reference_first:
+        reference.sgd_step(p.model, reference.params_like(params, np.float64), x, y, lr)
+    clock = __import__("time").perf_counter
+
+    def time_func(loops: int) -> float:
+        step = b.sgd_step
+        t0 = clock()
+        for _ in range(loops):
+            step(x, y, lr)
+        return clock() - t0
+
+    return time_func
+
+
+def pyperf_main() -> None:
+    import pyperf
+
+    def forward(cmd, args):
+        cmd.extend(["--config", args.config] + (["--reference-first"] if args.reference_first else []))
+
+    runner = pyperf.Runner(add_cmdline_args=forward)
+    runner.argparser.add_argument("--config", required=True)
+    runner.argparser.add_argument("--reference-first", action="store_true")
+    args = runner.parse_args()
+    for cell in cells(args.config):
+        runner.bench_time_func(label(cell), plain_step(cell, args.reference_first))
+
+
+# -- the comparison ----------------------------------------------------------------------------------
+
+def environments(config_path: str) -> dict[str, dict[str, str]]:
+    """The variables pyperf's workers get under each ``--pyperf-env`` choice (one cell stands for all:
+    every cell is NumPy with one thread)."""
+    from harness.run import envs
+    from harness.run.client import worker_settings
+
+    cell = cells(config_path)[0]
+    _, harness_env = worker_settings(cell.backend, "cpu", cell.problem.dtype, cell.threads, cell.env)
+    harness_env = {k: v for k, v in harness_env.items() if k not in ("HARNESS_CPUS", "PYTHONUNBUFFERED")}
+    return {"harness": harness_env, "plain": {v: "1" for v in envs.THREAD_VARS}, "harness+reference": harness_env}
+
+
+def run_pyperf(config_path: str, env: dict[str, str], out: Path, args, reference_first: bool = False) -> dict[str, dict]:
+    """pyperf's medians per cell label, with its processes' spread."""
+    import pyperf
+
+    cmd = [sys.executable, str(HERE), "--config", config_path, "--processes", str(args.processes),
+           "--values", str(args.values), "--affinity", str(args.cpu), "--quiet", "-o", str(out)]
+    if env:
+        cmd += ["--inherit-environ", ",".join(sorted(env))]
+    if reference_first:
+        cmd.append("--reference-first")
+    full = {**os.environ, **env, "COMPARE_PYPERF_CHILD": "1"}
+    for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX", "MALLOC_TOP_PAD_"):
+        if k not in env:
+            full.pop(k, None)
+    # a session of its own, as the harness starts each worker: with the kernel's autogroup scheduling a
+    # session is one group sharing the CPU fairly with every other, so on a busy machine a process in the
+    # caller's session gets a smaller share than a worker in its own (pyperf read 1.5-4x the harness's
+    # wall times that way on the 2-core VM under a load of 7)
+    subprocess.run(cmd, check=True, env=full, cwd=str(ROOT), start_new_session=True)
+    found = {}
+    for bench in pyperf.BenchmarkSuite.load(str(out)).get_benchmarks():
+        per_process = [statistics.median(r.values) for r in bench.get_runs() if r.values]
+        found[bench.get_name()] = {"median_s": bench.median(), "n_processes": len(per_process),
+                                   "process_spread": (max(per_process) - min(per_process)) / bench.median()}
+    return found
+
+
+def run_harness(config_path: str, out: Path) -> dict[str, dict]:
+    """The harness's medians per cell label, with the processes their rounds came from."""
+    import harness
+
+    subprocess.run([sys.executable, "-m", "harness.cli", "run", config_path, "--out", str(out)], check=True,
+                   cwd=str(ROOT), stdout=subprocess.DEVNULL)
+    t = harness.load_run(out).timings
+    by_id = {c.cell_id: label(c) for c in cells(config_path)}
+    found = {}
+    for _, row in t.iterrows():
+        found[by_id[row["cell_id"]]] = {
+            "median_s": float(row["median_s"]), "iqr_s": float(row["iqr_s"]),
+            "n_processes": int(row["n_worker_processes"]),
+            "process_spread": float(row["process_spread"]) if row["process_spread"] is not None else float("nan")}
+    return found
+
+
+def _t(s: float) -> str:
+    return f"{s * 1e6:.0f} us" if s < 1e-3 else f"{s * 1e3:.3g} ms"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--processes", type=int, default=6, help="pyperf's worker processes (besides its calibration)")
+    ap.add_argument("--values", type=int, default=5, help="pyperf's values per process")
+    ap.add_argument("--cpu", type=int, default=0, help="the CPU pyperf's workers are pinned to (the harness pins "
+                                                      "its one-thread workers to the first of its own)")
+    ap.add_argument("--pyperf-env", default="plain,harness,harness+reference",
+                    help="comma-separated: plain, harness, harness+reference (see the module)")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of the whole comparison, back to back")
+    ap.add_argument("--out", type=Path, help="keep the config, pyperf's JSON and the harness's runs here")
+    args = ap.parse_args(argv)
+
+    out = args.out or Path(tempfile.mkdtemp(prefix="compare-pyperf-"))
+    out.mkdir(parents=True, exist_ok=True)
+    config_path = str(out / "compare_pyperf.yaml")
+    Path(config_path).write_text(CONFIG)
+    env_names = [e for e in args.pyperf_env.split(",") if e]
+    envs_by_name = environments(config_path)
+    print("pyperf environments:", json.dumps({e: envs_by_name[e] for e in env_names}), flush=True)
+    labels = [label(c) for c in cells(config_path)]
+    history: list[tuple[dict, dict]] = []
+    for r in range(args.repeat):
+        results, ran = {}, {}
+        order = env_names + [None]  # None: the harness; every other round in reverse, so a drift of load favours none
+        for name in order if r % 2 == 0 else order[::-1]:
+            print(f"[{r + 1}] {'harness run' if name is None else f'pyperf ({name} env)'}, "
+                  f"load {os.getloadavg()[0]:.2f}", flush=True)
+            if name is None:
+                ran = run_harness(config_path, out / f"harness-{r + 1}")
+            else:
+                results[name] = run_pyperf(config_path, envs_by_name[name], out / f"pyperf-{name}-{r + 1}.json", args,
+                                           reference_first=name.endswith("+reference"))
+        print(f"[{r + 1}] done, load {os.getloadavg()[0]:.2f}", flush=True)
+        head = ["shape"] + [f"pyperf {e} env" for e in env_names] + ["harness"] + [f"harness / pyperf {e}" for e in env_names]
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for lab in labels:
+            h = ran[lab]
+            cols = [lab]
+            for e in env_names:
+                p = results[e][lab]
+                cols.append(f"{_t(p['median_s'])} ({p['n_processes']} proc, spread {p['process_spread']:.1%})")
+            cols.append(f"{_t(h['median_s'])} ({h['n_processes']} proc, spread {h['process_spread']:.1%}, "
+                        f"IQR {h['iqr_s'] / h['median_s']:.1%})")
+            cols += [f"{h['median_s'] / results[e][lab]['median_s']:.3f}" for e in env_names]
+            print("| " + " | ".join(cols) + " |", flush=True)
+        history.append((results, ran))
+    if len(history) > 1:  # each tool's median over the repeats, and every repeat's ratio
+        print(f"over the {len(history)} repeats: median of each tool's medians (each repeat's ratio)")
+        head = ["shape"] + [f"pyperf {e} env" for e in env_names] + ["harness"] + [f"harness / pyperf {e}" for e in env_names]
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for lab in labels:
+            h = statistics.median(ran[lab]["median_s"] for _, ran in history)
+            p = {e: statistics.median(res[e][lab]["median_s"] for res, _ in history) for e in env_names}
+            each = {e: " / ".join(f"{ran[lab]['median_s'] / res[e][lab]['median_s']:.3f}" for res, ran in history)
+                    for e in env_names}
+            cols = [lab] + [_t(p[e]) for e in env_names] + [_t(h)] + [f"{h / p[e]:.3f} ({each[e]})" for e in env_names]
+            print("| " + " | ".join(cols) + " |", flush=True)
+    print(f"files: {out}")
+
+
+if __name__ == "__main__":
+    if os.environ.get("COMPARE_PYPERF_CHILD") or "--worker" in sys.argv:
+        pyperf_main()
+    else:
+        main()
