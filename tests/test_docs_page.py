@@ -70,7 +70,8 @@ def test_report_over_runs_of_two_machines_draws_the_crossover_from_both(tmp_path
     assert result.exit_code == 0, result.output
     md = (out / "report.md").read_text()
     assert "| problem | machine | device | backend |" in md
-    assert "gpu-box (Intel(R) Xeon(R) Processor, 16 cores, NVIDIA H100)" in md
+    # the machine as a reader tells hosts apart: CPU, cores, the vector flags, the measured GEMM peak, the GPU
+    assert "gpu-box (Intel(R) Xeon(R) Processor, 16 cores, AVX-512 + AVX512-BF16, float32 GEMM 317 GFLOP/s, NVIDIA H100)" in md
     assert (out / "plots" / "crossover.png").exists()
     assert "CPU cells from lstm-cpu-gpu-20261122-161700 (vm (" in md and "GPU cells from lstm-cpu-gpu-gpu (gpu-box" in md
     result = CliRunner().invoke(app, ["report", str(EXAMPLES / "lstm_cpu_gpu"), str(gpu)])

@@ -317,7 +317,8 @@ def test_only_the_timed_worker_runs_while_it_is_timed(fake_backends, write_confi
     from harness.run.client import live_workers
     from harness.run.client import WorkerProcess
 
-    one_each = FAST_TIMING.replace("timeout_s: 4}", "timeout_s: 4, min_processes: 1}")  # one worker per cell
+    one_each = FAST_TIMING.replace("timeout_s: 60}", "timeout_s: 60, min_processes: 1}")  # one worker per cell
+    assert "min_processes: 1" in one_each
     cfg = load_config(write_config(STEP + "backends: [ref, 'ref:slow']\n" + one_each))
     store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
     runner = Runner(cfg, store)

@@ -26,5 +26,8 @@ def test_paired_interval_over_blocks_uses_the_t_quantile():
     per_block = [np.median(base[s]) / np.median(other[s]) for s in (slice(0, 20), slice(20, 40))]
     standard_error = abs(per_block[0] - per_block[1]) / 2
     # two blocks that disagree widen the interval by t(0.975, 1 degree of freedom) = 12.7 standard errors
-    # each way (a normal quantile, 1.96, would give less than a sixth of that)
-    assert lo <= point - 12.7 * standard_error * 0.999 and hi >= point + 12.7 * standard_error * 0.999
+    # each way, as a ratio (point times e^(-+w/point): never to zero or below); a normal quantile, 1.96,
+    # would give less than a sixth of that
+    w = 12.7 * standard_error * 0.999
+    assert lo <= point * np.exp(-w / point) and hi >= point * np.exp(w / point)
+    assert 0 < lo < point * np.exp(-1.96 * 6 * standard_error / point)
