@@ -31,9 +31,13 @@ def _invoke(*args):
 def test_suite_json_imports_as_a_run_with_a_speedup_plot(tmp_path):
     """The whole way: the suite under pytest-benchmark, harness import, report, export, pytest-benchmark compare."""
     out_json = tmp_path / "out.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # a plain pytest of its own: not an xdist worker of this run (pytest-benchmark turns itself off under xdist,
+    # which it reads from the PYTEST_XDIST_* variables this process would hand down)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "benchmarks/test_bench_backends.py", "--benchmark-only", "-p", "no:cacheprovider",
+         "-p", "no:xdist",
          "-q", "-k", "numpy and V64 and B1", f"--benchmark-json={out_json}", "--benchmark-max-time=0.02",
          "--benchmark-min-rounds=5", "-o", "addopts="],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
