@@ -148,18 +148,8 @@ def can_build() -> tuple[bool, str]:
     return True, ""
 
 
-@contextlib.contextmanager
 def _lock(commit: str):
-    import fcntl
-
-    folder = environments.home() / "native"
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f".{commit}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return environments.held_lock(environments.home() / "native", commit)
 
 
 def _run(cmd: list[str], stage: str, log: Path) -> None:

@@ -18,7 +18,6 @@ once its marker file is written, so an interrupted creation is simply redone.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -273,18 +272,10 @@ def _probe_blas(name: str, recipe: Recipe, target: Path, py: Path, say, rounds: 
     return choice
 
 
-@contextlib.contextmanager
 def _lock(name: str):
-    import fcntl
+    from harness.spec.environments import held_lock
 
-    folder = home() / "envs"
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f".{name}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return held_lock(home() / "envs", name)
 
 
 def create_env(name: str, force: bool = False, progress=None) -> Path:

@@ -295,3 +295,18 @@ def pinned_recipe(pins: dict[str, str]) -> Recipe:
     rest = tuple(p for p in WORKER_PACKAGES if normalise_package(p) not in pins)
     return Recipe(packages=tuple(f"{p}=={v}" for p, v in sorted(pins.items())) + rest,
                   min_python=here, max_python=here, check="import numpy, yaml")
+
+
+@contextlib.contextmanager
+def held_lock(folder: Path, name: str):
+    """An exclusive lock on ``folder/.NAME.lock`` while the block runs: one build of an environment or
+    an engine at a time, across processes (the kernel drops it when a process dies)."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f".{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
