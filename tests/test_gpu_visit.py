@@ -1,4 +1,4 @@
-"""One GPU loan: the plan of a GPU machine (what comes first, what fits the budget with its compile
+"""A short time on a GPU machine: the plan of a GPU machine (what comes first, what fits the budget with its compile
 time), the GPU check that fits its share and keeps what finished, and the archive that brings the
 runs back to ``results/examples``. Synthetic machine facts and processes: no GPU needed."""
 
