@@ -6,6 +6,7 @@ files it wrote.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import textwrap
@@ -163,6 +164,13 @@ def _save(plt, fig, axes, n_panels: int, out: Path, **savefig) -> Path:
     return out
 
 
+def _mark_untimed(ax, reasons: list[str]) -> None:
+    """The panel's first rows: its cells that have no bar, each with why (their status)."""
+    for k, why in enumerate(reasons):
+        ax.text(0.03, k, f"not timed: {why}", va="center", fontsize=8, color="#a00000", style="italic",
+                transform=ax.get_yaxis_transform())
+
+
 def plot_speedup(timings: pd.DataFrame, out: Path):
     """A panel per comparison group: a bar per backend with its 95% interval, the baseline at 1; the
     group's cells that have no speedup (failed, unsupported, unavailable) listed under the bars with their status."""
@@ -184,9 +192,7 @@ def plot_speedup(timings: pd.DataFrame, out: Path):
         d = df[df["panel"] == panel].sort_values("speedup")
         missing = rest[rest["panel"] == panel]
         y = np.arange(len(d)) + len(missing)
-        for k, status in enumerate(missing["status"]):  # the cells of the group that have no speedup, and why
-            ax.text(0.03, k, f"not timed: {status}", va="center", fontsize=8, color="#a00000", style="italic",
-                    transform=ax.get_yaxis_transform())
+        _mark_untimed(ax, list(missing["status"]))
         lo = (d["speedup"] - d["speedup_lo"]).clip(lower=0).fillna(0)
         hi = (d["speedup_hi"] - d["speedup"]).clip(lower=0).fillna(0)
         ax.barh(y, d["speedup"], xerr=[lo, hi], color=[palette[l] for l in d["label"]], capsize=3)
@@ -240,10 +246,7 @@ def plot_settings(timings: pd.DataFrame, out: Path):
         timed = d[d["setting_speedup"].notna()].sort_values("setting_speedup")
         missing = d[d["setting_speedup"].isna()]
         y = np.arange(len(timed)) + len(missing)
-        for k, status in enumerate(missing["status"]):
-            why = status if status != "ok" else f"no {against} cell"
-            ax.text(0.03, k, f"not timed: {why}", va="center", fontsize=8, color="#a00000", style="italic",
-                    transform=ax.get_yaxis_transform())
+        _mark_untimed(ax, [s if s != "ok" else f"no {against} cell" for s in missing["status"]])
         lo = (timed["setting_speedup"] - timed["setting_speedup_lo"]).clip(lower=0)
         hi = (timed["setting_speedup_hi"] - timed["setting_speedup"]).clip(lower=0)
         ax.barh(y, timed["setting_speedup"], xerr=[lo, hi], color=[palette[l] for l in timed["label"]], capsize=3)
@@ -726,6 +729,7 @@ def _drawn_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix in (".png", ".svg")) if folder.is_dir() else []
 
 
+@functools.lru_cache(maxsize=1)  # the code does not change within a process; a check reads it for every run
 def plotting_code_digest() -> str:
     """A hash of the plotting code and of what colours depend on (the registry's backends and their variants)."""
     import hashlib
