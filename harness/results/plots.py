@@ -6,7 +6,6 @@ files it wrote.
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import textwrap
@@ -729,7 +728,6 @@ def _drawn_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix in (".png", ".svg")) if folder.is_dir() else []
 
 
-@functools.lru_cache(maxsize=1)  # the code does not change within a process; a check reads it for every run
 def plotting_code_digest() -> str:
     """A hash of the plotting code and of what colours depend on (the registry's backends and their variants)."""
     import hashlib
