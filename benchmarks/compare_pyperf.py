@@ -42,7 +42,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[1]
 
-# the issue's three shapes: WildML's Elman language model at vocabulary 2000 (batch 1 and 16) and an
+# three shapes: WildML's Elman language model at vocabulary 2000 (batch 1 and 16) and an
 # LSTM on dense input; every cell one NumPy thread
 CONFIG = textwrap.dedent("""\
     name: compare-pyperf
