@@ -87,8 +87,14 @@ constexpr double kParGemm = 1 << 20;
 constexpr double kParStep = 1 << 18;
 constexpr double kParRows = 1 << 16;
 // Fewest sequences per thread for a recurrence split by batch rows: below it each
-// per-step product has too few rows to reuse W_hh from cache (automatic choice only).
-constexpr int kMinRows = 8;
+// per-step product has too few rows to pay for reading all of W_hh, and splitting W_hh's
+// columns (one barrier a step) is faster (automatic choice only). float32, two threads:
+// at batch 16 (8 rows each) hidden units beat batch rows 1.09-1.26x (Elman H 256-1760,
+// LSTM H 256-1024, GRU H 256); at batch 32 (16 rows each) the two are within 3%, at 64
+// rows batch leads. bfloat16 products take half the time, so the barrier weighs more:
+// at batch 16 batch rows lead by 6-12% at H 256 and trail by 3-4% at H 512; it keeps 8.
+constexpr int kMinRows = 16;
+constexpr int kMinRowsBf16 = 8;
 constexpr std::size_t kAlign = 16;  // elements: 64 bytes for float
 // Fused SGD adds -lr * (A^T B) into the parameters with beta = 1. BLAS splits a deep
 // product into panels of K (OpenBLAS: 256-384) and adds each panel's partial sum to C,
@@ -727,7 +733,7 @@ class Worker {
 
     // How a per-step recurrence of Bn rows is shared by the team. By batch rows: each
     // thread runs its own sequences through every step with no barrier at all, but reads
-    // all of W_hh and needs kMinRows rows to use the GEMM well. By hidden units: each
+    // all of W_hh and needs kMinRows rows to pay for that. By hidden units: each
     // thread keeps its block of W_hh's columns (rows of W_hh^T in the backward) and the
     // team meets at one barrier per step. Batch rows whenever they keep at least half the
     // team busy. On two threads (Elman 512, B 32, T 50) batch rows cut each thread's CPU
@@ -743,7 +749,7 @@ class Worker {
             parts = std::min(tm.nth, Bn);
             return Split::Batch;
         }
-        parts = std::min(tm.nth, Bn / kMinRows);
+        parts = std::min(tm.nth, Bn / (cfg_.bf16 ? kMinRowsBf16 : kMinRows));
         if (parts >= 2 && 2 * parts >= tm.nth) return Split::Batch;
         parts = 1;
         return Split::Hidden;
