@@ -17,6 +17,7 @@ from rich.table import Table
 
 from harness.spec.errors import HarnessError
 from harness.spec.model import REDUCED_DTYPES
+from harness.spec.status import Status
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark one RNN spec across backends.")
 env_app = typer.Typer(no_args_is_help=True, help="Isolated environments: Theano's, and one per set of pinned "
@@ -239,7 +240,7 @@ def _print_summary(store):
         if imprecise(r):
             sp = f"[yellow]{sp}[/]"
         note = ""
-        if r["status"] != "ok":
+        if r["status"] != Status.OK:
             note = str(r.get("error") or "").splitlines()[0] if r.get("error") else ""  # whole: the table wraps it
         elif r["workload"] == "train":
             ttt = r.get("time_to_target_s")
@@ -471,9 +472,9 @@ def check_cmd(
             typer.echo(json.dumps(asdict(r)))
     else:
         _print_check(results, verbose)
-    bad = [r for r in results if r.status in ("fail", "error")]
+    bad = [r for r in results if r.status in (Status.FAIL, Status.ERROR)]
     # a check that checked nothing must not pass: no backend available here, or one asked for by name
-    checked = {r.backend for r in results if r.status in ("pass", "fail", "error")}
+    checked = {r.backend for r in results if r.status in (Status.PASS, Status.FAIL, Status.ERROR)}
     missing = sorted({r.backend for r in results} - checked) if names else []
     if not checked:
         err_console.print(f"[bold red]error:[/] no backend could be checked on device {escape(device)} "
@@ -495,23 +496,23 @@ def _print_check(results, verbose: bool):
         by_backend[r.backend].append(r)
     for name, rs in by_backend.items():
         c = Counter(r.status for r in rs)
-        worst = max((r.worst_ratio for r in rs if r.status in ("pass", "fail")), default=0.0)
+        worst = max((r.worst_ratio for r in rs if r.status in (Status.PASS, Status.FAIL)), default=0.0)
         table.add_row(escape(name), str(c["pass"]), str(c["fail"]), str(c["error"]), str(c["unsupported"]),
                       str(c["unavailable"]), f"{worst:.3g}")
     console.print(table)
     for name, rs in by_backend.items():
         for r in rs:
-            if r.status in ("fail", "error", "unavailable") or (verbose and r.status == "pass"):
+            if r.status in (Status.FAIL, Status.ERROR, Status.UNAVAILABLE) or (verbose and r.status == Status.PASS):
                 console.print(escape(f"  {r.status:<11} {name}  {r.case} [{r.dtype}]  {r.reason or r.worst}"), highlight=False)
-        reasons = Counter(r.reason for r in rs if r.status == "unsupported")
+        reasons = Counter(r.reason for r in rs if r.status == Status.UNSUPPORTED)
         for reason, n in sorted(reasons.items()):
             console.print(escape(f"  unsupported {name}  {n} case(s): {reason}"), highlight=False)
-        bounds = {r.bound for r in rs if r.status in ("pass", "fail") and r.reason and r.bound}
+        bounds = {r.bound for r in rs if r.status in (Status.PASS, Status.FAIL) and r.reason and r.bound}
         for b in sorted(bounds):
             console.print(escape(f"  note        {name}  used looser bound {b}"), highlight=False)
         # mixed precision is judged by a bound of its own, derived from the reference: always shown
         for dtype in REDUCED_DTYPES:
-            judged = [r for r in rs if r.dtype == dtype and r.status in ("pass", "fail") and r.bound]
+            judged = [r for r in rs if r.dtype == dtype and r.status in (Status.PASS, Status.FAIL) and r.bound]
             for b in sorted({r.bound for r in judged}):
                 worst = max(r.worst_ratio for r in judged if r.bound == b)
                 console.print(escape(f"  bound       {name}  [{dtype}] {b}; worst case {worst:.3g} of it"),

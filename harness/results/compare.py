@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from harness.spec.errors import HarnessError
-from harness.spec.status import FAILED
+from harness.spec.status import Status, FAILED
 
 # ``pins``: jax@0.4.38 pairs with jax@0.4.38, never with the main environment's jax (whose version may
 # change between the runs: that is what a comparison is for)
@@ -222,7 +222,7 @@ def compare_runs(run_a, run_b, threshold: float = 1.05, alpha: float = ALPHA) ->
             change.cell += f" ({ra['backend']} {va} -> {vb})"
         _speedups(change, ra, rb)
         sa, sb = _samples(ra), _samples(rb)
-        if ra["status"] == "ok" and rb["status"] == "ok" and sa.size and sb.size:
+        if ra["status"] == Status.OK and rb["status"] == Status.OK and sa.size and sb.size:
             change.median_a_s, change.median_b_s = float(np.median(sa)), float(np.median(sb))
             change.n_a, change.n_b = int(sa.size), int(sb.size)
             change.ratio, change.ratio_lo, change.ratio_hi = ratio_interval(sa, sb)
@@ -236,14 +236,14 @@ def compare_runs(run_a, run_b, threshold: float = 1.05, alpha: float = ALPHA) ->
                     change.verdict = "regression"
                 elif change.significant:
                     change.verdict = "slower" if change.ratio > 1 else "faster"
-        elif ra["status"] == "ok" and rb["status"] == "ok":  # rows without their rounds: the medians alone, untested
+        elif ra["status"] == Status.OK and rb["status"] == Status.OK:  # rows without their rounds: the medians alone, untested
             change.median_a_s, change.median_b_s = float(ra["median_s"]), float(rb["median_s"])
             change.ratio = change.median_b_s / change.median_a_s
             if change.speedups_agree is not None:
                 _judge_speedups(change, threshold)
-        elif ra["status"] == "ok" and rb["status"] in FAILED:
+        elif ra["status"] == Status.OK and rb["status"] in FAILED:
             change.verdict = "broken"
-        elif ra["status"] in FAILED and rb["status"] == "ok":
+        elif ra["status"] in FAILED and rb["status"] == Status.OK:
             change.verdict = "fixed"
         else:
             change.verdict = "not timed"
@@ -273,7 +273,7 @@ def _flag(row, name: str) -> bool | None:
 def _speedups(change: CellChange, ra, rb) -> None:
     """Both runs' speedups and whether their intervals overlap. The baseline's is its own 1x [1, 1]:
     an interval of no width is no interval to compare."""
-    if ra["status"] != "ok" or rb["status"] != "ok":
+    if ra["status"] != Status.OK or rb["status"] != Status.OK:
         return
     a, b = _interval(ra), _interval(rb)
     a, b = (None if v is None or v[1] == v[2] else v for v in (a, b))

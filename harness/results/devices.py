@@ -7,6 +7,7 @@ table, the report and ``crossover.png`` show the ratio.
 """
 
 from __future__ import annotations
+from harness.spec.status import Status
 
 import pandas as pd
 
@@ -23,7 +24,7 @@ def gpu_over_cpu(timings: pd.DataFrame) -> pd.DataFrame:
     empty = pd.DataFrame(columns=cols + ["cpu_threads", "cpu_median_s", "gpu_median_s", "gpu_speedup"])
     if timings.empty or "device" not in timings:
         return empty
-    ok = timings[(timings["status"] == "ok") & timings["median_s"].notna()]
+    ok = timings[(timings["status"] == Status.OK) & timings["median_s"].notna()]
     keys = [c for c in cols if c in ok.columns]
     cpu = ok[ok["device"] == "cpu"].sort_values("median_s").drop_duplicates(keys)  # fastest thread count
     gpu = ok[ok["device"] == "gpu"].sort_values("median_s").drop_duplicates(keys)

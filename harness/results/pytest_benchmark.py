@@ -28,6 +28,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harness.spec.errors import HarnessError
+from harness.spec.status import Status
 
 FORMAT = "pytest-benchmark"
 SUITE = "benchmarks/test_bench_backends.py::test_backend"
@@ -305,7 +306,7 @@ def export_json(run_dir, out=None) -> tuple[Path, int, list[str]]:
     for _, r in run.timings.iterrows():
         row = {k: _plain(v) for k, v in r.items()}
         label = row["cell_id"]
-        if row.get("status") != "ok":
+        if row.get("status") != Status.OK:
             left_out.append(f"{label}: status {row.get('status')}")
             continue
         if row.get("workload") == "train":

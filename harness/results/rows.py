@@ -18,6 +18,7 @@ from harness.worker import stats
 from harness.worker.cpu_roofs import peak_key, roof_library
 from harness.worker.stats import Stats, paired_speedup
 from harness.spec.errors import HarnessError
+from harness.spec.status import Status
 
 
 def group_rows(outcomes: list, meta: dict, gemm_peaks: dict | None = None,
@@ -50,7 +51,7 @@ def setting_columns(outcomes: list, rows: list[dict]) -> None:
     for o, row in zip(outcomes, rows):
         row["setting_baseline"] = o.cell.setting_baseline
         base = first.get(o.cell.backend)
-        if base is None or o.status != "ok" or base.status != "ok" or not o.samples or not base.samples \
+        if base is None or o.status != Status.OK or base.status != Status.OK or not o.samples or not base.samples \
                 or o.cell.problem.workload == "train":
             continue
         if base is o:
@@ -71,16 +72,16 @@ def _problem_rows(outcomes: list, meta: dict, gemm_peaks: dict | None, gpu_roofs
         row = schema.cell_columns(o.cell, o.host)
         p = o.cell.problem
         # a failed cell's partial samples are kept, but summarised by nothing: no median of a broken run
-        summary = Stats.of(o.samples if o.status == "ok" and o.samples else [])
+        summary = Stats.of(o.samples if o.status == Status.OK and o.samples else [])
         row.update(status=o.status, error=o.error[-4000:] if o.error else "", compile_s=o.compile_s,
                    peak_rss_mb=o.peak_rss_mb, **summary.as_dict(), baseline=base_name,
                    samples_s=[float(s) for s in (o.samples or [])], samples_block=list(o.blocks or []))
-        if o.status == "ok" and summary.n_samples:
+        if o.status == Status.OK and summary.n_samples:
             work = "train_step" if p.workload == "train" else p.workload
             row["gflops"] = p.flops(work) / summary.median_s / 1e9
         row.update(peak_columns(o.cell, gemm_peaks or {}, gpu_roofs))
         row["baseline_status"] = base.status if base is not None else "absent"
-        if o.status == "ok" and p.workload != "train" and over is not None and o.samples:
+        if o.status == Status.OK and p.workload != "train" and over is not None and o.samples:
             row["speedup"], row["speedup_lo"], row["speedup_hi"] = paired_speedup(over.samples, o.samples,
                                                                                   blocks=o.blocks)
             row["speedup_over"] = over.cell.backend
@@ -159,7 +160,7 @@ def peak_columns(cell, gemm_peaks: dict, gpu_roofs: dict | None) -> dict:
 def precision_columns(o, base, row: dict) -> dict:
     """schema.PRECISION_COLUMNS of one timed cell: its speedup's precision against the target (the
     interval the row reports, by the test the stop rule used) and its disturbed rounds, all kept."""
-    if o.status != "ok" or not o.samples or o.cell.problem.workload == "train":
+    if o.status != Status.OK or not o.samples or o.cell.problem.workload == "train":
         return {}
     target = o.cell.timing.speedup_precision
     mine = stats.disturbed(o.samples)
@@ -182,7 +183,7 @@ def precision_columns(o, base, row: dict) -> dict:
 def process_columns(o) -> dict:
     """schema.PROCESS_COLUMNS of one timed cell: the fresh worker processes its median comes from, how far
     their own medians lie apart (slowest minus fastest, over the cell's median), and each round's process."""
-    if o.status != "ok" or not o.samples or o.cell.problem.workload == "train":
+    if o.status != Status.OK or not o.samples or o.cell.problem.workload == "train":
         return {}
     labels = list(o.processes if o.processes is not None else (o.blocks or []))[:len(o.samples)]
     if len(labels) != len(o.samples):  # rounds of unknown processes: only their count is unknown
@@ -198,9 +199,9 @@ def process_columns(o) -> dict:
 def speedup_reference(outcomes: list, base):
     """What a group's speedups are measured against: its baseline when that ran (and verified) ok;
     otherwise the fastest cell that did, named on every row (``speedup_over``) and in the summaries."""
-    if base is not None and base.status == "ok" and base.samples:
+    if base is not None and base.status == Status.OK and base.samples:
         return base
-    ran = [o for o in outcomes if o.status == "ok" and o.samples and o.cell.problem.workload != "train"]
+    ran = [o for o in outcomes if o.status == Status.OK and o.samples and o.cell.problem.workload != "train"]
     return min(ran, key=lambda o: statistics.median(o.samples), default=None)
 
 

@@ -21,7 +21,7 @@ from harness.worker import measure, protocol
 from harness.run.client import WorkerFailure, WorkerProcess, close_all, worker_settings
 from harness.config import Cell
 from harness.spec.errors import HarnessError
-from harness.spec.status import Status
+from harness.spec.status import Status, StopReason
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Outcome:
     worker_env: dict | None = None
     verify: dict | None = None
     host: str | None = None  # where it ran (a run spread over a cluster names each cell's host)
-    stop_reason: str | None = None  # why the group's interleaved rounds stopped (floor | target | cap)
+    stop_reason: StopReason | None = None  # why the group's interleaved rounds stopped
     blocks: list | None = None  # per round, the (pass, process) block that took it (TimingPolicy.round_block)
     processes: list | None = None  # per round, the fresh worker process that took it (TimingPolicy.round_process)
 
@@ -93,6 +93,9 @@ class GroupRun:
     _KEPT = ("status", "error", "compile_s", "samples", "peak_rss_mb", "versions", "data_meta", "train",
              "worker_env", "verify", "host", "stop_reason", "blocks", "processes")
 
+    # what saved() writes and restore() needs
+    _SAVED = frozenset({"passes_done", "timed_s", "inner", "blocks", "timed", "rule", "outcomes"})
+
     def saved(self) -> dict:
         """The group between passes, as plain JSON values (run.json keeps it; a Dask task returns it)."""
         return {"passes_done": self.passes_done, "timed_s": self.timed_s, "inner": self.inner, "blocks": self.blocks,
@@ -104,8 +107,8 @@ class GroupRun:
         """The group as :meth:`saved` kept it after its last finished pass (a fresh one without)."""
         state = cls(group)
         cells = {c.cell_id: c for c in group}
-        if not saved or "rule" not in saved or set(saved.get("outcomes", {})) != set(cells):
-            return state  # nothing kept, or kept for other cells or by an earlier format: the group starts afresh
+        if not saved or not cls._SAVED <= set(saved) or set(saved["outcomes"]) != set(cells):
+            return state  # nothing kept, or kept for other cells or in another form: the group starts afresh
         state.outcomes = {cid: Outcome(cells[cid], **kept) for cid, kept in saved["outcomes"].items()}
         state.samples = {cid: state.outcomes[cid].samples or [] for cid in saved["timed"]}
         state.inner, state.blocks = dict(saved["inner"]), list(saved["blocks"])
@@ -121,8 +124,7 @@ class GroupRun:
         the stop rule ends the pass; the outcomes so far, in the group's order. The first pass also
         screens the cells and runs the training ones. ``describe(text)`` hears what is under way
         (after the label of the group and pass); ``record`` lists the workers in the run folder."""
-        state = self
-        group, policy = state.group, state.policy
+        group, policy = self.group, self.policy
         head = group[0]
         paired = {k for k, _ in head.paired}
         dtypes = "|".join(dict.fromkeys(c.problem.dtype for c in group)) if "dtype" in paired else head.problem.dtype
@@ -130,7 +132,7 @@ class GroupRun:
         label = f"{head.problem.workload} {head.problem.model.describe()} B={head.problem.batch} {dtypes} threads={threads}"
         if policy.pass_limit > 1:
             most = policy.passes if policy.pass_limit == policy.passes else f"{policy.passes}-{policy.pass_limit}"
-            label += f" · pass {state.passes_done + 1} of {most}"
+            label += f" · pass {self.passes_done + 1} of {most}"
 
         tell = describe
 
@@ -138,9 +140,9 @@ class GroupRun:
             if tell is not None:
                 tell(f"{text} · {label}")
 
-        first = state.passes_done == 0
-        state.wants_pass = False
-        pending = state.pending
+        first = self.passes_done == 0
+        self.wants_pass = False
+        pending = self.pending
         workers: dict[str, list[WorkerProcess]] = {}
         # the cells of a group verify from the same parameters and data: the reference's answers are
         # computed by the first and read by the rest (kept for this pass only)
@@ -151,32 +153,32 @@ class GroupRun:
                 if first:
                     screened = self._screen(cell)
                     if screened is not None:
-                        state.outcomes[cid] = screened
+                        self.outcomes[cid] = screened
                         continue
                     if cell.problem.workload == "train":
-                        state.outcomes[cid] = self._train_cell(cell, describe, record)
+                        self.outcomes[cid] = self._train_cell(cell, describe, record)
                         continue
-                elif cid not in state.samples or state.outcomes[cid].status != Status.OK:
+                elif cid not in self.samples or self.outcomes[cid].status != Status.OK:
                     continue
-                elif pending is not None and cid not in pending and cid != state.baseline_id:
+                elif pending is not None and cid not in pending and cid != self.baseline_id:
                     continue  # its speedup is already within the target
                 started, procs = self._start_processes(cell, describe, record, verify=first, memo=memo)
                 if first:
-                    state.outcomes[cid] = started
+                    self.outcomes[cid] = started
                 elif not procs:  # a later pass's fresh process failed where the first did not: the cell failed
-                    state.outcomes[cid].status, state.outcomes[cid].error = started.status, started.error
+                    self.outcomes[cid].status, self.outcomes[cid].error = started.status, started.error
                 if procs:
                     workers[cid] = procs
-                    state.samples.setdefault(cid, [])
+                    self.samples.setdefault(cid, [])
             if workers:
                 self._interleave(workers, describe)
         finally:  # after the pass: nothing is timed now, so the workers may exit together
             close_all([w for procs in workers.values() for w in procs])
             if memo:
                 shutil.rmtree(memo, ignore_errors=True)
-            state.passes_done += 1
+            self.passes_done += 1
             here = machine.host_name()
-            for outcome in state.outcomes.values():
+            for outcome in self.outcomes.values():
                 outcome.host = outcome.host or here
         return self.ordered()
 
@@ -227,10 +229,9 @@ class GroupRun:
     def _interleave(self, workers: dict[str, list[WorkerProcess]], describe) -> None:
         """One pass of rounds of the group's warmed workers in turn, until the stop rule ends it. With
         several processes per cell, round ``i`` of the pass runs in the cell's process ``i % worker_processes``."""
-        state = self
-        group, policy = state.group, state.policy
-        rule, outcomes, samples, inner = state.rule, state.outcomes, state.samples, state.inner
-        base = state.baseline_id
+        group, policy = self.group, self.policy
+        rule, outcomes, samples, inner = self.rule, self.outcomes, self.samples, self.inner
+        base = self.baseline_id
         alive = dict(workers)
 
         def fail(cid, exc):
@@ -257,19 +258,19 @@ class GroupRun:
                     inner[cid] = alone(cid).request(protocol.Calibrate(policy.target_round_s), policy.timeout_s).body.inner
                 except WorkerFailure as exc:
                     fail(cid, exc)
-            rule.start_pass(state.passes_done, {c: samples[c] for c in alive})
+            rule.start_pass(self.passes_done, {c: samples[c] for c in alive})
             start = measure.clock_ns()
             n_round = 0
 
             def done() -> bool:
                 return rule.done({c: samples[c] for c in alive}, {c: inner[c] for c in alive},
-                                 base if base in alive else None, state.timed_s + measure.elapsed_s(start),
-                                 state.blocks)
+                                 base if base in alive else None, self.timed_s + measure.elapsed_s(start),
+                                 self.blocks)
 
             while alive and not done():
                 describe(f"round {n_round + 1} ({', '.join(c.backend for c in group if c.cell_id in alive)})")
-                state.blocks.append(policy.round_block(state.passes_done, n_round))
-                state.processes.append(policy.round_process(state.passes_done, n_round))
+                self.blocks.append(policy.round_block(self.passes_done, n_round))
+                self.processes.append(policy.round_process(self.passes_done, n_round))
                 k = n_round % policy.worker_processes
                 n_round += 1
                 for cid in list(alive):
@@ -281,17 +282,17 @@ class GroupRun:
                         fail(cid, exc)
         finally:
             if start is not None:
-                state.timed_s += measure.elapsed_s(start)
+                self.timed_s += measure.elapsed_s(start)
             for procs in alive.values():
                 for w in procs:
                     w.resume()
-        state.wants_pass = rule.reason == "pass" and bool(alive)
+        self.wants_pass = rule.reason == StopReason.PASS and bool(alive)
         for cid in workers:
             outcomes[cid].samples = samples[cid]
-            outcomes[cid].blocks = state.blocks[:len(samples[cid])]
-            outcomes[cid].processes = state.processes[:len(samples[cid])]
+            outcomes[cid].blocks = self.blocks[:len(samples[cid])]
+            outcomes[cid].processes = self.processes[:len(samples[cid])]
             met = rule.pending is not None and cid not in rule.pending and cid != base  # its own target
-            outcomes[cid].stop_reason = "target" if met else rule.reason
+            outcomes[cid].stop_reason = StopReason.TARGET if met else rule.reason
 
     @staticmethod
     def _screen(cell: Cell) -> Outcome | None:

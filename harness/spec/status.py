@@ -35,3 +35,30 @@ FAILED = frozenset({Status.ERROR, Status.TIMEOUT, Status.OOM, Status.DIVERGED, S
 CELL_FINAL = frozenset({Status.OK, Status.UNSUPPORTED, Status.UNAVAILABLE}) | FAILED
 #: the statuses of a conformance case that count against the backend
 CASE_FAILED = frozenset({Status.FAIL, Status.ERROR, Status.UNAVAILABLE})
+
+
+class StopReason(str, Enum):
+    """Why a comparison group's interleaved rounds stopped (the ``stop_reason`` column): ``floor`` (no
+    precision target, or no baseline left to measure speedups against: the floor of rounds and time was
+    all it needed), ``target`` (every speedup within its precision), ``cap`` (the time cap, or the last
+    pass allowed) or, between passes, ``pass`` (another pass is to come)."""
+
+    FLOOR = "floor"
+    TARGET = "target"
+    CAP = "cap"
+    PASS = "pass"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class TrainStop(str, Enum):
+    """Why a training cell stopped: its loss ``target`` held for ``patience`` evaluations, its
+    ``time_budget`` ran out, or it ran all its ``epochs``."""
+
+    TARGET = "target"
+    TIME_BUDGET = "time_budget"
+    EPOCHS = "epochs"
+
+    def __str__(self) -> str:
+        return self.value

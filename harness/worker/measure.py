@@ -17,6 +17,7 @@ from typing import Callable
 
 from harness.worker.stats import MIN_BLOCK_ROUNDS, MIN_PRECISION_ROUNDS, half_width, paired_speedup, precision_met
 from harness.spec.errors import HarnessError
+from harness.spec.status import StopReason
 
 MAX_INNER = 10_000  # calls per round at most: beyond that a round's clock reads are noise-free enough
 MIN_ROUND_S = 0.005  # a round shorter than this is dominated by the clock and the protocol
@@ -203,9 +204,7 @@ class StopRule:
     speedup itself; taking the first width under the target slightly favours a narrow draw,
     which the floor of MIN_PRECISION_ROUNDS pairs keeps small.
 
-    After ``done`` returns True, ``reason`` says why: ``"floor"`` (no target, or no
-    baseline left to measure speedups against), ``"target"``, ``"cap"`` (the time cap, or the
-    last pass allowed) or ``"pass"`` (another pass is to come); ``widths`` holds each cell's
+    After ``done`` returns True, ``reason`` (a :class:`StopReason`) says why; ``widths`` holds each cell's
     relative half-width at its last check."""
 
     def __init__(self, min_rounds: int, min_time_s: float, max_time_s: float, target: float | None = None,
@@ -223,7 +222,7 @@ class StopRule:
         self.pass_rounds = pass_rounds or min_rounds  # stop_rule gives TimingPolicy.pass_rounds
         self.pass_index = 0  # the pass under way, from 0
         self.n_cells = 0  # the most cells seen in one call: the cap's multiplier
-        self.reason: str | None = None
+        self.reason: StopReason | None = None
         self.widths: dict[str, float] = {}
         self.n_checks = 0  # interval evaluations so far (their cost is what the schedule bounds)
         self._next_check: dict[str, int] = {}  # cell -> rounds before its interval is worth computing again
@@ -267,25 +266,25 @@ class StopRule:
         capped = elapsed_s >= self.max_time_s * max(1, self.n_cells)
         if self._floor(samples, inner):
             if self.pass_index + 1 < self.passes:
-                self.reason = "cap" if capped else "pass"
+                self.reason = StopReason.CAP if capped else StopReason.PASS
                 return True
             if self.target is None or baseline not in samples or len(samples) < 2:
-                self.reason = "floor"
+                self.reason = StopReason.FLOOR
                 return True
             if self.pass_limit > 1:  # the pass has its rounds; what it lacks, only another pass can give
                 self.pending = self._short(samples, baseline, blocks)
                 if not self.pending:
-                    self.reason = "target"
+                    self.reason = StopReason.TARGET
                 elif self.pass_index + 1 < self.pass_limit and not capped:
-                    self.reason = "pass"
+                    self.reason = StopReason.PASS
                 else:
-                    self.reason = "cap"
+                    self.reason = StopReason.CAP
                 return True
             if self._precise(samples, baseline, blocks):
-                self.reason = "target"
+                self.reason = StopReason.TARGET
                 return True
         if capped:
-            self.reason = "cap"
+            self.reason = StopReason.CAP
             return True
         return False
 

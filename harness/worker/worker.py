@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 
 from harness.worker import measure
 from harness.worker import protocol  # noqa: E402
-from harness.spec.status import Status  # noqa: E402
+from harness.spec.status import Status, TrainStop  # noqa: E402
 
 
 def peak_rss_mb() -> float:
@@ -283,7 +283,7 @@ class CellState:
                 streak = streak + 1 if loss <= target else 0
                 if streak >= cfg.patience and time_to_target is None:
                     time_to_target = clock
-                    stop = "target"
+                    stop = TrainStop.TARGET
 
         try:
             do_eval(0)
@@ -302,15 +302,15 @@ class CellState:
                         next_eval += cfg.eval_every
                         do_eval(epoch)
                     if stop is None and cfg.time_budget_s is not None and step_clock.total_s >= cfg.time_budget_s:
-                        stop = "time_budget"
+                        stop = TrainStop.TIME_BUDGET
                     if stop:
                         break
                 if stop:
                     break
             else:
-                stop = "epochs"
+                stop = TrainStop.EPOCHS
             if curve[-1]["examples"] != examples:
-                do_eval(cfg.epochs - 1 if stop == "epochs" else epoch)
+                do_eval(cfg.epochs - 1 if stop == TrainStop.EPOCHS else epoch)
         except DivergedError as exc:
             status, stop = Status.DIVERGED, str(exc)
         return protocol.TrainReply(curve=curve, step_samples=steps, train_s=step_clock.total_s,
