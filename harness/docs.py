@@ -24,6 +24,9 @@ Any other ``key=value`` names a results column and keeps the rows whose value re
   float32: ms per call for timed steps; for training runs the final loss and training seconds, and
   the loss's relative difference (what a mixed-precision type buys, and what it costs); where the run
   paired the dtypes (``pair_over: [dtype]``), the time ratio carries its paired 95% interval.
+* ``settings RUNS``: for a run that paired settings (``pair_over``), a row per problem and backend,
+  a column of ms per call per setting, and each later setting's speedup over the first (the backend's
+  time there over its time at this one: above 1, this setting is faster) with its paired 95% interval.
 * ``epochs RUNS``: training time and final loss, a row per batch and a column per backend and threads.
 * ``host RUNS``: a line per run saying on which machine (CPU model, cores, AVX-512/AVX512-BF16, its
   measured float32 GEMM peak, GPU) and on which day it ran.
@@ -41,10 +44,12 @@ from pathlib import Path
 import pandas as pd
 
 from harness.spec.errors import HarnessError
+from harness.results.schema import SPEEDUP_BLOCK
+from harness.spec.status import Status
 
 OPEN = re.compile(r"^<!-- table: (?P<spec>.+?) -->\s*$")
 CLOSE = "<!-- /table -->"
-KINDS = ("speedups", "ms", "steps", "training", "epochs", "dtypes", "host")
+KINDS = ("speedups", "ms", "steps", "training", "epochs", "dtypes", "settings", "host")
 OPTIONS = ("device", "workload", "threads")  # the options that are not column filters
 
 
@@ -78,8 +83,8 @@ def _sig(v: float) -> str:
 
 
 def fmt_duration(seconds: float) -> str:
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(seconds) >= scale or unit == "us":
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(seconds) >= scale or unit == "µs":
             return f"{_sig(seconds / scale)} {unit}"
     return f"{seconds} s"
 
@@ -151,7 +156,7 @@ def _problem(r, several_workloads: bool, omit=()) -> str:
 
 
 def _cell(r) -> str:
-    if r["status"] != "ok":
+    if r["status"] != Status.OK:
         return str(r["status"])
     if _is_baseline(r) and _ok(r.get("median_s")):
         return f"1 ({fmt_duration(r['median_s'])})"
@@ -159,7 +164,7 @@ def _cell(r) -> str:
 
 
 def _ms(r) -> str:
-    return f"{r['median_s'] * 1e3:.3g}" if r["status"] == "ok" and _ok(r.get("median_s")) else str(r["status"])
+    return f"{r['median_s'] * 1e3:.3g}" if r["status"] == Status.OK and _ok(r.get("median_s")) else str(r["status"])
 
 
 def speedups(df: pd.DataFrame, spec: TableSpec, cell=_cell) -> list[str]:
@@ -168,7 +173,7 @@ def speedups(df: pd.DataFrame, spec: TableSpec, cell=_cell) -> list[str]:
     several = df["workload"].nunique() > 1
     labels = list(dict.fromkeys(df["label"]))
     rows = []
-    for _, g in df.groupby("group", sort=False):
+    for _, g in df.groupby(SPEEDUP_BLOCK, sort=False, dropna=False):
         head = g.iloc[0]
         row = [_problem(head, several, omit=("threads",) if by_threads else ())]
         if by_threads:
@@ -184,7 +189,7 @@ def steps(df: pd.DataFrame, spec: TableSpec) -> list[str]:
     several = df["workload"].nunique() > 1
     rows = []
     for _, r in df.iterrows():
-        if r["status"] != "ok":
+        if r["status"] != Status.OK:
             rows.append([_problem(r, several), r["label"], r["status"], "", ""])
             continue
         sp = "1" if _is_baseline(r) else _speedup(r) if _ok(r.get("speedup")) else "-"
@@ -195,7 +200,7 @@ def steps(df: pd.DataFrame, spec: TableSpec) -> list[str]:
 
 def training(df: pd.DataFrame, curves: pd.DataFrame, spec: TableSpec) -> list[str]:
     df = _filter(df, spec, default_workloads=("train",))
-    df = df[df["status"] == "ok"].copy()
+    df = df[df["status"] == Status.OK].copy()
     df["order"] = df["time_to_target_s"].fillna(float("inf"))
     rows = []
     for _, r in df.sort_values(["order", "train_s"], kind="stable").iterrows():
@@ -209,7 +214,7 @@ def training(df: pd.DataFrame, curves: pd.DataFrame, spec: TableSpec) -> list[st
 
 def epochs(df: pd.DataFrame, spec: TableSpec) -> list[str]:
     df = _filter(df, spec, default_workloads=("train",))
-    df = df[df["status"] == "ok"]
+    df = df[df["status"] == Status.OK]
     labels = list(dict.fromkeys(df["label"]))
     columns = sorted({(r["label"], int(r["threads"])) for _, r in df.iterrows()}, key=lambda c: (labels.index(c[0]), c[1]))
     rows = []
@@ -234,7 +239,7 @@ def dtypes(df: pd.DataFrame, spec: TableSpec) -> list[str]:
         problems.setdefault((_problem(r, several, omit=("dtype",)), r["label"]), {})[r["dtype"]] = r
 
     def ok(r) -> bool:
-        return r is not None and r["status"] == "ok" and _ok(r.get("final_loss" if train else "median_s"))
+        return r is not None and r["status"] == Status.OK and _ok(r.get("final_loss" if train else "median_s"))
 
     rows = []
     for (problem, label), by_dtype in problems.items():
@@ -262,6 +267,40 @@ def dtypes(df: pd.DataFrame, spec: TableSpec) -> list[str]:
         rows.append(row)
     heads = [f"{d} final loss (train s)" if train else f"{d} ms" for d in order]
     heads += [f"{d} loss vs float32" if train else f"{d} time / float32" for d in others]
+    return _table(["problem", "backend"] + heads, rows)
+
+
+def settings(df: pd.DataFrame, spec: TableSpec) -> list[str]:
+    """See the module docstring: a paired run's (``pair_over``) settings of each backend side by side."""
+    df = _filter(df, spec, default_workloads=("forward", "train_step"))
+    df = df[df["setting_baseline"].notna()] if "setting_baseline" in df else df.iloc[:0]
+    if df.empty:
+        raise HarnessError(f"table {spec.text!r} (line {spec.line}): the run paired no settings (pair_over)")
+    base = dict(part.split("=") for part in str(df["setting_baseline"].iloc[0]).split(","))
+    keys = list(base)
+
+    def name(r) -> str:
+        return " ".join(f"{r[k]} thr" if k == "threads" else str(r[k]) for k in keys)
+
+    several = df["workload"].nunique() > 1
+    order = list(dict.fromkeys(name(r) for _, r in df.iterrows()))
+    first = " ".join(f"{base[k]} thr" if k == "threads" else base[k] for k in keys)
+    order = [first] + [o for o in order if o != first]
+    problems: dict[tuple[str, str], dict[str, object]] = {}
+    for _, r in df.iterrows():
+        problems.setdefault((_problem(r, several, omit=tuple(keys)), r["label"]), {})[name(r)] = r
+    rows = []
+    for (problem, label), at in problems.items():
+        row = [problem, label] + [_ms(at[o]) if o in at else "" for o in order]
+        for o in order[1:]:
+            r = at.get(o)
+            if r is None or r["status"] != Status.OK or not _ok(r.get("setting_speedup")):
+                row.append("")
+                continue
+            s, lo, hi = r["setting_speedup"], r.get("setting_speedup_lo"), r.get("setting_speedup_hi")
+            row.append(f"{s:.2f}x [{lo:.2f}, {hi:.2f}]" if _ok(lo) and _ok(hi) else f"{s:.2f}x")
+        rows.append(row)
+    heads = [f"{o} ms" for o in order] + [f"{o} speedup over {first}" for o in order[1:]]
     return _table(["problem", "backend"] + heads, rows)
 
 
@@ -299,6 +338,8 @@ def render_table(spec: TableSpec, examples: Path) -> list[str]:
         return training(df, curves, spec)
     if spec.kind == "dtypes":
         return dtypes(df, spec)
+    if spec.kind == "settings":
+        return settings(df, spec)
     return epochs(df, spec)
 
 

@@ -76,3 +76,43 @@ def test_a_widely_disagreeing_interval_stays_above_zero():
     other = np.concatenate([np.full(8, 0.1), np.full(8, 0.1)]) * (1 + 0.01 * rng.random(16))
     point, lo, hi = paired_speedup(base, other, blocks=[0] * 8 + [1] * 8)
     assert 0 < lo <= point <= hi
+
+
+def test_tables_and_report_show_each_setting_with_its_paired_ratio(fake_backends, write_config, tmp_path):
+    """The page's tables and the report split a paired group by setting (each backend once per dtype, not
+    one cell written over the other) and give each later setting's ratio with its interval."""
+    from harness import docs
+    from harness.results.report import build_report, to_html, to_markdown
+
+    text = PAIRED.replace("batch: [2, 3]", "batch: [2]").replace("threads: [1, 2]", "threads: [1]")
+    cfg = load_config(write_config(text))
+    store = RunStore.create(tmp_path / "ex" / "paired", new_run_meta(cfg))
+    Runner(cfg, store).run()
+    finish_meta(store)
+    table = docs.render_table(docs.TableSpec.parse("speedups paired", 1, "page"), tmp_path / "ex")
+    rows = [line for line in table[2:]]
+    assert len(rows) == 2 and "float64" in rows[0] and "float32" in rows[1]  # one row per dtype
+    assert all(line.count("|") == 4 for line in rows)  # problem, ref, ref:slow
+    settings = docs.render_table(docs.TableSpec.parse("settings paired", 1, "page"), tmp_path / "ex")
+    assert settings[0] == "| problem | backend | float64 ms | float32 ms | float32 speedup over float64 |"
+    assert len(settings) == 4 and all(line.split("|")[5].strip().endswith("]") for line in settings[2:])
+
+    title, blocks = build_report(tmp_path / "ex" / "paired")
+    md = to_markdown(title, blocks, tmp_path)
+    assert md.index("## Answer") < md.index("## Run")
+    assert "over its dtype=float64 [95% CI]" in md
+    assert md.count("### train_step") == 2  # the group's two dtypes, each its own block
+
+
+def test_a_speedup_that_missed_its_target_is_marked_with_the_figures_on_hover(tmp_path):
+    from harness.results.report import Hover, Image, MISSED_MARK, Table, fmt_speedup, to_html
+
+    row = {"speedup": 1.5, "speedup_lo": 1.3, "speedup_hi": 1.71, "speedup_half_width": 0.14,
+           "precision_met": False, "speedup_precision": 0.02}
+    cell = fmt_speedup(row, mark=True)
+    assert isinstance(cell, Hover) and cell.endswith(MISSED_MARK) and "target ±2.0% not met" in cell.title
+    html = to_html("t", [Table(["speedup"], [[cell]])])
+    assert 'title="±14.0%, target ±2.0% not met"' in html
+    assert fmt_speedup({**row, "precision_met": True}, mark=True) == "1.5x [1.3, 1.71]"
+    (tmp_path / "p.png").write_bytes(b"\x89PNG")
+    assert "onclick" in to_html("t", [Image(tmp_path / "p.png", "a plot")])  # opens full size on a click

@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.spec.errors import HarnessError
+from harness.spec.status import Status
 
 
 from harness.results.labels import machine_label  # noqa: E402  (one rule for naming a machine)
@@ -52,7 +53,7 @@ def crossover_sources(timings: pd.DataFrame) -> dict[str, list[str]]:
     """Which runs gave the CPU and which the GPU cells of the crossover ({} when no problem has both)."""
     from harness.results.devices import gpu_over_cpu
 
-    ok = timings[(timings["status"] == "ok") & (timings["workload"] != "train")]
+    ok = timings[(timings["status"] == Status.OK) & (timings["workload"] != "train")]
     pairs = gpu_over_cpu(ok)
     if pairs.empty:
         return {}
@@ -61,6 +62,50 @@ def crossover_sources(timings: pd.DataFrame) -> dict[str, list[str]]:
         d = ok[ok["device"] == device]
         out[device] = sorted(set(d["run_id"]))
     return out
+
+
+def _by_run_section(timings: pd.DataFrame, run_ids: list[str]) -> list:
+    """The cells the runs have in common, a row each: per run its median and its speedup over that run's own
+    baseline, and each later run's time against the first run's (above 1: faster in the later run)."""
+    from harness.results.labels import backend_label, group_label
+    from harness.results.report import Heading, Para, Table, fmt_speedup, fmt_time
+    from harness.results.schema import PROBLEM_COLUMNS
+
+    df = timings[timings["workload"] != "train"].copy()
+    if df.empty:
+        return []
+    df["label"] = backend_label(df)
+    key = [k for k in dict.fromkeys(["workload", *PROBLEM_COLUMNS, "label"]) if k in df.columns]
+    by_run = {r: df[df["run_id"] == r].drop_duplicates(key).set_index(key) for r in run_ids}
+    common = by_run[run_ids[0]].index
+    for r in run_ids[1:]:
+        common = common.intersection(by_run[r].index)
+    if not len(common):
+        return [Heading(2, "Cells by run"), Para("The runs have no cell in common (the same problem and backend).")]
+    def cell(run_id, k) -> pd.Series:  # the row with its key columns, which the index holds
+        return pd.concat([pd.Series(dict(zip(key, k))), by_run[run_id].loc[k]])
+
+    rows = []
+    for k in common:
+        first = cell(run_ids[0], k)
+        row = [f"{first['workload']} · {group_label(first)}", first["label"]]
+        for r in run_ids:
+            c = cell(r, k)
+            row.append(f"{fmt_time(c.get('median_s'))} ({fmt_speedup(c)})" if c["status"] == Status.OK else str(c["status"]))
+        for r in run_ids[1:]:
+            later = cell(r, k)
+            a, b = first.get("median_s"), later.get("median_s")
+            ok = first["status"] == Status.OK and later["status"] == Status.OK and a and b
+            row.append(f"{a / b:.2f}x" if ok else "-")
+        rows.append(row)
+    heads = ["problem", "backend"] + [f"`{r}`: median (speedup)" for r in run_ids]
+    heads += [f"`{r}` against `{run_ids[0]}`" for r in run_ids[1:]]
+    return [Heading(2, "Cells by run"),
+            Para(f"The {len(common)} cells every run has: each run's median time per call and its speedup over that "
+                 f"run's own baseline (95% interval), then each later run's time against the first run's (the first "
+                 "run's median over the later one's: above 1, faster in the later run). Medians of different runs "
+                 "were not timed in turn: read their ratio with the machines and days in mind."),
+            Table(heads, rows, right=set(range(2, len(heads))))]
 
 
 def build_multi_report(paths) -> tuple[str, list, pd.DataFrame]:
@@ -76,6 +121,7 @@ def build_multi_report(paths) -> tuple[str, list, pd.DataFrame]:
                         [[f"`{run.run_id}`", f"`{run.meta.get('config_path', '?')}`", machine_label(run.meta),
                           str(run.meta.get("started", "?"))[:19].replace("T", " "), str(len(run.timings))]
                          for _, run in runs]))
+    blocks += _by_run_section(timings, [run.run_id for _, run in runs])
     blocks.append(Heading(2, "Results, side by side"))
     blocks.append(Para("Median time per call and speedup over each run's own baseline (95% interval), one row per "
                        "cell of each run; the machine column says where it was measured."))
@@ -105,6 +151,10 @@ def write_multi_report(paths, out) -> list[Path]:
     except OSError as exc:
         raise HarnessError(f"--out {out}: cannot make the report's folder ({exc.strerror or exc})") from None
     figures: list = [Heading(2, "Plots")]
+    made = P.plot_runs(timings, out / "plots" / "runs.png")
+    if made:
+        figures.append(Image(made, "Each later run's median time per cell against the first run's, log-log; on the "
+                                   "dashed line the two agree, below it the later run was faster."))
     for run_id, t in timings.groupby("run_id", sort=False):
         machine = t["machine"].iloc[0]
         made = P.plot_speedup(t, out / "plots" / f"speedup-{run_id}.png")

@@ -19,6 +19,7 @@ import pandas as pd
 from harness.results.labels import backend_label, fmt_seconds, group_label, optional_text  # noqa: F401  (re-exported for notebooks)
 from harness.results.schema import PROBLEM_COLUMNS, SIZE_COLUMNS
 from harness.spec.model import DTYPE_BYTES
+from harness.spec.status import Status
 
 
 def _setup():
@@ -173,7 +174,7 @@ def _mark_untimed(ax, reasons: list[str]) -> None:
 def plot_speedup(timings: pd.DataFrame, out: Path):
     """A panel per comparison group: a bar per backend with its 95% interval, the baseline at 1; the
     group's cells that have no speedup (failed, unsupported, unavailable) listed under the bars with their status."""
-    timed = (timings["status"] == "ok") & timings["speedup"].notna()
+    timed = (timings["status"] == Status.OK) & timings["speedup"].notna()
     df = timings[timed].copy()
     if df.empty:
         return None
@@ -226,7 +227,10 @@ def plot_settings(timings: pd.DataFrame, out: Path):
     keys = _paired_keys(timings)
     if not keys:
         return None
-    df = timings[timings["setting_baseline"].notna()].copy()
+    # training cells run alone, never paired: they have no setting ratio to draw
+    df = timings[timings["setting_baseline"].notna() & (timings["workload"] != "train")].copy()
+    if df.empty:
+        return None
     base = dict(part.split("=") for part in str(df["setting_baseline"].iloc[0]).split(","))
     df["setting"] = df.apply(lambda r: " ".join(f"{r[k]}" + (" thr" if k == "threads" else "") for k in keys), axis=1)
     at_base = df.apply(lambda r: all(str(r[k]) == base[k] for k in keys), axis=1)
@@ -245,7 +249,7 @@ def plot_settings(timings: pd.DataFrame, out: Path):
         timed = d[d["setting_speedup"].notna()].sort_values("setting_speedup")
         missing = d[d["setting_speedup"].isna()]
         y = np.arange(len(timed)) + len(missing)
-        _mark_untimed(ax, [s if s != "ok" else f"no {against} cell" for s in missing["status"]])
+        _mark_untimed(ax, [s if s != Status.OK else f"no {against} cell" for s in missing["status"]])
         lo = (timed["setting_speedup"] - timed["setting_speedup_lo"]).clip(lower=0)
         hi = (timed["setting_speedup_hi"] - timed["setting_speedup"]).clip(lower=0)
         ax.barh(y, timed["setting_speedup"], xerr=[lo, hi], color=[palette[l] for l in timed["label"]], capsize=3)
@@ -336,7 +340,7 @@ def _lines_along(df: pd.DataFrame, col: str) -> pd.DataFrame:
 
 def plot_scaling(timings: pd.DataFrame, out: Path):
     """Log-log time per call against each size a sweep varied with all else fixed: a panel per size and problem."""
-    df = timings[(timings["status"] == "ok") & (timings["workload"] != "train")].copy()
+    df = timings[(timings["status"] == Status.OK) & (timings["workload"] != "train")].copy()
     if df.empty:
         return None
     df["label"] = backend_label(df)
@@ -416,7 +420,7 @@ def _roof_source(d: pd.DataFrame) -> str:
 
 def plot_roofline(timings: pd.DataFrame, out: Path):
     """Achieved GFLOP/s per cell against arithmetic intensity, under the GEMM peak measured at run start."""
-    df = timings[(timings["status"] == "ok") & timings["gflops"].notna()].copy()
+    df = timings[(timings["status"] == Status.OK) & timings["gflops"].notna()].copy()
     if df.empty:
         return None
     df["label"] = backend_label(df)
@@ -477,7 +481,7 @@ def plot_roofline(timings: pd.DataFrame, out: Path):
 
 def plot_threads_batch(timings: pd.DataFrame, out: Path):
     """Heatmap of time per example over threads x batch, a panel per backend and problem."""
-    df = timings[(timings["status"] == "ok") & (timings["workload"] != "train")].copy()
+    df = timings[(timings["status"] == Status.OK) & (timings["workload"] != "train")].copy()
     if df.empty or df["threads"].nunique() < 2 or df["batch"].nunique() < 2:
         return None
     df["label"] = backend_label(df)
@@ -509,7 +513,7 @@ def plot_threads_batch(timings: pd.DataFrame, out: Path):
 def plot_threads(timings: pd.DataFrame, out: Path):
     """Time per step against threads, a line per backend (dotted: its one-thread time divided
     by the thread count), a panel per problem that was run at two or more thread counts."""
-    df = timings[(timings["status"] == "ok") & timings["median_s"].notna()].copy()
+    df = timings[(timings["status"] == Status.OK) & timings["median_s"].notna()].copy()
     if df.empty or df["threads"].nunique() < 2:
         return None
     df["label"] = backend_label(df)
@@ -542,7 +546,7 @@ def plot_threads(timings: pd.DataFrame, out: Path):
 
 def plot_train_tradeoff(timings: pd.DataFrame, out: Path):
     """Training time against the loss reached, a marker per backend x threads x batch (parallel minibatch)."""
-    df = timings[(timings["status"] == "ok") & (timings["workload"] == "train")].copy()
+    df = timings[(timings["status"] == Status.OK) & (timings["workload"] == "train")].copy()
     df = df[df["train_s"].notna() & df["final_loss"].notna()]
     if df.empty or len(df[["threads", "batch"]].drop_duplicates()) < 2:
         return None
@@ -589,7 +593,7 @@ def plot_crossover(timings: pd.DataFrame, out: Path):
     crossover marked; and each backend's GPU-over-CPU speedup against batch (same backend)."""
     from harness.results.devices import gpu_over_cpu
 
-    df = timings[(timings["status"] == "ok") & (timings["workload"] != "train")].copy()
+    df = timings[(timings["status"] == Status.OK) & (timings["workload"] != "train")].copy()
     if df.empty or not {"cpu", "gpu"} <= set(df["device"]):
         return None
     df["label"] = backend_label(df)
@@ -652,6 +656,48 @@ def _plot_device_ratio(ax, ratios: pd.DataFrame, palette, problem: str) -> None:
     ax.set_ylabel("GPU speedup over the same backend on CPU")
     ax.set_title(f"{problem}\nabove 1: the GPU is faster (CPU at its fastest thread count)", fontsize=9)
     ax.legend(fontsize=8)
+
+
+def plot_runs(timings: pd.DataFrame, out: Path):
+    """Several runs' common cells: each later run's median time against the first run's, log-log, a point
+    per cell in its backend's colour, the diagonal where the two agree (below it: faster in the later run).
+    ``timings`` holds every run's rows with ``run_id`` and ``machine`` columns, the first run's first."""
+    ok = timings[(timings["status"] == Status.OK) & timings["median_s"].notna() & (timings["workload"] != "train")]
+    runs = list(dict.fromkeys(timings["run_id"]))
+    if len(runs) < 2 or ok.empty:
+        return None
+    key = ["workload", *PROBLEM_COLUMNS, "device", "label"]
+    ok = ok.assign(label=backend_label(ok))
+    key = [k for k in dict.fromkeys(key) if k in ok.columns]
+    first = ok[ok["run_id"] == runs[0]].drop_duplicates(key).set_index(key)["median_s"]
+    pairs = []
+    for run in runs[1:]:
+        other = ok[ok["run_id"] == run].drop_duplicates(key).set_index(key)["median_s"]
+        both = first.index.intersection(other.index)
+        if len(both):
+            pairs.append((run, pd.DataFrame({"a": first.loc[both], "b": other.loc[both]}).reset_index()))
+    if not pairs:
+        return None
+    plt, sns, fig, axes = _grid(len(pairs), 3, 5.0, 4.6)
+    machine = dict(zip(timings["run_id"], timings["machine"]))
+    palette = _palette(sns, pd.concat([d["label"] for _, d in pairs]))
+    for ax, (run, d) in zip(axes.flat, pairs):
+        for label, g in d.groupby("label", sort=True):
+            ax.scatter(g["a"], g["b"], s=28, color=palette[label], label=label, edgecolor="white", linewidth=0.5)
+        lo, hi = float(min(d["a"].min(), d["b"].min())) / 1.5, float(max(d["a"].max(), d["b"].max())) * 1.5
+        ax.plot([lo, hi], [lo, hi], color="black", lw=1, ls="--")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        _seconds_axis(ax.xaxis)
+        _seconds_axis(ax.yaxis)
+        ax.set_xlabel(textwrap.fill(f"{runs[0]} ({machine[runs[0]]})", 60), fontsize=8)
+        ax.set_ylabel(textwrap.fill(f"{run} ({machine[run]})", 50), fontsize=8)
+        ax.set_title(f"median time per call, {len(d)} cells in common\nbelow the line: faster in the later run",
+                     fontsize=9)
+        ax.legend(fontsize=7, loc="upper left")
+    return _save(plt, fig, axes, len(pairs), out)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import pandas as pd
 from harness.worker import stats
 from harness.spec.errors import HarnessError
 from harness.spec.model import REDUCED_DTYPES
+from harness.results.schema import SPEEDUP_BLOCK
 from harness.spec.status import FAILED, Status
 
 
@@ -43,6 +44,18 @@ class Table:
     rows: list[list[str]]
     right: set[int] = field(default_factory=set)  # right-aligned (numeric) columns
     status_col: int | None = None  # a column whose value colours the row in HTML
+
+
+class Hover(str):
+    """A table cell's text with more behind it: ``title`` is shown on hover in HTML and after the text
+    in Markdown (a reason cut to fit its column, the half-width of a marked speedup)."""
+
+    title: str = ""
+
+    def __new__(cls, text: str, title: str = ""):
+        obj = super().__new__(cls, text)
+        obj.title = title
+        return obj
 
 
 @dataclass
@@ -73,7 +86,7 @@ def spread_warnings(timings) -> list[str]:
     df["label"] = backend_label(df)
     warn = []
     for _, r in df.iterrows():
-        if r.get("status") == "ok" and r.get("median_s") and pd.notna(r.get("iqr_s")) and r.get("workload") != "train":
+        if r.get("status") == Status.OK and r.get("median_s") and pd.notna(r.get("iqr_s")) and r.get("workload") != "train":
             rel = stats.spread(r["iqr_s"], r["median_s"])
             if np.isfinite(rel) and rel > stats.SPREAD_LIMIT:
                 warn.append(f"{r['label']} ({r['workload']} {group_label(r)}): IQR is {rel:.0%} of the median")
@@ -94,17 +107,31 @@ def fmt_time(v) -> str:
     return fmt_seconds(float(v)) if _num(v) else "-"
 
 
-def fmt_speedup(row) -> str:
+MISSED_MARK = "†"  # a speedup whose interval missed its precision target, in the report's tables
+
+
+def fmt_speedup(row, mark: bool = False) -> str:
     """``1.23x [1.10, 1.40]`` or ``-``; a speedup that stopped short of its precision target
-    says so: ``1.23x [1.10, 1.40] (±14%, target ±2% not met)``."""
+    says so: ``1.23x [1.10, 1.40] (±14%, target ±2% not met)``, or with ``mark`` (the report's
+    tables, whose legend explains it) ``1.23x [1.10, 1.40] †`` with the figures on hover."""
     s = row.get("speedup")
     if not _num(s):
         return "-"
     lo, hi = row.get("speedup_lo"), row.get("speedup_hi")
     out = f"{s:.3g}x [{lo:.3g}, {hi:.3g}]" if _num(lo) and _num(hi) else f"{s:.3g}x"
     if imprecise(row):
-        out += f" (±{_f(row.get('speedup_half_width'), '.1%')}, target ±{row['speedup_precision']:.1%} not met)"
+        missed = f"±{_f(row.get('speedup_half_width'), '.1%')}, target ±{row['speedup_precision']:.1%} not met"
+        return Hover(f"{out} {MISSED_MARK}", missed) if mark else f"{out} ({missed})"
     return out
+
+
+def fmt_setting_speedup(row) -> str:
+    """A paired setting's ratio (pair_over): the backend's time at the first setting over its time at
+    this one, ``1.85x [1.80, 1.90]``, or ``-``."""
+    s, lo, hi = row.get("setting_speedup"), row.get("setting_speedup_lo"), row.get("setting_speedup_hi")
+    if not _num(s):
+        return "-"
+    return f"{s:.3g}x [{lo:.3g}, {hi:.3g}]" if _num(lo) and _num(hi) else f"{s:.3g}x"
 
 
 def fmt_processes(row) -> str:
@@ -123,7 +150,7 @@ def imprecise(row) -> bool:
     return met is not None and not pd.isna(met) and not bool(met)
 
 
-def precision_note(timings: pd.DataFrame) -> str | None:
+def precision_note(timings: pd.DataFrame, mark: str = "'not met'") -> str | None:
     """One sentence on the speedups that missed their precision target, or None when all met it."""
     if "precision_met" not in timings:
         return None
@@ -131,14 +158,14 @@ def precision_note(timings: pd.DataFrame) -> str | None:
     if not n:
         return None
     return (f"{n} speedup(s) hit max_time_s or max_passes before their 95% interval reached the precision target "
-            "(marked 'not met'): read them as loose, not as tight figures.")
+            f"(marked {mark}): read them as loose, not as tight figures.")
 
 
 def speedup_note(group: pd.DataFrame) -> str:
     """Empty when a group's speedups are over its baseline; otherwise what they are over, and why."""
     head = group.iloc[0]
     status = head.get("baseline_status")
-    if not isinstance(status, str) or status == "ok" or head.get("workload") == "train":  # training has no speedups
+    if not isinstance(status, str) or status == Status.OK or head.get("workload") == "train":  # training has no speedups
         return ""
     over = group[group["speedup_over"].notna()] if "speedup_over" in group else group.iloc[:0]
     if over.empty:
@@ -153,11 +180,12 @@ def _f(v, spec: str = ".3g", unit: str = "") -> str:
 
 
 def _first_line(text, width: int = 160) -> str:
+    """The first line of ``text``, cut to ``width`` (the whole text on hover)."""
     lines = [l.strip() for l in str(text or "").splitlines() if l.strip()]
     if not lines:
         return ""
     line = lines[0]
-    return line if len(line) <= width else line[: width - 3] + "..."
+    return line if len(line) <= width else Hover(line[: width - 3] + "...", line)
 
 
 def _when(stamp) -> str:
@@ -319,6 +347,37 @@ def _labels(df: pd.DataFrame) -> pd.Series:
     return backend_label(df)
 
 
+def _answer_section(timings: pd.DataFrame) -> list:
+    """The report's first table: per comparison group, the fastest backend that ran and its speedup over
+    the baseline, the cells that did not run, and the speedups that missed their precision target."""
+    from harness.results.labels import group_label
+
+    timed = timings[timings["workload"] != "train"] if len(timings) else timings
+    if timed.empty:
+        return []
+    df = timed.assign(label=_labels(timed))
+    rows = []
+    for _, g in df.groupby(SPEEDUP_BLOCK, sort=False, dropna=False):
+        head = g.iloc[0]
+        ran = g[(g["status"] == Status.OK) & g["median_s"].notna()]
+        if ran.empty:
+            fastest, speedup = "-", "-"
+        else:
+            best = ran.loc[ran["median_s"].idxmin()]
+            fastest, speedup = f"{best['label']} ({fmt_time(best['median_s'])})", fmt_speedup(best, mark=True)
+        missing = g[g["status"] != Status.OK]
+        not_run = ", ".join(f"{r['label']}: {r['status']}" for _, r in missing.iterrows()) or "-"
+        missed = sum(imprecise(r) for r in g.to_dict("records"))
+        rows.append([f"{head['workload']} · {group_label(head)}", fastest, speedup, str(missed) if missed else "-",
+                     _first_line(not_run, 120)])
+    return [Heading(2, "Answer"),
+            Para(f"Per comparison group: the fastest backend that ran (its median) and its speedup over the baseline "
+                 f"with the 95% interval; {MISSED_MARK}: the interval missed its precision target. Details in "
+                 "Results below."),
+            Table(["problem", "fastest", "speedup [95% CI]", f"{MISSED_MARK} in group", "did not run"], rows,
+                  right={2, 3})]
+
+
 def _results_section(timings: pd.DataFrame) -> list:
     from harness.results.labels import group_label
 
@@ -335,21 +394,27 @@ def _results_section(timings: pd.DataFrame) -> list:
                     "all passes), with the spread of their own medians (slowest minus fastest). Rounds slowed "
                     "by a burst of load are kept: on both sides of a pair the pairing cancels them, on one side "
                     "they widen the interval (timings.parquet counts them per cell)."))
-    for _, g in df.groupby("group", sort=False):
+    for _, g in df.groupby(SPEEDUP_BLOCK, sort=False, dropna=False):
         head = g.iloc[0]
         out.append(Heading(3, f"{head['workload']} · {group_label(head)}"))
         if speedup_note(g):
             out.append(Para(speedup_note(g) + "."))
+        # a group timed over paired settings (pair_over): each cell against its own backend at the first setting
+        setting = g["setting_baseline"].dropna() if "setting_baseline" in g else g.iloc[:0]
+        paired = bool(len(setting)) and g["setting_speedup"].notna().any()
         rows = []
         for _, r in g.iterrows():
             rows.append([r["label"], r["status"], fmt_time(r.get("median_s")), fmt_time(r.get("iqr_s")),
-                         fmt_speedup(r), fmt_time(r.get("compile_s")), _f(r.get("n_samples") or None, ".0f"),
-                         fmt_processes(r), _f(r.get("gflops"), ".3g")])
-        out.append(Table(["backend", "status", "median", "IQR", "speedup [95% CI]", "compile", "rounds", "processes",
-                          "GFLOP/s"], rows, right={2, 3, 4, 5, 6, 7, 8}, status_col=1))
-    note = precision_note(timings)
+                         fmt_speedup(r, mark=True)] + ([fmt_setting_speedup(r)] if paired else [])
+                        + [fmt_time(r.get("compile_s")), _f(r.get("n_samples") or None, ".0f"),
+                           fmt_processes(r), _f(r.get("gflops"), ".3g")])
+        heads = ["backend", "status", "median", "IQR", "speedup [95% CI]"]
+        heads += [f"over its {setting.iloc[0]} [95% CI]"] if paired else []
+        heads += ["compile", "rounds", "processes", "GFLOP/s"]
+        out.append(Table(heads, rows, right=set(range(2, len(heads))), status_col=1))
+    note = precision_note(timings, MISSED_MARK)
     if note:
-        out.append(Para(note))
+        out.append(Para(note + " Each one's half-width and target: on hover in report.html, and in timings.parquet."))
     warnings = spread_warnings(timings.to_dict("records"))
     if warnings:
         out += [Para("Noisy cells (an IQR above 10% of the median: these medians deserve less trust):"), Bullets(warnings)]
@@ -392,7 +457,7 @@ def _failures_section(timings: pd.DataFrame) -> list:
     if timings.empty:
         out.append(Para("The run holds no cells."))
         return out
-    bad = timings[timings["status"] != "ok"]
+    bad = timings[timings["status"] != Status.OK]
     if bad.empty:
         out.append(Para("Every cell ran."))
         return out
@@ -443,7 +508,8 @@ def build_report(run_dir, plots: list[Path] | None = None, plot_note: str = "") 
     title = f"{run.meta.get('name', run.run_id)}: benchmark report"
     if plots is None:
         plots = sorted((Path(run_dir) / "plots").glob("*.png"), key=_plot_order)
-    blocks = (_run_section(run.meta, run.timings, Path(run_dir)) + _machine_section(run.meta) + _versions_section(run.meta)
+    blocks = (_answer_section(run.timings) + _run_section(run.meta, run.timings, Path(run_dir))
+              + _machine_section(run.meta) + _versions_section(run.meta)
               + _conformance_section(run.meta, run.timings) + _results_section(run.timings)
               + _devices_section(run.timings)
               + _plots_section(plots, plot_note) + _failures_section(run.timings)
@@ -465,6 +531,8 @@ def _plot_order(p: Path):
 
 # -- rendering -------------------------------------------------------------------------------------
 def _md_cell(text: str) -> str:
+    if isinstance(text, Hover) and text.title and text.title != str(text):  # Markdown has no hover: say it
+        text = text.title if str(text).endswith("...") else f"{text} ({text.title})"
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
@@ -515,10 +583,16 @@ tr.st-unsupported td, tr.st-unavailable td { background: #f6f6f6; color: #555; }
 code { background: #f1f3f6; padding: 0 3px; border-radius: 3px; font-size: 0.92em; }
 pre { background: #f6f8fa; border: 1px solid #e1e4e8; padding: 8px; overflow-x: auto; font-size: 0.82em; }
 figure { margin: 1em 0 2em; }
-figure img { max-width: 100%; border: 1px solid #e1e4e8; }
+figure img { max-width: 100%; border: 1px solid #e1e4e8; cursor: zoom-in; }
+figure img.full { max-width: none; cursor: zoom-out; }
+td[title] { text-decoration: underline dotted #8a94a6; cursor: help; }
 figcaption { color: #555; font-size: 0.9em; margin-top: 4px; }
 details summary { cursor: pointer; margin: 4px 0; }
 """
+
+
+def _title(cell) -> str:
+    return f' title="{html.escape(cell.title)}"' if isinstance(cell, Hover) and cell.title else ""
 
 
 def _td_class(table: Table, i: int) -> str:
@@ -544,14 +618,15 @@ def to_html(title: str, blocks: list) -> str:
                 cls = ""
                 if b.status_col is not None:
                     cls = f' class="st-{re.sub(r"[^a-z]", "", str(row[b.status_col]).lower())}"'
-                cells = "".join(f"<td{_td_class(b, i)}>{_inline(c)}</td>" for i, c in enumerate(row))
+                cells = "".join(f"<td{_td_class(b, i)}{_title(c)}>{_inline(c)}</td>" for i, c in enumerate(row))
                 out.append(f"<tr{cls}>{cells}</tr>")
             out.append("</table>")
         elif isinstance(b, Bullets):
             out.append("<ul>" + "".join(f"<li>{_inline(item)}</li>" for item in b.items) + "</ul>")
         elif isinstance(b, Image):
             data = base64.b64encode(b.path.read_bytes()).decode("ascii")
-            out.append(f'<figure><img alt="{html.escape(b.path.stem)}" src="data:image/png;base64,{data}">'
+            out.append(f'<figure><img alt="{html.escape(b.path.stem)}" src="data:image/png;base64,{data}" '
+                       'title="click: full size" onclick="this.classList.toggle(\'full\')">'
                        f"<figcaption>{_inline(b.caption)}</figcaption></figure>")
         elif isinstance(b, Pre):
             pre = f"<pre>{html.escape(b.text)}</pre>"

@@ -83,3 +83,8 @@ TIMING_COLUMNS = [
     *VERSION_COLUMNS,
     *PROCESS_COLUMNS,
 ]
+
+# The rows that share one baseline cell and one speedup column: a comparison group, split by the settings
+# it paired (pair_over: a paired group holds each problem at every dtype and thread count). Tables and the
+# report show one block per such split; for a group that paired nothing it is the group itself.
+SPEEDUP_BLOCK = ["group", "dtype", "threads"]
