@@ -68,14 +68,14 @@ def _by_run_section(timings: pd.DataFrame, run_ids: list[str]) -> list:
     """The cells the runs have in common, a row each: per run its median and its speedup over that run's own
     baseline, and each later run's time against the first run's (above 1: faster in the later run)."""
     from harness.results.labels import backend_label, group_label
-    from harness.results.report import Heading, Para, Table, fmt_speedup, fmt_time
-    from harness.results.schema import PROBLEM_COLUMNS
+    from harness.results.report import MISSED_MARK, Heading, Hover, Para, Table, fmt_speedup, fmt_time
 
     df = timings[timings["workload"] != "train"].copy()
     if df.empty:
         return []
     df["label"] = backend_label(df)
-    key = [k for k in dict.fromkeys(["workload", *PROBLEM_COLUMNS, "label"]) if k in df.columns]
+    key = _cell_key(df)
+    names = _run_keys(run_ids)
     by_run = {r: df[df["run_id"] == r].drop_duplicates(key).set_index(key) for r in run_ids}
     common = by_run[run_ids[0]].index
     for r in run_ids[1:]:
@@ -91,21 +91,36 @@ def _by_run_section(timings: pd.DataFrame, run_ids: list[str]) -> list:
         row = [f"{first['workload']} · {group_label(first)}", first["label"]]
         for r in run_ids:
             c = cell(r, k)
-            row.append(f"{fmt_time(c.get('median_s'))} ({fmt_speedup(c)})" if c["status"] == Status.OK else str(c["status"]))
+            sp = fmt_speedup(c, mark=True)
+            row.append(Hover(f"{fmt_time(c.get('median_s'))} ({sp})", sp.title if isinstance(sp, Hover) else "")
+                       if c["status"] == Status.OK else str(c["status"]))
         for r in run_ids[1:]:
             later = cell(r, k)
             a, b = first.get("median_s"), later.get("median_s")
             ok = first["status"] == Status.OK and later["status"] == Status.OK and a and b
             row.append(f"{a / b:.2f}x" if ok else "-")
         rows.append(row)
-    heads = ["problem", "backend"] + [f"`{r}`: median (speedup)" for r in run_ids]
-    heads += [f"`{r}` against `{run_ids[0]}`" for r in run_ids[1:]]
+    heads = ["problem", "backend"] + [f"{names[r]}: median (speedup)" for r in run_ids]
+    heads += [f"{names[r]} against {names[run_ids[0]]}" for r in run_ids[1:]]
     return [Heading(2, "Cells by run"),
             Para(f"The {len(common)} cells every run has: each run's median time per call and its speedup over that "
                  f"run's own baseline (95% interval), then each later run's time against the first run's (the first "
                  "run's median over the later one's: above 1, faster in the later run). Medians of different runs "
-                 "were not timed in turn: read their ratio with the machines and days in mind."),
+                 f"were not timed in turn: read their ratio with the machines and days in mind. {MISSED_MARK}: the "
+                 "speedup's interval missed its precision target."),
             Table(heads, rows, right=set(range(2, len(heads))))]
+
+
+def _run_keys(run_ids: list[str]) -> dict[str, str]:
+    """A short name per run for the tables' headers: A, B, C, ..."""
+    return {r: chr(ord("A") + i) if i < 26 else f"R{i + 1}" for i, r in enumerate(run_ids)}
+
+
+def _cell_key(df: pd.DataFrame) -> list[str]:
+    """The columns that make two runs' rows the same cell: the problem and the backend's label."""
+    from harness.results.schema import PROBLEM_COLUMNS
+
+    return [k for k in dict.fromkeys(["workload", *PROBLEM_COLUMNS, "label"]) if k in df.columns]
 
 
 def build_multi_report(paths) -> tuple[str, list, pd.DataFrame]:
@@ -116,23 +131,31 @@ def build_multi_report(paths) -> tuple[str, list, pd.DataFrame]:
     if len(runs) < 2:
         raise HarnessError("a report over several runs needs at least two run folders")
     timings = combined_timings(runs)
+    run_ids = [run.run_id for _, run in runs]
+    keys = _run_keys(run_ids)
     blocks: list = [Heading(2, "Runs")]
-    blocks.append(Table(["run", "config", "machine", "started", "cells"],
-                        [[f"`{run.run_id}`", f"`{run.meta.get('config_path', '?')}`", machine_label(run.meta),
-                          str(run.meta.get("started", "?"))[:19].replace("T", " "), str(len(run.timings))]
-                         for _, run in runs]))
-    blocks += _by_run_section(timings, [run.run_id for _, run in runs])
-    blocks.append(Heading(2, "Results, side by side"))
-    blocks.append(Para("Median time per call and speedup over each run's own baseline (95% interval), one row per "
-                       "cell of each run; the machine column says where it was measured."))
+    blocks.append(Table(["", "run", "config", "machine", "started", "cells"],
+                        [[keys[run.run_id], f"`{run.run_id}`", f"`{run.meta.get('config_path', '?')}`",
+                          machine_label(run.meta), str(run.meta.get("started", "?"))[:19].replace("T", " "),
+                          str(len(run.timings))] for _, run in runs]))
+    blocks += _by_run_section(timings, run_ids)
     df = timings.copy()
     df["label"] = backend_label(df)
-    df["problem"] = df.apply(lambda r: f"{r['workload']} {group_label(r, omit=('device',))}", axis=1)
+    key = _cell_key(df)
+    in_all = df.groupby(key, dropna=False)["run_id"].transform("nunique") == len(run_ids)
+    rest = df[~in_all | (df["workload"] == "train")]
+    if rest.empty:
+        return "benchmark report over several runs", blocks, timings
+    blocks.append(Heading(2, "Other cells, side by side"))
+    blocks.append(Para("The cells not every run has (and training cells): median time per call and speedup over "
+                       "each run's own baseline (95% interval), one row per cell of each run; the machine column says "
+                       "where it was measured."))
+    rest = rest.assign(problem=rest.apply(lambda r: f"{r['workload']} {group_label(r, omit=('device',))}", axis=1))
     rows = []
-    for problem, g in df.groupby("problem", sort=False):
+    for problem, g in rest.groupby("problem", sort=False):
         for _, r in g.sort_values(["device", "machine", "label"], kind="stable").iterrows():
             rows.append([problem, r["machine"], r["device"], r["label"], r["status"], fmt_time(r.get("median_s")),
-                         fmt_speedup(r)])
+                         fmt_speedup(r, mark=True)])
     blocks.append(Table(["problem", "machine", "device", "backend", "status", "median", "speedup [95% CI]"], rows,
                         right={5, 6}, status_col=4))
     return "benchmark report over several runs", blocks, timings

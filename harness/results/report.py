@@ -531,8 +531,8 @@ def _plot_order(p: Path):
 
 # -- rendering -------------------------------------------------------------------------------------
 def _md_cell(text: str) -> str:
-    if isinstance(text, Hover) and text.title and text.title != str(text):  # Markdown has no hover: say it
-        text = text.title if str(text).endswith("...") else f"{text} ({text.title})"
+    if isinstance(text, Hover) and str(text).endswith("..."):  # Markdown has no hover: a cut text whole
+        text = text.title
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
