@@ -23,7 +23,7 @@ def test_page_agrees_with_the_committed_runs():
 def test_a_hand_edited_number_fails_the_check_and_docs_restores_it(tmp_path):
     page = tmp_path / "experiments.md"
     text = PAGE.read_text()
-    row = "| elman D=1 H=32 T=64 B=1 float32 | 1 (314 us) | 0.23x [0.23, 0.23] |"
+    row = "| elman D=1 H=32 T=64 B=1 float32 | 1 (314 µs) | 0.23x [0.23, 0.23] |"
     assert row in text
     page.write_text(text.replace(row, row.replace("0.23x [0.23", "0.25x [0.23")))
     examples = tmp_path / "examples"  # docs writes: never into the checkout's committed runs

@@ -302,12 +302,18 @@ def plot_loss_vs_time(curves: pd.DataFrame, out: Path):
             # the fastest curves would be squeezed against the axis: logarithmic beyond the first step
             ax.set_xscale("symlog", linthresh=float(d.loc[d["wall_s"] > 0, "wall_s"].min()), linscale=0.3)
             ax.xaxis.set_minor_locator(plt.NullLocator())
-            ax.xaxis.set_major_formatter(lambda v, _: f"{v:g}")
+            # the start (0) sits next to the first logarithmic tick: left unlabelled, so the two never overlap
+            ax.xaxis.set_major_formatter(lambda v, _: "" if v == 0 else fmt_seconds(v))
             ax.set_xlim(0, float(ends.max()) * 1.3)
             ax.set_xlabel("training wall-clock (s, evaluation excluded; log scale)")
         else:
             ax.set_xlabel("training wall-clock (s, evaluation excluded)")
-        ax.set_ylabel("evaluation loss")
+        losses = d.loc[d["loss"] > 0, "loss"]
+        if len(losses) and losses.max() > 10 * losses.min():  # a fall of decades: a linear axis flattens it
+            ax.set_yscale("log")
+            ax.set_ylabel("evaluation loss (log scale)")
+        else:
+            ax.set_ylabel("evaluation loss")
         ax.set_title(panel, fontsize=10)
         ax.legend(fontsize=8)
     return _save(plt, fig, axes, len(panels), out)
@@ -562,9 +568,10 @@ def plot_train_tradeoff(timings: pd.DataFrame, out: Path):
             g = g.sort_values("batch")
             ax.plot(g["train_s"], g["final_loss"], marker=shapes[threads], ls=":", lw=0.8, color=palette[label],
                     label=f"{label}, {threads} thread" + ("s" if threads != 1 else ""))
-            for _, r in g.iterrows():
-                ax.annotate(f"B={r['batch']}", (r["train_s"], r["final_loss"]), textcoords="offset points",
-                            xytext=(4, 3), fontsize=7, color=palette[label])
+        # every backend reaches (about) the same loss at one batch size: each batch named once, at the right edge
+        for batch, g in d.groupby("batch"):
+            ax.text(1.01, float(g["final_loss"].median()), f"B={batch}", transform=ax.get_yaxis_transform(),
+                    va="center", ha="left", fontsize=8, color="#333333")
         ax.set_xscale("log")
         _seconds_axis(ax.xaxis)
         ax.set_xlabel("training time for the run's examples (evaluation excluded)")
