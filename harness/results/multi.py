@@ -15,6 +15,7 @@ import pandas as pd
 
 from harness.spec.errors import HarnessError
 from harness.spec.status import Status
+from harness.results.schema import cell_key
 
 
 from harness.results.labels import machine_label  # noqa: E402  (one rule for naming a machine)
@@ -74,7 +75,7 @@ def _by_run_section(timings: pd.DataFrame, run_ids: list[str]) -> list:
     if df.empty:
         return []
     df["label"] = backend_label(df)
-    key = _cell_key(df)
+    key = cell_key(df.columns)
     names = _run_keys(run_ids)
     by_run = {r: df[df["run_id"] == r].drop_duplicates(key).set_index(key) for r in run_ids}
     common = by_run[run_ids[0]].index
@@ -116,13 +117,6 @@ def _run_keys(run_ids: list[str]) -> dict[str, str]:
     return {r: chr(ord("A") + i) if i < 26 else f"R{i + 1}" for i, r in enumerate(run_ids)}
 
 
-def _cell_key(df: pd.DataFrame) -> list[str]:
-    """The columns that make two runs' rows the same cell: the problem and the backend's label."""
-    from harness.results.schema import PROBLEM_COLUMNS
-
-    return [k for k in dict.fromkeys(["workload", *PROBLEM_COLUMNS, "label"]) if k in df.columns]
-
-
 def build_multi_report(paths) -> tuple[str, list, pd.DataFrame]:
     from harness.results.labels import backend_label, group_label
     from harness.results.report import Heading, Para, Table, fmt_speedup, fmt_time
@@ -141,7 +135,7 @@ def build_multi_report(paths) -> tuple[str, list, pd.DataFrame]:
     blocks += _by_run_section(timings, run_ids)
     df = timings.copy()
     df["label"] = backend_label(df)
-    key = _cell_key(df)
+    key = cell_key(df.columns)
     in_all = df.groupby(key, dropna=False)["run_id"].transform("nunique") == len(run_ids)
     rest = df[~in_all | (df["workload"] == "train")]
     if rest.empty:

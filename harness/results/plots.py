@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from harness.results.labels import backend_label, fmt_seconds, group_label, optional_text  # noqa: F401  (re-exported for notebooks)
-from harness.results.schema import PROBLEM_COLUMNS, SIZE_COLUMNS
+from harness.results.schema import PROBLEM_COLUMNS, SIZE_COLUMNS, cell_key
 from harness.spec.model import DTYPE_BYTES
 from harness.spec.status import Status
 
@@ -673,9 +673,8 @@ def plot_runs(timings: pd.DataFrame, out: Path):
     runs = list(dict.fromkeys(timings["run_id"]))
     if len(runs) < 2 or ok.empty:
         return None
-    key = ["workload", *PROBLEM_COLUMNS, "device", "label"]
     ok = ok.assign(label=backend_label(ok))
-    key = [k for k in dict.fromkeys(key) if k in ok.columns]
+    key = cell_key(ok.columns)
     first = ok[ok["run_id"] == runs[0]].drop_duplicates(key).set_index(key)["median_s"]
     pairs = []
     for run in runs[1:]:

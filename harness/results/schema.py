@@ -88,3 +88,9 @@ TIMING_COLUMNS = [
 # it paired (pair_over: a paired group holds each problem at every dtype and thread count). Tables and the
 # report show one block per such split; for a group that paired nothing it is the group itself.
 SPEEDUP_BLOCK = ["group", "dtype", "threads"]
+
+
+def cell_key(columns) -> list[str]:
+    """The columns (of those present) that make rows of different runs the same cell: the problem and
+    the backend's display label (``label``, which the reader adds)."""
+    return [k for k in dict.fromkeys(["workload", *PROBLEM_COLUMNS, "label"]) if k in columns]
