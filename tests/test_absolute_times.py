@@ -24,8 +24,8 @@ backends: [ref]
 """
 
 
-def _policy(**kw) -> measure.TimingPolicy:
-    return measure.TimingPolicy.of(TimingConfig(**kw))
+def _policy(**kw) -> TimingConfig:
+    return TimingConfig(**kw)
 
 
 def test_every_timed_cell_samples_two_processes_by_default_over_its_passes():

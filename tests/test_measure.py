@@ -34,11 +34,11 @@ def test_calibration_aims_at_the_round_length_within_its_cap():
 
 def test_policy_comes_from_the_config_and_owns_no_defaults():
     cfg = TimingConfig(min_rounds=4, min_time_s=0.4)
-    policy = measure.TimingPolicy.of(cfg)
+    policy = cfg
     assert policy.warmup == cfg.warmup and policy.timeout_s == cfg.timeout_s
     assert policy.target_round_s == pytest.approx(0.1)
-    assert measure.TimingPolicy.of(TimingConfig(round_s=0.02, min_rounds=3)).target_round_s == 0.02
-    assert measure.TimingPolicy.of(TimingConfig(min_time_s=0.0)).target_round_s == measure.MIN_ROUND_S
+    assert TimingConfig(round_s=0.02, min_rounds=3).target_round_s == 0.02
+    assert TimingConfig(min_time_s=0.0).target_round_s == measure.MIN_ROUND_S
 
 
 def test_default_stop_rule_needs_rounds_and_time_or_hits_the_cap():

@@ -128,7 +128,7 @@ def drive_passes(timing: TimingConfig, round_times) -> tuple[dict, list[int], li
     """What the runner does over passes: before each, ``start_pass``; every round is labelled with its
     block; ``round_times(pass, r)`` gives the pass's round ``r``; passes follow while the rule asks for
     one. Returns the samples, the blocks and the reason each pass ended with."""
-    rule, policy = measure.stop_rule(timing), measure.TimingPolicy.of(timing)
+    rule, policy = measure.stop_rule(timing), timing
     samples: dict[str, list[float]] = {"base": [], "fast": []}
     blocks, reasons, elapsed = [], [], 0.0
     while not reasons or reasons[-1] == "pass":
@@ -155,7 +155,7 @@ def _state_per_pass(ratios, noise=0.003, seed=6):
 def test_passes_take_their_share_of_rounds_and_stop_at_the_target():
     timing = _timing(max_time_s=10, passes=2, max_passes=6)
     samples, blocks, reasons = drive_passes(timing, _state_per_pass([2.0]))
-    per_pass = measure.TimingPolicy.of(timing).pass_rounds
+    per_pass = timing.pass_rounds
     assert per_pass == max(4, stats.MIN_BLOCK_ROUNDS)
     # every pass takes its share and no more; passes go on until the target
     assert reasons[-1] == "target" and set(reasons[:-1]) == {"pass"} and 2 <= len(reasons) <= 4
@@ -181,7 +181,7 @@ def test_a_cell_whose_speedup_is_precise_leaves_the_later_passes():
     """steady keeps its ratio in every pass, shifty moves 6% from one pass to the next: after the
     passes asked for, only shifty (and the baseline it is paired with) is timed again."""
     timing = _timing(max_time_s=10, passes=3, max_passes=5)
-    rule, policy = measure.stop_rule(timing), measure.TimingPolicy.of(timing)
+    rule, policy = measure.stop_rule(timing), timing
     rng = np.random.default_rng(9)
     samples = {"base": [], "steady": [], "shifty": []}
     blocks, timed, elapsed = [], [], 0.0
@@ -219,7 +219,7 @@ def test_two_blocks_must_agree_closely_and_more_blocks_narrow_the_interval():
 def test_the_time_cap_ends_the_passes():
     timing = _timing(max_time_s=0.1, passes=2, max_passes=4)
     samples, blocks, reasons = drive_passes(timing, lambda p, r: {"base": 0.02, "fast": 0.01})
-    per_pass = measure.TimingPolicy.of(timing).pass_rounds
+    per_pass = timing.pass_rounds
     # the first pass fits (5 rounds of 30 ms), the second is cut at the cap: max_time_s for each of the two cells
     assert reasons == ["pass", "cap"] and blocks.count(0) == per_pass and 0 < blocks.count(1) < per_pass
     assert 0.2 <= sum(samples["base"]) + sum(samples["fast"]) < 0.2 + 0.03
@@ -240,7 +240,7 @@ def test_the_pass_counts_are_validated_and_set_the_rounds_per_pass(write_config)
     with pytest.raises(HarnessError, match="timing.max_passes: expected at least timing.passes"):
         load_config(write_config("name: p\nmodel: {kind: elman, hidden: 4}\ntask: {kind: random, vocab: 5, seq_len: 3}\n"
                                  "backends: [numpy]\ntiming: {passes: 3, max_passes: 2}\n"))
-    policy = lambda **kw: measure.TimingPolicy.of(TimingConfig(**kw))  # noqa: E731
+    policy = lambda **kw: TimingConfig(**kw)  # noqa: E731
     assert policy(min_rounds=8).pass_rounds == 8 and policy(min_rounds=8).pass_limit == 1  # one pass, one process
     assert policy(min_rounds=30, passes=3).pass_rounds == 10 and policy(passes=2, max_passes=5).pass_limit == 5
     assert policy(min_rounds=8, passes=2, processes=2).pass_rounds == 2 * stats.MIN_BLOCK_ROUNDS
@@ -308,7 +308,7 @@ def test_the_setting_is_validated():
     for bad in (0, -0.1, 1.5):
         with pytest.raises(ValidationError):
             TimingConfig(speedup_precision=bad)
-    assert measure.TimingPolicy.of(TimingConfig(speedup_precision=0.03)).speedup_precision == 0.03
+    assert TimingConfig(speedup_precision=0.03).speedup_precision == 0.03
 
 
 def test_rows_record_precision_and_disturbed_rounds(write_config):

@@ -197,8 +197,7 @@ def _n_workers(cell: Cell) -> int:
     """Worker processes a cell keeps alive beside the rest of its group (a training cell runs alone)."""
     if cell.problem.workload == "train":
         return 1
-    t = cell.timing  # TimingPolicy.worker_processes, read without the worker layer
-    return max(t.processes, -(-t.min_processes // t.passes))
+    return cell.timing.worker_processes
 
 
 _DEFAULT_TRAIN = TrainConfig()

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness.spec.environments import THREAD_VARS
 from harness.spec.errors import HarnessError
+from harness.spec.timing import TimingRules
 from harness.spec.model import DEFAULT_LOSS_SCALE, DTYPES, MAX_INT, short_repr
 
 DEFAULT_ENV = {
@@ -31,7 +32,9 @@ COUNT_CAP = 10**9  # loop counts beyond this are a typo, not a plan
 SECONDS_CAP = 7 * 24 * 3600.0  # a week
 
 
-class TimingConfig(_Strict):
+class TimingConfig(_Strict, TimingRules):
+    """The ``timing:`` settings; the rules that follow from them are :class:`harness.spec.timing.TimingRules`'."""
+
     warmup: int = Field(2, ge=0, le=COUNT_CAP, description="untimed calls after compiling")
     min_rounds: int = Field(10, ge=3, le=COUNT_CAP)
     min_time_s: float = Field(1.0, ge=0, le=SECONDS_CAP)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from harness.run import envs, machine
 from harness.worker import measure, protocol
 from harness.run.client import WorkerFailure, WorkerProcess, close_all, worker_settings
-from harness.config import Cell
+from harness.config import Cell, TimingConfig
 from harness.spec.errors import HarnessError
 from harness.spec.status import Status, StopReason
 
@@ -41,8 +41,8 @@ class Outcome:
     verify: dict | None = None
     host: str | None = None  # where it ran (a run spread over a cluster names each cell's host)
     stop_reason: StopReason | None = None  # why the group's interleaved rounds stopped
-    blocks: list | None = None  # per round, the (pass, process) block that took it (TimingPolicy.round_block)
-    processes: list | None = None  # per round, the fresh worker process that took it (TimingPolicy.round_process)
+    blocks: list | None = None  # per round, the (pass, process) block that took it (TimingConfig.round_block)
+    processes: list | None = None  # per round, the fresh worker process that took it (TimingConfig.round_process)
 
 
 @dataclass
@@ -65,8 +65,8 @@ class GroupRun:
             self.rule = measure.stop_rule(self.policy)
 
     @property
-    def policy(self) -> measure.TimingPolicy:
-        return measure.TimingPolicy.of(self.group[0].timing)
+    def policy(self) -> TimingConfig:
+        return self.group[0].timing
 
     @property
     def finished(self) -> bool:
@@ -184,10 +184,10 @@ class GroupRun:
 
     def _start_processes(self, cell: Cell, describe, record, verify: bool = True,
                          memo: str = "") -> tuple[Outcome, list[WorkerProcess]]:
-        """The cell's warmed workers of a pass (TimingPolicy.worker_processes: ``timing.processes``, or more for
+        """The cell's warmed workers of a pass (TimingConfig.worker_processes: ``timing.processes``, or more for
         ``min_processes``; the first one verified, if ``verify``), each paused as soon as it is ready, so that
         the next one's start and compile time are taken alone too."""
-        n = measure.TimingPolicy.of(cell.timing).worker_processes
+        n = cell.timing.worker_processes
         procs: list[WorkerProcess] = []
         outcome = None
         for k in range(n):

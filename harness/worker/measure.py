@@ -1,13 +1,13 @@
-"""The one timing policy and the one clock loop.
+"""The one clock loop and the one stop rule.
 
 Every timed loop of the project goes through here: the worker's warm-up, rounds,
 training steps and GEMM peak, the BLAS probe, and the benchmark scripts. The clock is
 ``time.perf_counter_ns`` and the code under test is ``sync()``-ed before every read, so
-asynchronous backends (JAX, CUDA) are charged for the work they queued.
+asynchronous backends (JAX, CUDA) are charged for the work they queued. The stop rule
+reads a group's timing settings and the rules derived from them
+(:class:`harness.spec.timing.TimingRules`, on which the config's ``TimingConfig`` is built).
 
-Worker-safe: the standard library and the statistics of :mod:`harness.worker.stats` (the policy
-is built from the config's timing settings on the runner side, and from plain numbers on the
-worker side).
+Worker-safe: the standard library, the spec layer and the statistics of :mod:`harness.worker.stats`.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from harness.worker.stats import MIN_BLOCK_ROUNDS, MIN_PRECISION_ROUNDS, half_width, paired_speedup, precision_met
+from harness.worker.stats import MIN_PRECISION_ROUNDS, half_width, paired_speedup, precision_met
+from harness.spec.timing import MIN_ROUND_S, TimingRules  # noqa: F401  (MIN_ROUND_S: the floor calibrate() works to)
 from harness.spec.errors import HarnessError
 from harness.spec.status import StopReason
 
 MAX_INNER = 10_000  # calls per round at most: beyond that a round's clock reads are noise-free enough
-MIN_ROUND_S = 0.005  # a round shorter than this is dominated by the clock and the protocol
 
 
 _clock = time.perf_counter_ns  # bound once: a global lookup less between the code under test and the clock
@@ -108,62 +108,6 @@ def elapsed_s(start_ns: int) -> float:
     return (_clock() - start_ns) / 1e9
 
 
-class TimingPolicy:
-    """How a cell is timed: the config's ``timing:`` settings, read through (their one definition, with
-    their defaults and the rules between them, is :class:`harness.config.TimingConfig`), and what
-    follows from them."""
-
-    def __init__(self, timing):
-        self._timing = timing
-
-    @classmethod
-    def of(cls, timing) -> "TimingPolicy":
-        """From the config's TimingConfig (or any object with its attributes)."""
-        return timing if isinstance(timing, cls) else cls(timing)
-
-    def __getattr__(self, name: str):
-        if name.startswith("_"):  # unpickling looks for these before __init__ ran
-            raise AttributeError(name)
-        return getattr(self._timing, name)
-
-    @property
-    def target_round_s(self) -> float:
-        """The length one round aims at: ``round_s``, else ``min_time_s / min_rounds`` (at least 5 ms)."""
-        return self.round_s or max(MIN_ROUND_S, self.min_time_s / self.min_rounds)
-
-    @property
-    def pass_limit(self) -> int:
-        """The most passes a group gets: ``max_passes``, else ``passes``."""
-        return self.max_passes or self.passes
-
-    @property
-    def pass_rounds(self) -> int:
-        """Rounds every pass over a group takes at least: its share of ``min_rounds`` and, when the
-        rounds fall into several blocks (processes, passes), MIN_BLOCK_ROUNDS per block of the pass."""
-        share = -(-self.min_rounds // self.passes)
-        if self.passes * self.processes > 1:
-            share = max(share, MIN_BLOCK_ROUNDS * self.processes)
-        return share
-
-    @property
-    def worker_processes(self) -> int:
-        """The fresh worker processes of a timed cell in each pass: ``processes``, or more where
-        ``min_processes`` asks for more over the ``passes`` (they take its rounds in turn; the blocks
-        of a speedup's interval stay ``processes``')."""
-        return max(self.processes, -(-getattr(self._timing, "min_processes", 1) // self.passes))
-
-    def round_process(self, n_pass: int, n_round: int) -> int:
-        """The worker process (numbered across passes, from 0) that takes the ``n_round``-th round of the
-        ``n_pass``-th pass: the pass's process ``n_round % worker_processes``."""
-        return n_pass * self.worker_processes + n_round % self.worker_processes
-
-    def round_block(self, n_pass: int, n_round: int) -> int:
-        """The block of the ``n_round``-th round (from 0) of the ``n_pass``-th pass (from 0): the pass's
-        worker process that takes it (round ``i`` of a pass runs in its process ``i % processes``),
-        numbered across passes, as :func:`harness.worker.stats.paired_speedup` reads it."""
-        return n_pass * self.processes + n_round % self.processes
-
-
 def calibrate(one_call_s: float, round_s: float) -> int:
     """The inner loop count that makes a round of calls of ``one_call_s`` last ``round_s`` (1 to MAX_INNER)."""
     return max(1, min(MAX_INNER, int(round(round_s / max(one_call_s, 1e-9)))))
@@ -207,19 +151,20 @@ class StopRule:
     After ``done`` returns True, ``reason`` (a :class:`StopReason`) says why; ``widths`` holds each cell's
     relative half-width at its last check."""
 
-    def __init__(self, min_rounds: int, min_time_s: float, max_time_s: float, target: float | None = None,
-                 interval: Callable[..., tuple[float, float, float]] | None = None,
-                 passes: int = 1, pass_limit: int | None = None, pass_rounds: int | None = None):
+    def __init__(self, timing: TimingRules, interval: Callable[..., tuple[float, float, float]] | None = None):
+        """``timing``: the group's timing settings with their derived rules (a ``TimingConfig``);
+        ``interval``: what reports a speedup's interval, needed with a precision target."""
+        target = timing.speedup_precision
         if target is not None and interval is None:
             raise HarnessError("a precision target needs the interval function that reports the speedups")
-        self.min_rounds = min_rounds
-        self.min_time_s = min_time_s
-        self.max_time_s = max_time_s
+        self.min_rounds = timing.min_rounds
+        self.min_time_s = timing.min_time_s
+        self.max_time_s = timing.max_time_s
         self.target = target
         self.interval = interval
-        self.passes = passes
-        self.pass_limit = pass_limit or passes  # never below passes: TimingConfig refuses that
-        self.pass_rounds = pass_rounds or min_rounds  # stop_rule gives TimingPolicy.pass_rounds
+        self.passes = timing.passes
+        self.pass_limit = timing.pass_limit
+        self.pass_rounds = timing.pass_rounds
         self.pass_index = 0  # the pass under way, from 0
         self.n_cells = 0  # the most cells seen in one call: the cap's multiplier
         self.reason: StopReason | None = None
@@ -330,13 +275,8 @@ class StopRule:
         return True
 
 
-def stop_rule(timing) -> StopRule:
-    """A fresh stop rule for one group timed with ``timing`` (a TimingConfig or TimingPolicy).
+def stop_rule(timing: TimingRules) -> StopRule:
+    """A fresh stop rule for one group timed with ``timing`` (its ``TimingConfig``).
 
     A precision target reads the speedups' intervals through :func:`harness.worker.stats.paired_speedup`."""
-    policy = timing if isinstance(timing, TimingPolicy) else TimingPolicy.of(timing)
-    interval = None
-    if policy.speedup_precision is not None:
-        interval = paired_speedup
-    return StopRule(policy.min_rounds, policy.min_time_s, policy.max_time_s, policy.speedup_precision, interval,
-                    policy.passes, policy.pass_limit, policy.pass_rounds)
+    return StopRule(timing, paired_speedup if timing.speedup_precision is not None else None)

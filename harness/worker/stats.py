@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from harness.spec.timing import MIN_BLOCK_ROUNDS  # read at call time: a test may change it here
 
-MIN_BLOCK_ROUNDS = 5  # rounds a block (a half of the rounds, a process, a pass) needs to give a speedup of its own
 MIN_PRECISION_ROUNDS = 10  # a 95% interval from fewer paired rounds is too coarse to call precise
 
 
@@ -74,7 +74,7 @@ def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0, blocks=No
     they disagree no amount of further rounds from the same stretch narrows it below that.
 
     ``blocks`` labels each round with the worker process that took it (see
-    :meth:`harness.worker.measure.TimingPolicy.round_block`: one per fresh process, of every pass
+    :meth:`harness.spec.timing.TimingRules.round_block`: one per fresh process, of every pass
     over the group). Blocks are independent draws of what a round cannot resample: which
     fresh process one got (its memory layout, the kernels a library picked at start) and
     when in the run it was taken. With ``k`` blocks of MIN_BLOCK_ROUNDS rounds or more, the

@@ -1,0 +1,55 @@
+"""What follows from a config's ``timing:`` settings: the rules between them, in one place.
+
+:class:`TimingRules` holds the derived rules (how long a round aims to be, how many passes a group
+gets at most, how many rounds each pass takes, how many fresh worker processes a cell gets and which
+one takes a given round). The config's ``TimingConfig`` is built on it (it adds the settings, their
+defaults and their validation); the stop rule and the group runner read these properties from it.
+Standard library only: the worker side may import this module.
+"""
+
+from __future__ import annotations
+
+MIN_ROUND_S = 0.005  # a round shorter than this is dominated by the clock and the protocol
+MIN_BLOCK_ROUNDS = 5  # rounds a block (a half of the rounds, a process, a pass) needs to give a speedup of its own
+
+
+class TimingRules:
+    """The rules derived from the timing settings; a subclass provides ``min_rounds``, ``min_time_s``,
+    ``round_s``, ``passes``, ``max_passes``, ``processes`` and ``min_processes``."""
+
+    @property
+    def target_round_s(self) -> float:
+        """The length one round aims at: ``round_s``, else ``min_time_s / min_rounds`` (at least 5 ms)."""
+        return self.round_s or max(MIN_ROUND_S, self.min_time_s / self.min_rounds)
+
+    @property
+    def pass_limit(self) -> int:
+        """The most passes a group gets: ``max_passes``, else ``passes``."""
+        return self.max_passes or self.passes
+
+    @property
+    def pass_rounds(self) -> int:
+        """Rounds every pass over a group takes at least: its share of ``min_rounds`` and, when the
+        rounds fall into several blocks (processes, passes), MIN_BLOCK_ROUNDS per block of the pass."""
+        share = -(-self.min_rounds // self.passes)
+        if self.passes * self.processes > 1:
+            share = max(share, MIN_BLOCK_ROUNDS * self.processes)
+        return share
+
+    @property
+    def worker_processes(self) -> int:
+        """The fresh worker processes of a timed cell in each pass: ``processes``, or more where
+        ``min_processes`` asks for more over the ``passes`` (they take its rounds in turn; the blocks
+        of a speedup's interval stay ``processes``')."""
+        return max(self.processes, -(-self.min_processes // self.passes))
+
+    def round_process(self, n_pass: int, n_round: int) -> int:
+        """The worker process (numbered across passes, from 0) that takes the ``n_round``-th round of the
+        ``n_pass``-th pass: the pass's process ``n_round % worker_processes``."""
+        return n_pass * self.worker_processes + n_round % self.worker_processes
+
+    def round_block(self, n_pass: int, n_round: int) -> int:
+        """The block of the ``n_round``-th round (from 0) of the ``n_pass``-th pass (from 0): the pass's
+        worker process that takes it (round ``i`` of a pass runs in its process ``i % processes``),
+        numbered across passes, as :func:`harness.worker.stats.paired_speedup` reads it."""
+        return n_pass * self.processes + n_round % self.processes
