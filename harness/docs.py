@@ -44,7 +44,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.spec.errors import HarnessError
-from harness.results.schema import SPEEDUP_BLOCK
+from harness.results.schema import SPEEDUP_BLOCK, setting_values
 from harness.spec.status import Status
 
 OPEN = re.compile(r"^<!-- table: (?P<spec>.+?) -->\s*$")
@@ -276,19 +276,16 @@ def settings(df: pd.DataFrame, spec: TableSpec) -> list[str]:
     df = df[df["setting_baseline"].notna()] if "setting_baseline" in df else df.iloc[:0]
     if df.empty:
         raise HarnessError(f"table {spec.text!r} (line {spec.line}): the run paired no settings (pair_over)")
-    base = dict(part.split("=") for part in str(df["setting_baseline"].iloc[0]).split(","))
+    from harness.results.labels import setting_label
+
+    base = setting_values(df["setting_baseline"].iloc[0])
     keys = list(base)
-
-    def name(r) -> str:
-        return " ".join(f"{r[k]} thr" if k == "threads" else str(r[k]) for k in keys)
-
     several = df["workload"].nunique() > 1
-    order = list(dict.fromkeys(name(r) for _, r in df.iterrows()))
-    first = " ".join(f"{base[k]} thr" if k == "threads" else base[k] for k in keys)
-    order = [first] + [o for o in order if o != first]
+    first = setting_label(base, keys)
+    order = [first] + [o for o in dict.fromkeys(setting_label(r, keys) for _, r in df.iterrows()) if o != first]
     problems: dict[tuple[str, str], dict[str, object]] = {}
     for _, r in df.iterrows():
-        problems.setdefault((_problem(r, several, omit=tuple(keys)), r["label"]), {})[name(r)] = r
+        problems.setdefault((_problem(r, several, omit=tuple(keys)), r["label"]), {})[setting_label(r, keys)] = r
     rows = []
     for (problem, label), at in problems.items():
         row = [problem, label] + [_ms(at[o]) if o in at else "" for o in order]

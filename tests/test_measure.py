@@ -2,6 +2,7 @@
 
 import pytest
 
+from harness.spec import timing
 from harness.worker import measure
 from harness.config import TimingConfig
 
@@ -38,7 +39,7 @@ def test_policy_comes_from_the_config_and_owns_no_defaults():
     assert policy.warmup == cfg.warmup and policy.timeout_s == cfg.timeout_s
     assert policy.target_round_s == pytest.approx(0.1)
     assert TimingConfig(round_s=0.02, min_rounds=3).target_round_s == 0.02
-    assert TimingConfig(min_time_s=0.0).target_round_s == measure.MIN_ROUND_S
+    assert TimingConfig(min_time_s=0.0).target_round_s == timing.MIN_ROUND_S
 
 
 def test_default_stop_rule_needs_rounds_and_time_or_hits_the_cap():

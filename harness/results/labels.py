@@ -73,6 +73,12 @@ def group_label(row, omit: tuple[str, ...] = ()) -> str:
     return " ".join(str(b) for b in bits)
 
 
+def setting_label(values, keys) -> str:
+    """A paired setting as a reader names it, from a row or a dict of its ``keys``' values: ``bfloat16``,
+    ``2 thr``, ``bfloat16 2 thr``."""
+    return " ".join(f"{values[k]} thr" if k == "threads" else str(values[k]) for k in keys)
+
+
 def fmt_seconds(v) -> str:
     """A duration with a readable unit: ``1.23 ms``, ``45.6 µs``, ``2.5 s``."""
     if v is None or not np.isfinite(v):

@@ -75,28 +75,22 @@ def _by_run_section(timings: pd.DataFrame, run_ids: list[str]) -> list:
     if df.empty:
         return []
     df["label"] = backend_label(df)
-    key = cell_key(df.columns)
     names = _run_keys(run_ids)
-    by_run = {r: df[df["run_id"] == r].drop_duplicates(key).set_index(key) for r in run_ids}
-    common = by_run[run_ids[0]].index
-    for r in run_ids[1:]:
-        common = common.intersection(by_run[r].index)
-    if not len(common):
+    common = df[_in_every_run(df, len(run_ids))]
+    if common.empty:
         return [Heading(2, "Cells by run"), Para("The runs have no cell in common (the same problem and backend).")]
-    def cell(run_id, k) -> pd.Series:  # the row with its key columns, which the index holds
-        return pd.concat([pd.Series(dict(zip(key, k))), by_run[run_id].loc[k]])
-
     rows = []
-    for k in common:
-        first = cell(run_ids[0], k)
+    for _, g in common.groupby(cell_key(common.columns), sort=False, dropna=False):
+        at = {r["run_id"]: r for _, r in g.drop_duplicates("run_id").iterrows()}
+        first = at[run_ids[0]]
         row = [f"{first['workload']} · {group_label(first)}", first["label"]]
         for r in run_ids:
-            c = cell(r, k)
+            c = at[r]
             sp = fmt_speedup(c, mark=True)
             row.append(Hover(f"{fmt_time(c.get('median_s'))} ({sp})", sp.title if isinstance(sp, Hover) else "")
                        if c["status"] == Status.OK else str(c["status"]))
         for r in run_ids[1:]:
-            later = cell(r, k)
+            later = at[r]
             a, b = first.get("median_s"), later.get("median_s")
             ok = first["status"] == Status.OK and later["status"] == Status.OK and a and b
             row.append(f"{a / b:.2f}x" if ok else "-")
@@ -104,12 +98,17 @@ def _by_run_section(timings: pd.DataFrame, run_ids: list[str]) -> list:
     heads = ["problem", "backend"] + [f"{names[r]}: median (speedup)" for r in run_ids]
     heads += [f"{names[r]} against {names[run_ids[0]]}" for r in run_ids[1:]]
     return [Heading(2, "Cells by run"),
-            Para(f"The {len(common)} cells every run has: each run's median time per call and its speedup over that "
+            Para(f"The {len(rows)} cells every run has: each run's median time per call and its speedup over that "
                  f"run's own baseline (95% interval), then each later run's time against the first run's (the first "
                  "run's median over the later one's: above 1, faster in the later run). Medians of different runs "
                  f"were not timed in turn: read their ratio with the machines and days in mind. {MISSED_MARK}: the "
                  "speedup's interval missed its precision target."),
             Table(heads, rows, right=set(range(2, len(heads))))]
+
+
+def _in_every_run(df: pd.DataFrame, n_runs: int) -> pd.Series:
+    """Which rows are of a cell (:func:`harness.results.schema.cell_key`) that every one of the ``n_runs`` runs has."""
+    return df.groupby(cell_key(df.columns), dropna=False)["run_id"].transform("nunique") == n_runs
 
 
 def _run_keys(run_ids: list[str]) -> dict[str, str]:
@@ -135,9 +134,7 @@ def build_multi_report(paths) -> tuple[str, list, pd.DataFrame]:
     blocks += _by_run_section(timings, run_ids)
     df = timings.copy()
     df["label"] = backend_label(df)
-    key = cell_key(df.columns)
-    in_all = df.groupby(key, dropna=False)["run_id"].transform("nunique") == len(run_ids)
-    rest = df[~in_all | (df["workload"] == "train")]
+    rest = df[~_in_every_run(df, len(run_ids)) | (df["workload"] == "train")]
     if rest.empty:
         return "benchmark report over several runs", blocks, timings
     blocks.append(Heading(2, "Other cells, side by side"))

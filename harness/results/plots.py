@@ -16,8 +16,8 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from harness.results.labels import backend_label, fmt_seconds, group_label, optional_text  # noqa: F401  (re-exported for notebooks)
-from harness.results.schema import PROBLEM_COLUMNS, SIZE_COLUMNS, cell_key
+from harness.results.labels import backend_label, fmt_seconds, group_label, optional_text, setting_label  # noqa: F401  (re-exported for notebooks)
+from harness.results.schema import PROBLEM_COLUMNS, SIZE_COLUMNS, cell_key, setting_values
 from harness.spec.model import DTYPE_BYTES
 from harness.spec.status import Status
 
@@ -212,29 +212,20 @@ def plot_speedup(timings: pd.DataFrame, out: Path):
     return _save(plt, fig, axes, len(panels), out)
 
 
-def _paired_keys(df: pd.DataFrame) -> list[str]:
-    """The settings a run paired (``pair_over``), from its rows' ``setting_baseline`` (``dtype=float32,threads=1``)."""
-    if "setting_baseline" not in df:
-        return []
-    found = df["setting_baseline"].dropna()
-    return [part.split("=")[0] for part in str(found.iloc[0]).split(",")] if len(found) else []
-
-
 def plot_settings(timings: pd.DataFrame, out: Path):
     """Per problem, each backend's time at every paired setting against its own at the first one
     (``setting_speedup``: above 1, this setting is the faster), with the paired 95% interval; a 1x line;
     cells that did not run listed with their status."""
-    keys = _paired_keys(timings)
-    if not keys:
+    if "setting_baseline" not in timings:
         return None
     # training cells run alone, never paired: they have no setting ratio to draw
     df = timings[timings["setting_baseline"].notna() & (timings["workload"] != "train")].copy()
     if df.empty:
         return None
-    base = dict(part.split("=") for part in str(df["setting_baseline"].iloc[0]).split(","))
-    df["setting"] = df.apply(lambda r: " ".join(f"{r[k]}" + (" thr" if k == "threads" else "") for k in keys), axis=1)
-    at_base = df.apply(lambda r: all(str(r[k]) == base[k] for k in keys), axis=1)
-    df = df[~at_base]
+    base = setting_values(df["setting_baseline"].iloc[0])
+    keys = list(base)
+    df["setting"] = df.apply(lambda r: setting_label(r, keys), axis=1)
+    df = df[df["setting"] != setting_label(base, keys)]  # each backend's first setting is its own 1x
     if df.empty:
         return None
     df["label"] = backend_label(df)

@@ -47,8 +47,8 @@ class Table:
 
 
 class Hover(str):
-    """A table cell's text with more behind it: ``title`` is shown on hover in HTML and after the text
-    in Markdown (a reason cut to fit its column, the half-width of a marked speedup)."""
+    """A table cell's text with more behind it, shown on hover in HTML: a reason cut to fit its column
+    (Markdown prints it whole instead) or the half-width and target of a marked speedup."""
 
     title: str = ""
 
@@ -114,12 +114,8 @@ def fmt_speedup(row, mark: bool = False) -> str:
     """``1.23x [1.10, 1.40]`` or ``-``; a speedup that stopped short of its precision target
     says so: ``1.23x [1.10, 1.40] (±14%, target ±2% not met)``, or with ``mark`` (the report's
     tables, whose legend explains it) ``1.23x [1.10, 1.40] †`` with the figures on hover."""
-    s = row.get("speedup")
-    if not _num(s):
-        return "-"
-    lo, hi = row.get("speedup_lo"), row.get("speedup_hi")
-    out = f"{s:.3g}x [{lo:.3g}, {hi:.3g}]" if _num(lo) and _num(hi) else f"{s:.3g}x"
-    if imprecise(row):
+    out = _fmt_ratio(row.get("speedup"), row.get("speedup_lo"), row.get("speedup_hi"))
+    if out != "-" and imprecise(row):
         missed = f"±{_f(row.get('speedup_half_width'), '.1%')}, target ±{row['speedup_precision']:.1%} not met"
         return Hover(f"{out} {MISSED_MARK}", missed) if mark else f"{out} ({missed})"
     return out
@@ -128,7 +124,11 @@ def fmt_speedup(row, mark: bool = False) -> str:
 def fmt_setting_speedup(row) -> str:
     """A paired setting's ratio (pair_over): the backend's time at the first setting over its time at
     this one, ``1.85x [1.80, 1.90]``, or ``-``."""
-    s, lo, hi = row.get("setting_speedup"), row.get("setting_speedup_lo"), row.get("setting_speedup_hi")
+    return _fmt_ratio(row.get("setting_speedup"), row.get("setting_speedup_lo"), row.get("setting_speedup_hi"))
+
+
+def _fmt_ratio(s, lo, hi) -> str:
+    """``1.23x [1.10, 1.40]``, ``1.23x`` without an interval, ``-`` without a ratio."""
     if not _num(s):
         return "-"
     return f"{s:.3g}x [{lo:.3g}, {hi:.3g}]" if _num(lo) and _num(hi) else f"{s:.3g}x"

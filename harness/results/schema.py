@@ -90,6 +90,11 @@ TIMING_COLUMNS = [
 SPEEDUP_BLOCK = ["group", "dtype", "threads"]
 
 
+def setting_values(text) -> dict[str, str]:
+    """A ``setting_baseline`` value read back: ``"dtype=float32,threads=1"`` -> ``{"dtype": "float32", "threads": "1"}``."""
+    return dict(part.split("=", 1) for part in str(text).split(","))
+
+
 def cell_key(columns) -> list[str]:
     """The columns (of those present) that make rows of different runs the same cell: the problem and
     the backend's display label (``label``, which the reader adds)."""

@@ -16,7 +16,7 @@ import time
 from typing import Callable
 
 from harness.worker.stats import MIN_PRECISION_ROUNDS, half_width, paired_speedup, precision_met
-from harness.spec.timing import MIN_ROUND_S, TimingRules  # noqa: F401  (MIN_ROUND_S: the floor calibrate() works to)
+from harness.spec.timing import TimingRules
 from harness.spec.errors import HarnessError
 from harness.spec.status import StopReason
 
