@@ -98,48 +98,102 @@ def origin(name: str) -> str:
     return f"plugin {found.dist}" if found else "unknown"
 
 
+@dataclass(frozen=True)
+class BackendRef:
+    """A backend as a config, a command line or a run names it, parsed once:
+    ``name[:variant][@version[+package@version...]]`` or ``name[:variant]@rev:REVISION``.
+
+    ``full`` is the text it was parsed from (the canonical name once :func:`resolve` made it);
+    ``variant`` is None for the default one; ``pin_text`` is what follows ``@`` ("" for none);
+    ``pins`` the versions it pins, ``{package: version}`` with the backend's own package first
+    (empty for a revision, and for a backend that cannot be imported here); ``revision`` the git
+    revision of its sources it pins (``native@rev:4aee8db``), None for none."""
+
+    full: str
+    name: str
+    variant: str | None = None
+    pin_text: str = ""
+    revision: str | None = None
+
+    @staticmethod
+    @functools.lru_cache(maxsize=1024)
+    def parse(full: str) -> "BackendRef":
+        """The parts of a backend name, by its syntax alone (no registry lookup)."""
+        base, _, pin_text = str(full).partition("@")
+        name, _, variant = base.partition(":")
+        revision = pin_text[len("rev:"):] if pin_text.startswith("rev:") else None
+        return BackendRef(str(full), name, variant or None, pin_text, revision)
+
+    def __str__(self) -> str:
+        return self.full
+
+    @property
+    def base(self) -> str:
+        """``name[:variant]`` without the pins: ``jax:unroll=4`` of ``jax:unroll=4@0.4.38``."""
+        return self.full.partition("@")[0]
+
+    @property
+    def environment_key(self) -> str:
+        """The key of its environment's versions: its name with the versions it pins (``jax`` and
+        ``jax@0.4.38+jaxlib@0.4.38`` are two environments; a variant shares its backend's)."""
+        return f"{self.name}@{self.pin_text}" if self.pin_text else self.name
+
+    @property
+    def pins(self) -> dict[str, str]:
+        """The versions it pins, ``{package: version}`` (the backend's own ``package`` first); ``{}`` for a name
+        that pins a revision of its sources instead, or none."""
+        from harness.spec.environments import parse_pins
+
+        if "@" not in self.full or self.revision is not None:
+            return {}
+        cls = backend_class(self.name)
+        try:
+            return parse_pins(f"{cls.package}@{self.pin_text}")
+        except ValueError as exc:
+            raise HarnessError(f"backend {_short(self.full)}: {exc}") from None
+
+    def backend_class(self):
+        """Its backend class (:func:`backend_class`)."""
+        return backend_class(self.name)
+
+
+def ref(full) -> BackendRef:
+    """``full`` as a :class:`BackendRef` (a ref is returned as it is)."""
+    return full if isinstance(full, BackendRef) else BackendRef.parse(str(full))
+
+
 def split_name(full: str) -> tuple[str, str | None]:
     """``"numpy:wildml"`` -> ``("numpy", "wildml")``; ``"jax"`` -> ``("jax", None)``; the versions a name
     pins are not part of it: ``"jax:unroll=4@0.4.38"`` -> ``("jax", "unroll=4")``, nor the revision it
     pins: ``"native:sync@rev:4aee8db"`` -> ``("native", "sync")``."""
-    name, _, variant = split_pins(full)[0].partition(":")
-    return name, (variant or None)
+    r = ref(full)
+    return r.name, r.variant
 
 
 def split_pins(full: str) -> tuple[str, str]:
     """A backend name's two parts, ``name[:variant]`` and the versions it pins after ``@``:
     ``"jax:unroll=4@0.4.38+jaxlib@0.4.38"`` -> ``("jax:unroll=4", "0.4.38+jaxlib@0.4.38")``; ``""`` for none."""
-    base, _, pins = str(full).partition("@")
-    return base, pins
+    r = ref(full)
+    return r.base, r.pin_text
 
 
 def _short(full: str) -> str:
     """A backend name as messages quote it: its start and end where it is long (a runaway version)."""
     from harness.spec.model import short_repr
 
-    return short_repr(full, 80)
+    return short_repr(str(full), 80)
 
 
 def revision_of(full: str) -> str | None:
     """The git revision of its sources a backend name pins: ``"native@rev:4aee8db"`` -> ``"4aee8db"`` (None: none;
     ``backends.native_build``)."""
-    text = split_pins(full)[1]
-    return text[len("rev:"):] if text.startswith("rev:") else None
+    return ref(full).revision
 
 
 def pins_of(full: str) -> dict[str, str]:
     """The versions a backend name pins, ``{package: version}`` (the backend's own ``package`` first); ``{}`` for
     a name that pins a revision of its sources instead (``native@rev:4aee8db``)."""
-    from harness.spec.environments import parse_pins
-
-    if "@" not in str(full) or revision_of(full) is not None:
-        return {}
-    text = split_pins(full)[1]
-    cls = backend_class(split_name(full)[0])
-    try:
-        return parse_pins(f"{cls.package}@{text}")
-    except ValueError as exc:
-        raise HarnessError(f"backend {_short(full)}: {exc}") from None
+    return ref(full).pins
 
 
 def backend_class(name: str):
@@ -179,13 +233,14 @@ def _class_problem(name: str, obj) -> str:
     return ""
 
 
-def validate_name(full: str, versions: dict[str, str] | None = None) -> str:
-    """Check ``name[:variant][@version[+package@version...]]`` against the registry; returns the canonical
-    full name. ``versions`` (package -> version, from a config's ``versions:``) adds companions to a name
-    that pins a version; the name's own pins win."""
+def resolve(full, versions: dict[str, str] | None = None) -> BackendRef:
+    """Check ``name[:variant][@version[+package@version...]]`` against the registry; returns it as a
+    :class:`BackendRef` of its canonical name. ``versions`` (package -> version, from a config's
+    ``versions:``) adds companions to a name that pins a version; the name's own pins win."""
     from harness.spec.environments import normalise_package
 
-    name, variant = split_name(full)
+    given = ref(full)
+    name, variant = given.name, given.variant
     if name not in registry():
         backend_class(name)  # raises the "unknown backend" error with the known names
     try:
@@ -193,33 +248,37 @@ def validate_name(full: str, versions: dict[str, str] | None = None) -> str:
     except HarnessError:
         # known but broken here (missing library, failed build): the run records the
         # cells as unavailable with this reason instead of refusing the whole config
-        return full
+        return given
     if variant is not None and variant not in cls.variants:
         raise HarnessError(f"backend {_short(full)}: unknown variant {variant!r}; valid variants are {', '.join(cls.variants)}")
     canonical = cls.full_name_of(variant)
-    if "@" not in str(full):
-        return canonical
-    revision = revision_of(full)
-    if revision is not None:
+    if "@" not in given.full:
+        return ref(canonical)
+    if given.revision is not None:
         if not cls.revisions:
-            raise HarnessError(f"backend {full!r}: {name} cannot be built from another revision of its sources "
+            raise HarnessError(f"backend {given.full!r}: {name} cannot be built from another revision of its sources "
                                f"(a backend whose class sets `revisions`, such as native, can); expected {name}, "
                                f"{name}:variant or {name}@version")
         from backends import native_build
 
         try:
-            return f"{canonical}@rev:{native_build.canonical(revision)}"
+            return ref(f"{canonical}@rev:{native_build.canonical(given.revision)}")
         except HarnessError as exc:
-            raise HarnessError(f"backend {full!r}: {exc}") from None
+            raise HarnessError(f"backend {given.full!r}: {exc}") from None
     if cls.package is None:
         why = (f"it runs in its own environment {cls.environment!r}" if cls.environment
                else "its class names no `package` to pin")
         raise HarnessError(f"backend {_short(full)}: {name} cannot be pinned to a version ({why}); expected {name} "
                            f"or {name}:variant")
-    pins = pins_of(full)
+    pins = given.pins
     for package, version in (versions or {}).items():
         pins.setdefault(normalise_package(package), version)
-    return cls.full_name_of(variant, pins)
+    return ref(cls.full_name_of(variant, pins))
+
+
+def validate_name(full: str, versions: dict[str, str] | None = None) -> str:
+    """The canonical name of ``full`` (:func:`resolve`), as text."""
+    return resolve(full, versions).full
 
 
 def default_variant(name: str) -> str | None:
@@ -236,21 +295,21 @@ def full_name(name: str, variant: str | None) -> str:
     return name if variant in (None, default_variant(name)) else f"{name}:{variant}"
 
 
-def create(full: str):
-    """Instantiate ``name[:variant][@versions]`` (the instance's ``pins`` hold the versions)."""
-    name, variant = split_name(full)
-    canonical = validate_name(full)
-    cls = backend_class(name)
+def create(full):
+    """Instantiate ``name[:variant][@versions]`` (a name or a :class:`BackendRef`; the instance's ``pins`` hold
+    the versions)."""
+    canonical = resolve(full)
+    cls = backend_class(canonical.name)
     try:
-        inst = cls(variant)
+        inst = cls(canonical.variant)
     except Exception as exc:  # a constructor that raises makes the backend unavailable, not the run fail
-        raise HarnessError(f"unavailable: backend {full!r} could not be created: {type(exc).__name__}: {exc}") from exc
-    inst.pins = pins_of(canonical)
-    inst.revision = revision_of(canonical)
+        raise HarnessError(f"unavailable: backend {str(full)!r} could not be created: {type(exc).__name__}: {exc}") from exc
+    inst.pins = canonical.pins
+    inst.revision = canonical.revision
     return inst
 
 
-def environment_of(full: str) -> str | None:
+def environment_of(full) -> str | None:
     """The isolated environment the workers of backend ``full`` run in: its pin set's (``jax@0.4.38``),
     its class's (``theano``), or None for the main one."""
     return create(full).environment_name
@@ -271,6 +330,8 @@ class Listing:
 def list_backends() -> list[Listing]:
     """Every registered backend and variant with its availability here; plugins that could not be
     registered (their name is taken) are listed too, as unavailable with the reason."""
+    from harness.spec import environments
+
     rows: list[Listing] = []
     for name in registry():
         source = origin(name)
@@ -287,7 +348,7 @@ def list_backends() -> list[Listing]:
                 rows.append(Listing(name, variant, full, False, str(exc), cls.devices, cls.environment, source))
                 continue
             try:
-                ok, why = inst.reachable()
+                ok, why = environments.reachable(inst.environment_name, inst.environment_recipe, inst.availability)
             except Exception as exc:  # availability must never crash the listing
                 ok, why = False, f"unavailable: availability() raised {type(exc).__name__}: {exc}"
             rows.append(Listing(name, variant, inst.full_name, ok, why, cls.devices, cls.environment, source))

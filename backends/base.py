@@ -76,16 +76,12 @@ class Backend:
 
         return pins_text(self.pins) if self.pins else self.environment
 
-    def reachable(self) -> tuple[bool, str]:
-        """:meth:`availability` where this process runs in the backend's environment; from outside it,
-        whether that environment exists or can be created (what the harness asks before a worker starts)."""
+    @property
+    def environment_recipe(self):
+        """What its environment holds: its pin set's recipe, else its class's (None: the main environment)."""
         from harness.spec import environments
 
-        name = self.environment_name
-        recipe = environments.pinned_recipe(self.pins) if self.pins else self.recipe
-        if name is None or recipe is None or environments.current_env() == name:
-            return self.availability()
-        return environments.availability_outside(name, recipe)
+        return environments.pinned_recipe(self.pins) if self.pins else self.recipe
 
     def availability(self) -> tuple[bool, str]:
         """Whether this backend can run here at all, and why not (no heavy import needed)."""
@@ -204,8 +200,10 @@ def screen(backend: Backend, problem: Problem) -> tuple[Status, str]:
 def screen_device(backend: Backend, device: str) -> tuple[Status, str]:
     """The first two steps of :func:`screen`: the backend's availability here, then ``device``:
     ``unsupported`` when the backend has no implementation for it, ``unavailable`` when this machine lacks it."""
+    from harness.spec import environments
+
     try:
-        ok, why = backend.reachable()
+        ok, why = environments.reachable(backend.environment_name, backend.environment_recipe, backend.availability)
     except Exception as exc:  # a broken (e.g. third-party) backend is unavailable, never a crash
         return Status.UNAVAILABLE, f"unavailable: availability() raised {type(exc).__name__}: {exc}"
     if not ok:

@@ -101,9 +101,9 @@ def _contender_env(names, threads: int) -> dict[str, str]:
 
     env: dict[str, str] = {}
     for full in names:
-        name, variant = backends.split_name(full)
+        variant = backends.ref(full).variant
         try:
-            cls = backends.backend_class(name)
+            cls = backends.ref(full).backend_class()
         except Exception:
             continue
         for key, value in cls.environment_variables(variant or cls.variants[0], threads, "cpu", "float32").items():

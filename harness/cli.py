@@ -192,7 +192,7 @@ def _check_backend_names(backends_opt: Optional[str]) -> None:
 
     for name in _split_csv(backends_opt) or []:
         try:
-            backends.backend_class(backends.split_name(name)[0])
+            backends.ref(name).backend_class()
         except HarnessError as exc:
             if str(exc).startswith("unknown backend"):
                 raise HarnessError(f"--backends: {exc}") from None

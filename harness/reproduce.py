@@ -167,7 +167,7 @@ def experiments(root: Path = PROJECT_ROOT, configs: list[Path] | None = None) ->
             envs = set()
             for cell in cells:
                 try:
-                    env = backends.environment_of(cell.backend)
+                    env = backends.environment_of(cell.ref)
                 except Exception:  # an unknown backend is the run's to report
                     env = None
                 if env:

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from backends import BackendRef
 from harness.config.schema import DEFAULT_ENV, RawConfig, TimingConfig, TrainConfig
 from harness.spec.errors import HarnessError
 from harness.spec.model import DTYPE_BYTES, Problem, TaskSpec
@@ -19,7 +20,7 @@ from harness.spec.model import DTYPE_BYTES, Problem, TaskSpec
 class Cell:
     """One measurement: a backend on one problem, with its threads and data."""
 
-    backend: str
+    ref: BackendRef  # the backend, parsed once from its canonical name
     problem: Problem
     task: TaskSpec
     threads: int
@@ -33,6 +34,11 @@ class Cell:
     # pair_over: the settings timed in one group with this cell, and their first listed values
     # (the setting the ratios are against), e.g. (("dtype", "float32"),)
     paired: tuple = ()
+
+    @property
+    def backend(self) -> str:
+        """The backend's canonical name (``jax:unroll=4@0.4.38``), as runs and tables record it."""
+        return self.ref.full
 
     @property
     def group_key(self) -> str:
@@ -162,7 +168,7 @@ class RunConfig:
                                scale)
                 paired = tuple((k, (r.dtype if k == "dtype" else r.threads)[0]) for k in r.pair_over)
                 for b in order:
-                    cells.append(Cell(b, prob, task, threads, point["values"], point["train"], point["timing"],
+                    cells.append(Cell(BackendRef.parse(b), prob, task, threads, point["values"], point["train"], point["timing"],
                                       baseline, dict(r.env), r.seed, point.get("task_sha256"), paired))
         # the same measurement asked for twice (a repeated sweep value, a document repeating another) runs
         # once; a group's cells stay together in the order their group first appears
@@ -259,9 +265,7 @@ def device_baselines(raw: RawConfig) -> dict[str, str]:
 
 def _devices_of(full_name: str) -> tuple[str, ...]:
     """The devices a backend implements (none when it cannot be imported here)."""
-    import backends as registry
-
     try:
-        return registry.backend_class(registry.split_name(full_name)[0]).devices
+        return BackendRef.parse(full_name).backend_class().devices
     except HarnessError:
         return ()

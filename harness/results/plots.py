@@ -52,9 +52,8 @@ def _label_parts(label: str) -> tuple[str, str | None, str]:
     import backends
 
     base, _, version = str(label).partition(" ")
-    base, pins = backends.split_pins(base)
-    name, variant = backends.split_name(base)
-    return name, variant, version or pins
+    ref = backends.ref(base)
+    return ref.name, ref.variant, version or ref.pin_text
 
 
 def _hue(name: str) -> np.ndarray:

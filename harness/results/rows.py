@@ -93,8 +93,8 @@ def _problem_rows(outcomes: list, meta: dict, gemm_peaks: dict | None, gpu_roofs
         if o.data_meta and "loss_floor" in o.data_meta:
             row["loss_floor"] = o.data_meta["loss_floor"]
         if o.versions:
-            versions[environment_key(o.cell.backend)] = o.versions
-            row["backend_version"] = ran_version(o.cell.backend, o.versions) or row["backend_version"]
+            versions[o.cell.ref.environment_key] = o.versions
+            row["backend_version"] = ran_version(o.cell.ref, o.versions) or row["backend_version"]
         if o.worker_env:
             meta.setdefault("worker_env", {})[o.cell.backend] = o.worker_env
             # a config variable the backend sets itself for its workers (XLA_FLAGS, JAX_PLATFORMS, ...):
@@ -116,22 +116,10 @@ def _problem_rows(outcomes: list, meta: dict, gemm_peaks: dict | None, gpu_roofs
     return rows, curves
 
 
-def environment_key(backend: str) -> str:
-    """run.json's key for the versions of a backend's environment: its name, with the versions it pins
-    (``jax`` and ``jax@0.4.38+jaxlib@0.4.38`` are two environments; a variant shares its backend's)."""
-    import backends
-
-    name = backends.split_name(backend)[0]
-    pins = backends.split_pins(backend)[1]
-    return f"{name}@{pins}" if pins else name
-
-
-def ran_version(backend: str, versions: dict) -> str | None:
+def ran_version(ref, versions: dict) -> str | None:
     """The version of the backend's package that its worker reported (None when unknown)."""
-    import backends
-
     try:
-        package = backends.backend_class(backends.split_name(backend)[0]).package
+        package = ref.backend_class().package
     except HarnessError:  # a backend that cannot be imported here (a plugin named in an old run)
         return None
     return versions.get(package) if package else None

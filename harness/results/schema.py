@@ -26,8 +26,7 @@ def cell_columns(cell, host: str | None = None) -> dict:
     from harness.spec.environments import split_pin_items
 
     p, m = cell.problem, cell.problem.model
-    name, variant = backends.split_name(cell.backend)
-    pins = backends.split_pins(cell.backend)[1] or None
+    name, variant, pins = cell.ref.name, cell.ref.variant, cell.ref.pin_text or None
     if variant is None:  # the default variant, or "default" for a backend that cannot even be imported here
         variant = backends.default_variant(name) or "default"
     return {

@@ -103,15 +103,17 @@ def worker_cpus(threads: int) -> list[int]:
     return mine[:threads] if threads <= len(mine) else []
 
 
-def worker_settings(cell_backend: str, device: str, dtype: str, threads: int, extra: dict[str, str]) -> tuple[str | None, dict]:
+def worker_settings(cell_backend, device: str, dtype: str, threads: int, extra: dict[str, str]) -> tuple[str | None, dict]:
     """The isolated environment name and the variables the runner and the backend set for one worker
-    (the cell's ``env``, the thread count, the cores, the device, the backend's own flags)."""
+    (the cell's ``env``, the thread count, the cores, the device, the backend's own flags); ``cell_backend``:
+    a :class:`backends.BackendRef` or a name."""
     import backends
     from harness.spec.environments import acting_for
 
-    name, variant = backends.split_name(cell_backend)
-    cls = backends.backend_class(name)
-    environment = backends.environment_of(cell_backend)  # a pinned name's own, or the class's
+    ref = backends.ref(cell_backend)
+    cls = ref.backend_class()
+    variant = ref.variant
+    environment = backends.environment_of(ref)  # a pinned name's own, or the class's
     env = dict(extra)
     for var in envs.THREAD_VARS:
         env[var] = str(threads)

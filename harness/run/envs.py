@@ -125,7 +125,7 @@ def environment_name(name: str) -> str:
 
     if name in recipes() or not environments.is_pin_set(name):
         return name
-    if backends.split_name(name)[0] in backends.registry():
+    if backends.ref(name).name in backends.registry():
         env = backends.environment_of(backends.validate_name(name))
         if env is not None:
             return env

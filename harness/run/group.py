@@ -301,7 +301,7 @@ class GroupRun:
         from backends.base import screen
 
         try:
-            status, why = screen(backends.create(cell.backend), cell.problem)
+            status, why = screen(backends.create(cell.ref), cell.problem)
         except HarnessError as exc:
             return Outcome(cell, Status.UNAVAILABLE, str(exc))
         return None if status == Status.OK else Outcome(cell, status, why)
@@ -312,7 +312,7 @@ class GroupRun:
         outcome = Outcome(cell)
         p = cell.problem
         try:
-            environment, settings = worker_settings(cell.backend, p.device, p.dtype, cell.threads, cell.env)
+            environment, settings = worker_settings(cell.ref, p.device, p.dtype, cell.threads, cell.env)
             if environment and envs.env_python(environment) is None:
                 describe(f"creating isolated environment {environment!r} (first use)")
             env = {**envs.worker_environ(environment), **settings}

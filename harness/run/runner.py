@@ -136,7 +136,7 @@ def backend_sources(names) -> dict:
     registry = backends.registry()
     out = {}
     for full in names:
-        name = backends.split_name(full)[0]
+        name = backends.ref(full).name
         module, cls = registry.get(name, ("?", "?"))
         entry = {"origin": backends.origin(name), "class": f"{module}:{cls}"}
         if entry["origin"] == "HARNESS_BACKENDS" and name in backends.REGISTRY:

@@ -175,6 +175,15 @@ def can_create(name: str, recipe: Recipe) -> tuple[bool, str]:
     return True, ""
 
 
+def reachable(name: str | None, recipe: Recipe | None, availability) -> tuple[bool, str]:
+    """Whether a backend whose workers run in environment ``name`` (None: the main one) can run: its own
+    ``availability()`` where this process runs in that environment; from outside it, whether the environment
+    exists or can be created (what the harness asks before a worker starts)."""
+    if name is None or recipe is None or current_env() == name:
+        return availability()
+    return availability_outside(name, recipe)
+
+
 def availability_outside(name: str, recipe: Recipe) -> tuple[bool, str]:
     """A backend that runs in environment ``name``, seen from outside it: available when the environment
     exists or can be created here (the one rule for every isolated environment)."""
