@@ -17,8 +17,8 @@ order) and concatenates the two directions' outputs, (T, B, 2H).
 reverse scan that differentiates each Elman or LSTM step's elementwise part with ``jax.vjp``;
 the GRU's step, split around its products, is differentiated by hand), so that
 ``dW_hh`` is one GEMM over all T*B rows after the loop instead of a thin product
-accumulated in every iteration: 11% less time per ``sgd_step`` at hidden 512 / batch 32,
-24% for an LSTM at hidden 256 / batch 16, unchanged at the WildML shape.
+accumulated in every iteration (``benchmarks/measure_jax_unroll.py`` and the runs under
+``results/examples/`` say by how much at each shape).
 
 ``bptt`` modes:
 
@@ -75,9 +75,9 @@ DEFAULT_UNROLL = 1
 #: XLA's CPU Eigen thread pool off: one thread per matrix product
 SINGLE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false"
 
-#: On a GPU, XLA's autotuning of every fusion made a cold compile of a small Elman step take
-#: 56 s against 1.8 s at level 0, for the same step time (H100); level 0 is the default and
-#: the ``autotune`` variant keeps XLA's own level, its results kept with the compilation cache.
+#: On a GPU, XLA's autotuning of every fusion makes a cold compile of even a small step many
+#: times slower than at level 0, for the same step time; level 0 is the default and the
+#: ``autotune`` variant keeps XLA's own level, its results kept with the compilation cache.
 GPU_XLA_FLAGS = "--xla_gpu_autotune_level=0"
 
 
@@ -515,21 +515,11 @@ def _build(problem: Problem, unroll: int, python_loop: bool):
 class JaxBackend(Backend):
     """JAX/XLA: jitted ``lax.scan`` recurrence, ``value_and_grad`` BPTT, SGD update in the same executable.
 
-    ``default`` runs ``lax.scan(unroll=1)``, the rolled loop. Per ``sgd_step``, relative to
-    ``unroll=1``, measured interleaved in one process with XLA's Eigen pool off, float32
-    (``benchmarks/measure_jax_unroll.py --reps 3 --rounds 20``; unroll=4 / unroll=T / python;
-    before the harness confined workers to their cores, so XLA could still use up to two,
-    alike for every variant):
-
-    * LSTM hidden 256, batch 16, T 25, dense: 1.12 / 1.08 / 1.08 (compile 1.8 / 7.6 / 8.0 s vs 0.7 s)
-    * Elman hidden 512, batch 32, T 50, dense: 1.04 / 0.97 / 0.97 (compile 0.8 / 1.8 / 2.0 s vs 0.4 s)
-    * WildML (8000 tokens, hidden 100, T 20, batch 1): 0.94 / 0.94 / 0.93, truncated:4 0.94 / 0.89 / 0.88
-
-    The WildML gains sit at the noise floor: a second interleaved run put every unroll
-    within 2% of ``unroll=1`` there, while the LSTM kept its 8-36% advantage for the rolled
-    loop. The loop body holds only the recurrent product (input projections and the
-    output layer run outside it as single GEMMs), so unrolling has little overhead to
-    remove, and the rolled loop compiles fastest, in time independent of T.
+    ``default`` runs ``lax.scan(unroll=1)``, the rolled loop; the ``unroll=4``, ``unroll=T`` and
+    ``python`` variants are there to be measured against it (``benchmarks/measure_jax_unroll.py``
+    times them interleaved in one process). The loop body holds only the recurrent product (input
+    projections and the output layer run outside it as single GEMMs), so unrolling has little
+    overhead to remove, and the rolled loop compiles fastest, in time independent of T.
     """
     knows = frozenset({"gru", "bidirectional", "reduced"})  # these spec additions are in its supports()
 
@@ -537,7 +527,7 @@ class JaxBackend(Backend):
     package = "jax"
     variants = ("default", "unroll=1", "unroll=4", "unroll=T", "python", "autotune")
     devices = ("cpu", "gpu")
-    #: every new problem costs 0.3-3 s of XLA compiles per executable (persistently cached after)
+    #: every new problem costs seconds of XLA compiles per executable (persistently cached after)
     compile_heavy = True
 
     def __init__(self, variant: str | None = None):
@@ -673,8 +663,7 @@ class JaxBackend(Backend):
         Python float: converting would block on every step, where a JAX training loop lets
         Python dispatch the next step while XLA still computes this one. ``sync()`` still
         waits for all of it before the harness reads the clock. At the smallest shapes that
-        per-step wait is a fifth of the step (0.86 vs 0.69 ms at vocab 2000, hidden 100,
-        T 20, batch 1).
+        per-step wait is a large share of the step.
         """
         x, y = self._data(x, y)
         lr = self._lr(lr)

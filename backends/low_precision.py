@@ -6,8 +6,8 @@ with a float32 result. On a CUDA device PyTorch has that product as one cuBLAS c
 ``torch.mm(a_low, b_low, out_dtype=torch.float32)`` (``aten::mm.dtype``: low-precision operands,
 float32 accumulation and output). On the CPU it has none: ``aten::mm.dtype`` has no CPU kernel, and
 a low-precision ``a @ b`` there returns its result in the low type (one rounding more than the spec's,
-the one autocast adds). That is the refusal's reason on every CPU; how fast that ``a @ b`` runs is not
-(about 1 GFLOP/s on an AVX2 core, about 3x float32's rate on one with AVX512-BF16).
+the one autocast adds). That is the refusal's reason on every CPU; how fast that ``a @ b`` runs (slow
+without AVX512-BF16, faster than float32 with it) is not.
 
 For conformance checks on a machine without a GPU the product can be *emulated* on CPU tensors:
 ``a.to(low).float() @ b.to(low).float()`` is numerically the spec's product (two numbers of 8 or 11

@@ -184,7 +184,7 @@ class NativeBackend(Backend):
 
     @classmethod
     def environment_variables(cls, variant: str, threads: int, device: str, dtype: str) -> dict[str, str]:
-        """libgomp's idle threads otherwise spin ~15 ms after every step, on cores the step needs."""
+        """libgomp's idle threads otherwise spin for a while after every step, on cores the step needs."""
         return {"OMP_WAIT_POLICY": "passive"} if threads > 1 else {}
 
     def supports(self, problem: Problem) -> tuple[bool, str]:

@@ -3,7 +3,7 @@ main environment, compiled by one of three linkers.
 
 Variants: ``c`` (the C VM linker, its C code linked against OpenBLAS through the shim in
 backends/blas), ``numba`` (PyTensor 3's default; its cache persists under the harness
-cache so the ~80 s first compile is paid once) and ``jax``. The graph is
+cache so its long first compile is paid once) and ``jax``. The graph is
 :class:`backends.theano_backend.ScanGraphBackend`'s, so the two libraries run the same
 program.
 """
