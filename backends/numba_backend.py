@@ -4,10 +4,14 @@ The whole step (forward, head, BPTT, SGD update) runs in one ``@njit`` call. Mod
 choices (cell, activation, reset form, head, bptt mode, bias, peepholes, layers, directions,
 token or dense input) are small integers read at run time, so every model of the conformance matrix
 shares the same two compiled specialisations (float32 and float64), and
-``cache=True`` keeps them on disk for the next process.
+``cache=True`` keeps them on disk for the next process. ``_run`` takes the parameters, their
+gradients and the batch shape's workspace as three structs (``backends/numba_state.py``, built once
+each) and goes through the step's stages: ``_forward``, ``_head``, ``_output_backward``, ``_backward``
+and ``_update``.
 
 Layout of the state the kernels share (``G = H`` for Elman, ``4H`` for the LSTM, ``3H`` for the
-GRU; a layer's directions are units ``u = l * dirs + d``, ``dirs`` 2 for bidirectional layers)::
+GRU; a layer's directions are units ``u = l * dirs + d``, ``dirs`` 2 for bidirectional layers): the
+fields of ``Params`` (the gradients have the same), then some of ``Work``'s::
 
     W0 (dirs, D, G)  layer 0 input weights     Wr ((L-1)*dirs, dirs*H, G)  input weights above it
     Whh (U, H, G)   bb (U, G)   P (U, 3, H) peepholes i, f, o   bhn (U, H)   Why (dirs*H, O)   by (O)
@@ -53,7 +57,7 @@ _N_CFG = 13
 
 
 # -- elementwise maths ------------------------------------------------------------------------------------
-# libm's tanh/exp are scalar calls that cost 20-50x NumPy's SIMD loops here. These are the Cephes
+# libm's tanh/exp are scalar calls, so a loop over them does not vectorise. These are the Cephes
 # polynomials (float32: expf/tanhf, float64: exp/tanh), written so LLVM vectorises them; the tests
 # hold them to 2 ulp of the correctly rounded values. The Python bodies below are what they compute;
 # _install_math() gives Numba the compiled versions.
@@ -574,243 +578,387 @@ def _flip_time(a):
             y[k] = v
 
 
-def _run(mode, cfg, T, B, x_tok, x_dense, y_tok, y_dense, lr, clip,
-         W0, Wr, Whh, bb, P, Why, by, bhn, gW0, gWr, gWhh, gb, gP, gWhy, gby, gbhn,
-         Hs, Cs, Gs, TCs, XP, tmp, Z, dZ, dH, dHl, DAs, DAl, dhn, dcn, mark, rows,
-         Hc, dHc, x_rev, DUs, dus, dan, drh):
-    """One call: outputs (mode 0, into Z), loss and gradients (1), or a full SGD step (2).
+def _run(mode, w, g, ws, x_tok, x_dense, y_tok, y_dense, lr, clip):
+    """One call: outputs (mode 0, into ``ws.Z``), loss and gradients into ``g`` (1), or a full SGD step on ``w`` (2).
 
-    The arrays come flat, in the order of ``NumbaBackend``'s ``_weights``, ``_grads`` and a
-    workspace's ``arrays`` (which name them): passed as three tuples instead, numba's dispatcher
-    types the tuples on every call, measured 0.3 us (3-6%) slower per step at a tiny shape.
+    ``w`` and ``g`` are the parameters and their gradients (``backends.numba_state.Params``), ``ws``
+    the batch shape's buffers and model codes (``Work``): three struct arguments, built once, whose
+    type Numba's dispatcher reads in one look per call. Returns the loss (0 for outputs)."""
+    cfg = ws.cfg
+    _check_ids(mode, cfg, x_tok, y_tok, w.W0.shape[1], w.Why.shape[1])
+    _forward(w, ws, x_tok, x_dense)
+    if mode == _OUTPUTS:
+        _outputs(cfg[_HEAD], ws.Z)
+        return 0.0
+    loss = _head(cfg, ws.T, ws.B, y_tok, y_dense, ws.Z, ws.dZ) / (ws.B * ws.T)
+    _output_backward(w, g, ws)
+    _backward(w, g, ws, x_tok, x_dense)
+    if mode == _STEP:
+        _update(w, g, ws, lr, clip)
+    return loss
+
+
+def _check_ids(mode, cfg, x_tok, y_tok, D, O):
+    """Refuse token or class ids outside the weights they index (the kernels do not check bounds)."""
+    if cfg[_TOKENS] != 0 and not _ids_in_range(x_tok, D):
+        raise ValueError("token id out of range for the input size")
+    if mode != _OUTPUTS and cfg[_HEAD] == _SOFTMAX and not _ids_in_range(y_tok, O):
+        raise ValueError("class id out of range for the output size")
+
+
+def _layer_out(ws, l):
+    """Layer ``l``'s outputs as (T*B, dirs*H) rows: its ``Hs`` after the start state, or its ``[h_t, h_t_rev]``."""
+    T, B = ws.T, ws.B
+    if ws.cfg[_DIRS] == 1:
+        return ws.Hs[l, 1:].reshape(T * B, ws.Hs.shape[3])
+    return ws.Hc[l].reshape(T * B, ws.Hc.shape[3])
+
+
+def _forward(w, ws, x_tok, x_dense):
+    """All layers in order, each direction's input projection of all steps in one GEMM, then ``Z = h W_hy + b_y``.
 
     Layer ``l``'s direction ``d`` is unit ``u = l * dirs + d`` of the stacked arrays. A reverse
     direction runs the same kernels on its inputs reversed in time (token ids through ``x_rev``,
     projections flipped in place), so its ``Hs`` rows are in its own order; its outputs are
-    reversed back into the layer's ``[h_t, h_t_rev]`` rows ``Hc[l]``, and its ``dL/da`` is
-    flipped back to time order before the input weights' gradients."""
-    kind, act, tokens, L = cfg[_KIND], cfg[_ACT], cfg[_TOKENS] != 0, cfg[_LAYERS]
-    lo, nl, reset = cfg[_LO], cfg[_LANES], cfg[_RESET] != 0
-    dirs, after = cfg[_DIRS], cfg[_RAFTER] != 0
-    bias = cfg[_BIAS] != 0  # without biases bb and by stay zero, so adding them is skipped
-    D, G = W0.shape[1], W0.shape[2]
-    H, O = Whh.shape[1], Why.shape[1]
-    HD = dirs * H  # width of a layer's output
-    zero = Z.dtype.type(0)
-    if tokens and not _ids_in_range(x_tok, D):
-        raise ValueError("token id out of range for the input size")
-    if mode != _OUTPUTS and cfg[_HEAD] == _SOFTMAX and not _ids_in_range(y_tok, O):
-        raise ValueError("class id out of range for the output size")
+    reversed back into the layer's ``[h_t, h_t_rev]`` rows ``Hc[l]``."""
+    cfg, T, B = ws.cfg, ws.T, ws.B
+    tokens, L, dirs = cfg[_TOKENS] != 0, cfg[_LAYERS], cfg[_DIRS]
+    XP, x_rev = ws.XP, ws.x_rev
+    XP2 = XP.reshape(T * B, XP.shape[2])
     if tokens and dirs == 2:
         for t in range(T):
             for b in range(B):
                 x_rev[t, b] = x_tok[T - 1 - t, b]
-
-    # forward, layer by layer: the input projection of all steps is one GEMM
     for l in range(L):
-        gather = tokens and l == 0
+        gather = tokens and l == 0  # the first layer's projection of a token is a row of W0
         for d in range(dirs):
-            u = l * dirs + d
             if l > 0:
-                below = Hs[l - 1, 1:].reshape(T * B, H) if dirs == 1 else Hc[l - 1].reshape(T * B, HD)
-                np.dot(below, Wr[u - dirs], XP.reshape(T * B, G))
+                np.dot(_layer_out(ws, l - 1), w.Wr[l * dirs + d - dirs], XP2)
             elif not tokens:
-                np.dot(x_dense.reshape(T * B, D), W0[d], XP.reshape(T * B, G))
+                np.dot(x_dense.reshape(T * B, x_dense.shape[2]), w.W0[d], XP2)
             if d == 1 and not gather:
                 _flip_time(XP)
-            ids = x_rev if d == 1 else x_tok
-            if kind == _ELMAN:
-                _elman_forward(act, gather, ids, XP, W0[d], Whh[u], bb[u], Hs[u], tmp)
-            elif kind == _LSTM:
-                _lstm_forward(gather, ids, XP, W0[d], Whh[u], bb[u], P[u], Hs[u], Cs[u], Gs[u], TCs[u], tmp)
-            else:
-                _gru_forward(after, gather, ids, XP, W0[d], Whh[u], bb[u], bhn[u], Hs[u], Gs[u], TCs[u], tmp)
+            _unit_forward(w, ws, l * dirs + d, gather, x_rev if d == 1 else x_tok, w.W0[d])
         if dirs == 2:
-            for t in range(T):
-                for b in range(B):
-                    out, hf, hr = Hc[l, t, b], Hs[2 * l, t + 1, b], Hs[2 * l + 1, T - t, b]
-                    for j in range(H):
-                        out[j] = hf[j]
-                    for j in range(H):
-                        out[H + j] = hr[j]
-    top = Hs[L - 1, 1:].reshape(T * B, H) if dirs == 1 else Hc[L - 1].reshape(T * B, HD)
-    np.dot(top, Why, Z)
-    if bias:
+            _join_directions(ws, l)
+    Z = ws.Z
+    np.dot(_layer_out(ws, L - 1), w.Why, Z)
+    if cfg[_BIAS] != 0:  # without biases b_y stays zero, so adding it is skipped
+        by = w.by
         for r in range(T * B):
-            for k in range(O):
+            for k in range(Z.shape[1]):
                 Z[r, k] += by[k]
 
-    if mode == _OUTPUTS:
-        for r in range(T * B):
-            z = Z[r]
-            if cfg[_HEAD] == _SOFTMAX:
-                m = _rowmax(z)
-                for k in range(O):
-                    z[k] = _exp(z[k] - m)
-                s = _rowsum(z)
-                for k in range(O):
-                    z[k] = z[k] / s
-            elif cfg[_HEAD] == _MSE_TANH:
-                for k in range(O):
-                    z[k] = _tanh(z[k])
-        return 0.0
 
-    loss = _head(cfg, T, B, y_tok, y_dense, Z, dZ) / (B * T)
-
-    # output layer, over the steps that carry gradient
-    n = T - lo
-    dZr = dZ[lo * B:]
-    np.dot(top[lo * B:].T, dZr, gWhy)
-    gby[:] = zero
-    if bias:
-        for r in range(n * B):
-            for k in range(O):
-                gby[k] += dZr[r, k]
-    if dirs == 1:
-        np.dot(dZr, Why.T, dH[0, lo:].reshape(n * B, H))
+def _unit_forward(w, ws, u, gather, ids, W0):
+    """Unit ``u``'s recurrence over all steps, by its cell's kernel, from the projections in ``ws.XP``."""
+    cfg = ws.cfg
+    kind = cfg[_KIND]
+    if kind == _ELMAN:
+        _elman_forward(cfg[_ACT], gather, ids, ws.XP, W0, w.Whh[u], w.bb[u], ws.Hs[u], ws.tmp)
+    elif kind == _LSTM:
+        _lstm_forward(gather, ids, ws.XP, W0, w.Whh[u], w.bb[u], w.P[u], ws.Hs[u], ws.Cs[u], ws.Gs[u], ws.TCs[u],
+                      ws.tmp)
     else:
-        np.dot(dZr, Why.T, dHc[0].reshape(T * B, HD))
+        _gru_forward(cfg[_RAFTER] != 0, gather, ids, ws.XP, W0, w.Whh[u], w.bb[u], w.bhn[u], ws.Hs[u], ws.Gs[u],
+                     ws.TCs[u], ws.tmp)
 
-    # layers top-down; lanes exist only for truncated windows (one direction)
-    gb[:] = zero
-    gP[:] = zero
-    gbhn[:] = zero
-    lanes = DAs.reshape(T, 1, B, G) if nl == 1 else DAl
-    H2 = 2 * H
+
+def _join_directions(ws, l):
+    """``Hc[l, t] = [h_t, h_t_rev]``: the forward unit's rows and the reverse unit's, put back in time order."""
+    T, B = ws.T, ws.B
+    Hs, Hc = ws.Hs, ws.Hc
+    H = Hs.shape[3]
+    for t in range(T):
+        for b in range(B):
+            out, hf, hr = Hc[l, t, b], Hs[2 * l, t + 1, b], Hs[2 * l + 1, T - t, b]
+            for j in range(H):
+                out[j] = hf[j]
+            for j in range(H):
+                out[H + j] = hr[j]
+
+
+def _outputs(head, Z):
+    """The model's outputs in place of the logits: softmax rows, ``tanh(z)``, or ``z`` as it is."""
+    O = Z.shape[1]
+    for r in range(Z.shape[0]):
+        z = Z[r]
+        if head == _SOFTMAX:
+            m = _rowmax(z)
+            for k in range(O):
+                z[k] = _exp(z[k] - m)
+            s = _rowsum(z)
+            for k in range(O):
+                z[k] = z[k] / s
+        elif head == _MSE_TANH:
+            for k in range(O):
+                z[k] = _tanh(z[k])
+
+
+def _output_backward(w, g, ws):
+    """From ``dZ``, over the steps that carry gradient: ``W_hy``'s and ``b_y``'s gradients, and dL/d(top
+    layer's output) into ``dH`` (one direction) or ``dHc[0]`` (both)."""
+    cfg, T, B = ws.cfg, ws.T, ws.B
+    lo = cfg[_LO]
+    n = T - lo
+    dZr = ws.dZ[lo * B:]
+    np.dot(_layer_out(ws, cfg[_LAYERS] - 1)[lo * B:].T, dZr, g.Why)
+    gby = g.by
+    gby[:] = 0
+    if cfg[_BIAS] != 0:
+        for r in range(n * B):
+            for k in range(gby.size):
+                gby[k] += dZr[r, k]
+    if cfg[_DIRS] == 1:
+        np.dot(dZr, w.Why.T, ws.dH[0, lo:].reshape(n * B, ws.dH.shape[3]))
+    else:
+        np.dot(dZr, w.Why.T, ws.dHc[0].reshape(T * B, ws.dHc.shape[3]))
+
+
+def _backward(w, g, ws, x_tok, x_dense):
+    """BPTT through the layers top-down: each unit's ``dL/da`` into ``DAs`` (summed over lanes), then the
+    gradients it gives (recurrent side, biases, input side) and dL/d(layer below's output).
+
+    Lanes exist only for truncated windows (one direction). A reverse unit's ``dL/da`` comes out in its
+    own time order and is flipped back before the input side's gradients."""
+    cfg = ws.cfg
+    L, dirs, nl = cfg[_LAYERS], cfg[_DIRS], cfg[_LANES]
+    g.bb[:] = 0
+    g.P[:] = 0
+    g.bhn[:] = 0
     for l in range(L - 1, -1, -1):
-        lanes_in = nl > 1 and l < L - 1
-        if dirs == 2:  # each direction's share of dL/d output, the reverse one in its own order
-            for t in range(T):
-                for b in range(B):
-                    src, df, dr = dHc[0, t, b], dH[0, t, b], dH[1, T - 1 - t, b]
-                    for j in range(H):
-                        df[j] = src[j]
-                    for j in range(H):
-                        dr[j] = src[H + j]
+        if dirs == 2:
+            _split_directions(ws)
         for d in range(dirs):
             u = l * dirs + d
-            if kind == _ELMAN:
-                _elman_backward(act, lo, reset, lanes_in, Hs[u], Whh[u], dH[d], dHl, lanes, dhn)
-            elif kind == _LSTM:
-                _lstm_backward(lo, reset, lanes_in, Hs[u], Cs[u], Gs[u], TCs[u], Whh[u], P[u], dH[d], dHl, lanes,
-                               dhn, dcn)
-            else:
-                _gru_backward(after, lo, reset, lanes_in, Hs[u], Gs[u], TCs[u], Whh[u], dH[d], dHl, lanes, dhn,
-                              dus, dan, drh)
+            _unit_backward(w, ws, u, d, nl > 1 and l < L - 1)
             if nl > 1:
-                for s in range(lo, T):
-                    for b in range(B):
-                        acc = DAs[s, b]
-                        acc[:] = zero
-                        for r in range(nl):
-                            src = DAl[s, r, b]
-                            for j in range(G):
-                                acc[j] += src[j]
-            DAr = DAs[lo:].reshape(n * B, G)
-            h_prev = Hs[u, lo:T].reshape(n * B, H)
-            if kind != _GRU:
-                np.dot(h_prev.T, DAr, gWhh[u])
-            elif after:  # the recurrent side saw (da_r, da_z, da_n r); b_hn gets da_n r
-                DUr = DUs[lo:].reshape(n * B, G)
-                for s in range(lo, T):
-                    for b in range(B):
-                        du, da, rg = DUs[s, b], DAs[s, b], Gs[u, s, b]
-                        for k in range(H2):
-                            du[k] = da[k]
-                        for j in range(H):
-                            du[H2 + j] = da[H2 + j] * rg[j]
-                np.dot(h_prev.T, DUr, gWhh[u])
-                if bias:
-                    for r in range(n * B):
-                        for j in range(H):
-                            gbhn[u, j] += DUr[r, H2 + j]
-            else:  # W_rz against h_{t-1}, W_n against r h_{t-1}, into the packed halves
-                flat = DUs.reshape(DUs.size)
-                d_rz, d_n = flat[:n * B * H2].reshape(n * B, H2), flat[n * B * H2:n * B * G].reshape(n * B, H)
-                for r in range(n * B):
-                    da, a_rz, a_n = DAr[r], d_rz[r], d_n[r]
-                    for k in range(H2):
-                        a_rz[k] = da[k]
-                    for j in range(H):
-                        a_n[j] = da[H2 + j]
-                g_flat = gWhh[u].reshape(3 * H * H)
-                np.dot(h_prev.T, d_rz, g_flat[:2 * H * H].reshape(H, H2))
-                np.dot(TCs[u, lo:].reshape(n * B, H).T, d_n, g_flat[2 * H * H:].reshape(H, H))
-            if bias:
-                for r in range(n * B):
-                    for j in range(G):
-                        gb[u, j] += DAr[r, j]
-            if kind == _LSTM and cfg[_PEEP] != 0:
-                for s in range(lo, T):
-                    for b in range(B):
-                        for j in range(H):
-                            gP[u, 0, j] += DAs[s, b, j] * Cs[u, s, b, j]
-                            gP[u, 1, j] += DAs[s, b, H + j] * Cs[u, s, b, j]
-                            gP[u, 2, j] += DAs[s, b, 3 * H + j] * Cs[u, s + 1, b, j]
-            if d == 1:  # back to time order for the input side
-                _flip_time(DAs)
+                _sum_lanes(ws)
+            _recurrent_grads(g, ws, u)
+            _bias_grads(g, ws, u)
+            if d == 1:
+                _flip_time(ws.DAs)
             if l > 0:
-                below = Hs[l - 1, 1 + lo:].reshape(n * B, H) if dirs == 1 else Hc[l - 1].reshape(T * B, HD)
-                np.dot(below.T, DAr, gWr[u - dirs])
-                if dirs == 2:  # both directions add into dL/d(layer below's output)
-                    np.dot(DAr, Wr[u - dirs].T, dHc[d].reshape(T * B, HD))
-                    if d == 1:
-                        a, c = dHc[0].reshape(T * B * HD), dHc[1].reshape(T * B * HD)
-                        for k in range(a.size):
-                            a[k] += c[k]
-                elif nl == 1:
-                    np.dot(DAr, Wr[l - 1].T, dH[0, lo:].reshape(n * B, H))
-                else:
-                    np.dot(DAl[lo:].reshape(n * nl * B, G), Wr[l - 1].T, dHl[lo:].reshape(n * nl * B, H))
-            elif tokens:
-                # gW0 is all zeros on entry; the step below zeroes the rows it touched
-                count = rows[T * B] if d == 1 else 0
-                g0 = gW0[d]
-                for s in range(lo, T):
-                    for b in range(B):
-                        row = x_tok[s, b]
-                        if mark[row] == 0:
-                            mark[row] = 1
-                            rows[count] = row
-                            count += 1
-                        g_row = g0[row]
-                        src = DAs[s, b]
-                        for j in range(G):
-                            g_row[j] += src[j]
-                rows[T * B] = count
-                if d == dirs - 1:
-                    for k in range(count):
-                        mark[rows[k]] = 0
+                _grads_below(w, g, ws, l, d)
+            elif cfg[_TOKENS] != 0:
+                _token_grads(g, ws, x_tok, d)
             else:
-                np.dot(x_dense[lo:].reshape(n * B, D).T, DAr, gW0[d])
+                lo, B = cfg[_LO], ws.B
+                n = ws.T - lo
+                np.dot(x_dense[lo:].reshape(n * B, x_dense.shape[2]).T, ws.DAs[lo:].reshape(n * B, ws.DAs.shape[2]),
+                       g.W0[d])
 
-    if mode == _STEP:
-        do_clip = cfg[_CLIP] != 0
-        if tokens:
-            # rows never gathered have zero gradient, so p - lr * 0 leaves them as they are
-            for d in range(dirs):
-                for k in range(rows[T * B]):
-                    row = rows[k]
-                    _sgd(W0[d, row], gW0[d, row], lr, clip, do_clip)
-                    gW0[d, row] = zero
-        else:
-            _sgd(W0, gW0, lr, clip, do_clip)
-        _sgd(Wr, gWr, lr, clip, do_clip)
-        _sgd(Whh, gWhh, lr, clip, do_clip)
-        _sgd(Why, gWhy, lr, clip, do_clip)
-        if bias:
-            _sgd(bb, gb, lr, clip, do_clip)
-            _sgd(by, gby, lr, clip, do_clip)
-            if kind == _GRU and after:
-                _sgd(bhn, gbhn, lr, clip, do_clip)
-        if kind == _LSTM and cfg[_PEEP] != 0:
-            _sgd(P, gP, lr, clip, do_clip)
-    return loss
+
+def _split_directions(ws):
+    """Each direction's share of dL/d(layer output) from ``dHc[0]`` into ``dH``, the reverse one in its own order."""
+    T, B = ws.T, ws.B
+    dHc, dH = ws.dHc, ws.dH
+    H = dH.shape[3]
+    for t in range(T):
+        for b in range(B):
+            src, df, dr = dHc[0, t, b], dH[0, t, b], dH[1, T - 1 - t, b]
+            for j in range(H):
+                df[j] = src[j]
+            for j in range(H):
+                dr[j] = src[H + j]
+
+
+def _unit_backward(w, ws, u, d, lanes_in):
+    """Unit ``u``'s BPTT by its cell's kernel, from ``dH[d]`` (or, with ``lanes_in``, ``dHl``) into the lanes."""
+    cfg, T, B = ws.cfg, ws.T, ws.B
+    kind, lo, reset = cfg[_KIND], cfg[_LO], cfg[_RESET] != 0
+    G = ws.DAs.shape[2]
+    lanes = ws.DAs.reshape(T, 1, B, G) if cfg[_LANES] == 1 else ws.DAl
+    if kind == _ELMAN:
+        _elman_backward(cfg[_ACT], lo, reset, lanes_in, ws.Hs[u], w.Whh[u], ws.dH[d], ws.dHl, lanes, ws.dhn)
+    elif kind == _LSTM:
+        _lstm_backward(lo, reset, lanes_in, ws.Hs[u], ws.Cs[u], ws.Gs[u], ws.TCs[u], w.Whh[u], w.P[u], ws.dH[d],
+                       ws.dHl, lanes, ws.dhn, ws.dcn)
+    else:
+        _gru_backward(cfg[_RAFTER] != 0, lo, reset, lanes_in, ws.Hs[u], ws.Gs[u], ws.TCs[u], w.Whh[u], ws.dH[d],
+                      ws.dHl, lanes, ws.dhn, ws.dus, ws.dan, ws.drh)
+
+
+def _sum_lanes(ws):
+    """``DAs[s] = sum of DAl[s]`` over the lanes, for the steps that carry gradient."""
+    DAs, DAl = ws.DAs, ws.DAl
+    nl, G = DAl.shape[1], DAs.shape[2]
+    for s in range(ws.cfg[_LO], ws.T):
+        for b in range(ws.B):
+            acc = DAs[s, b]
+            acc[:] = 0
+            for r in range(nl):
+                src = DAl[s, r, b]
+                for j in range(G):
+                    acc[j] += src[j]
+
+
+def _recurrent_grads(g, ws, u):
+    """``W_hh``'s gradient (and the reset-after GRU's ``b_hn``'s) from unit ``u``'s ``dL/da`` and its inputs."""
+    cfg, B = ws.cfg, ws.B
+    lo = cfg[_LO]
+    n = ws.T - lo
+    H, G = ws.Hs.shape[3], ws.DAs.shape[2]
+    h_prev = ws.Hs[u, lo:ws.T].reshape(n * B, H)
+    if cfg[_KIND] != _GRU:
+        np.dot(h_prev.T, ws.DAs[lo:].reshape(n * B, G), g.Whh[u])
+    elif cfg[_RAFTER] != 0:
+        _gru_after_grads(g, ws, u, h_prev)
+    else:
+        _gru_before_grads(g, ws, u, h_prev)
+
+
+def _gru_after_grads(g, ws, u, h_prev):
+    """Reset after: the recurrent side saw ``(da_r, da_z, da_n r)`` (built in ``DUs``); ``b_hn`` gets ``da_n r``."""
+    cfg, B = ws.cfg, ws.B
+    lo = cfg[_LO]
+    n = ws.T - lo
+    DUs, DAs, Gs = ws.DUs, ws.DAs, ws.Gs
+    H, G = ws.Hs.shape[3], DAs.shape[2]
+    H2 = 2 * H
+    for s in range(lo, ws.T):
+        for b in range(B):
+            du, da, rg = DUs[s, b], DAs[s, b], Gs[u, s, b]
+            for k in range(H2):
+                du[k] = da[k]
+            for j in range(H):
+                du[H2 + j] = da[H2 + j] * rg[j]
+    DUr = DUs[lo:].reshape(n * B, G)
+    np.dot(h_prev.T, DUr, g.Whh[u])
+    if cfg[_BIAS] != 0:
+        gbhn = g.bhn
+        for r in range(n * B):
+            for j in range(H):
+                gbhn[u, j] += DUr[r, H2 + j]
+
+
+def _gru_before_grads(g, ws, u, h_prev):
+    """Reset before: ``W_rz`` against ``h_{t-1}`` and ``W_n`` against ``r h_{t-1}``, into the packed halves."""
+    lo, B = ws.cfg[_LO], ws.B
+    n = ws.T - lo
+    H, G = ws.Hs.shape[3], ws.DAs.shape[2]
+    H2 = 2 * H
+    DAr = ws.DAs[lo:].reshape(n * B, G)
+    flat = ws.DUs.reshape(ws.DUs.size)
+    d_rz, d_n = flat[:n * B * H2].reshape(n * B, H2), flat[n * B * H2:n * B * G].reshape(n * B, H)
+    for r in range(n * B):
+        da, a_rz, a_n = DAr[r], d_rz[r], d_n[r]
+        for k in range(H2):
+            a_rz[k] = da[k]
+        for j in range(H):
+            a_n[j] = da[H2 + j]
+    g_flat = g.Whh[u].reshape(3 * H * H)
+    np.dot(h_prev.T, d_rz, g_flat[:2 * H * H].reshape(H, H2))
+    np.dot(ws.TCs[u, lo:].reshape(n * B, H).T, d_n, g_flat[2 * H * H:].reshape(H, H))
+
+
+def _bias_grads(g, ws, u):
+    """Unit ``u``'s bias gradient and, for an LSTM with them, its peepholes' (``dL/da`` against the cell states)."""
+    cfg, B = ws.cfg, ws.B
+    lo = cfg[_LO]
+    DAs = ws.DAs
+    H, G = ws.Hs.shape[3], DAs.shape[2]
+    if cfg[_BIAS] != 0:
+        gb = g.bb
+        for s in range(lo, ws.T):
+            for b in range(B):
+                for j in range(G):
+                    gb[u, j] += DAs[s, b, j]
+    if cfg[_KIND] == _LSTM and cfg[_PEEP] != 0:
+        gP, Cs = g.P, ws.Cs
+        for s in range(lo, ws.T):
+            for b in range(B):
+                for j in range(H):
+                    gP[u, 0, j] += DAs[s, b, j] * Cs[u, s, b, j]
+                    gP[u, 1, j] += DAs[s, b, H + j] * Cs[u, s, b, j]
+                    gP[u, 2, j] += DAs[s, b, 3 * H + j] * Cs[u, s + 1, b, j]
+
+
+def _grads_below(w, g, ws, l, d):
+    """Layer ``l``'s (l > 0) input weights' gradient, and dL/d(layer below's output) into ``dH``, ``dHl``
+    (lanes) or ``dHc[0]`` (both directions adding in)."""
+    cfg, T, B = ws.cfg, ws.T, ws.B
+    lo, nl, dirs = cfg[_LO], cfg[_LANES], cfg[_DIRS]
+    n = T - lo
+    u = l * dirs + d
+    G = ws.DAs.shape[2]
+    DAr = ws.DAs[lo:].reshape(n * B, G)
+    Wr = w.Wr[u - dirs]
+    np.dot(_layer_out(ws, l - 1)[lo * B:].T, DAr, g.Wr[u - dirs])
+    if dirs == 2:
+        dHc = ws.dHc
+        HD = dHc.shape[3]
+        np.dot(DAr, Wr.T, dHc[d].reshape(T * B, HD))
+        if d == 1:
+            a, c = dHc[0].reshape(T * B * HD), dHc[1].reshape(T * B * HD)
+            for k in range(a.size):
+                a[k] += c[k]
+    elif nl == 1:
+        np.dot(DAr, Wr.T, ws.dH[0, lo:].reshape(n * B, ws.dH.shape[3]))
+    else:
+        dHl = ws.dHl
+        np.dot(ws.DAl[lo:].reshape(n * nl * B, G), Wr.T, dHl[lo:].reshape(n * nl * B, dHl.shape[3]))
+
+
+def _token_grads(g, ws, x_tok, d):
+    """The first layer's token rows of ``W0[d]``: each gathered row gets its ``dL/da`` rows, and ``rows``
+    (count in its last slot) lists the rows touched, each once, for the update and the clean-up.
+
+    ``gW0`` is all zeros on entry; the update zeroes the rows it touched."""
+    cfg, T, B = ws.cfg, ws.T, ws.B
+    mark, rows, DAs = ws.mark, ws.rows, ws.DAs
+    G = DAs.shape[2]
+    count = rows[T * B] if d == 1 else 0
+    g0 = g.W0[d]
+    for s in range(cfg[_LO], T):
+        for b in range(B):
+            row = x_tok[s, b]
+            if mark[row] == 0:
+                mark[row] = 1
+                rows[count] = row
+                count += 1
+            g_row = g0[row]
+            src = DAs[s, b]
+            for j in range(G):
+                g_row[j] += src[j]
+    rows[T * B] = count
+    if d == cfg[_DIRS] - 1:
+        for k in range(count):
+            mark[rows[k]] = 0
+
+
+def _update(w, g, ws, lr, clip):
+    """``p -= lr * clip(g)`` for every parameter the model has (missing ones stay zero)."""
+    cfg = ws.cfg
+    do_clip = cfg[_CLIP] != 0
+    if cfg[_TOKENS] != 0:
+        # rows never gathered have zero gradient, so p - lr * 0 leaves them as they are
+        rows, n_rows = ws.rows, ws.rows[ws.T * ws.B]
+        for d in range(cfg[_DIRS]):
+            for k in range(n_rows):
+                row = rows[k]
+                _sgd(w.W0[d, row], g.W0[d, row], lr, clip, do_clip)
+                g.W0[d, row] = 0
+    else:
+        _sgd(w.W0, g.W0, lr, clip, do_clip)
+    _sgd(w.Wr, g.Wr, lr, clip, do_clip)
+    _sgd(w.Whh, g.Whh, lr, clip, do_clip)
+    _sgd(w.Why, g.Why, lr, clip, do_clip)
+    if cfg[_BIAS] != 0:
+        _sgd(w.bb, g.bb, lr, clip, do_clip)
+        _sgd(w.by, g.by, lr, clip, do_clip)
+        if cfg[_KIND] == _GRU and cfg[_RAFTER] != 0:
+            _sgd(w.bhn, g.bhn, lr, clip, do_clip)
+    if cfg[_KIND] == _LSTM and cfg[_PEEP] != 0:
+        _sgd(w.P, g.P, lr, clip, do_clip)
 
 
 _FASTMATH = {"_rowsum": {"reassoc"}, "_sqdist": {"reassoc"}}
 _KERNELS = ("_ids_in_range", "_elman_forward", "_lstm_forward", "_gru_forward", "_elman_backward",
-            "_lstm_backward", "_gru_backward", "_flip_time", "_sgd", "_rowsum", "_rowmax", "_sqdist", "_head", "_run")
+            "_lstm_backward", "_gru_backward", "_flip_time", "_sgd", "_rowsum", "_rowmax", "_sqdist", "_head",
+            "_check_ids", "_layer_out", "_forward", "_unit_forward", "_join_directions", "_outputs",
+            "_output_backward", "_backward", "_split_directions", "_unit_backward", "_sum_lanes", "_recurrent_grads",
+            "_gru_after_grads", "_gru_before_grads", "_bias_grads", "_grads_below", "_token_grads", "_update", "_run")
 
 
 def _compiled():
@@ -846,8 +994,8 @@ def _lanes(bptt, T: int) -> tuple[int, int, int]:
 
 @dataclass
 class _Workspace:
-    cfg: np.ndarray  # the int64 codes, with this T's bptt window
-    arrays: tuple  # Hs ... rows, in the order _run takes them
+    arrays: dict  # the buffers by name (numba_state.WORK_FIELDS)
+    struct: object  # numba_state.Work over them, with the int64 codes and this T's bptt window
 
 
 _MAX_SHAPES = 8  # (T, B) workspaces kept at once
@@ -922,6 +1070,11 @@ class NumbaBackend(Backend):
         )
         self._W0, self._Why = self._weights[0], self._weights[5]
         self._grads = tuple(np.zeros_like(w) for w in self._weights)
+        from backends import numba_state  # after _compiled(): it needs Numba
+
+        # the same arrays as the step's struct arguments, built once
+        self._w, self._g = (numba_state.params(dict(zip(numba_state.PARAM_FIELDS, a)))
+                            for a in (self._weights, self._grads))
         self._names = names
         self._dtype = dt
         self._clip = dt.type(spec.clip if spec.clip is not None else 0)
@@ -973,32 +1126,34 @@ class NumbaBackend(Backend):
             cfg[k] = v
         cfg[_LO], cfg[_LANES], cfg[_RESET] = lo, nl, reset
         none4 = (0, 0, 0, 0)
-        arrays = (
-            np.zeros((U, T + 1, B, H), dt),  # Hs
-            np.zeros((U, T + 1, B, H) if lstm else none4, dt),  # Cs
-            np.zeros((U, T, B, G) if lstm or gru else none4, dt),  # Gs: gates (lstm i, f, g, o; gru r, z, n)
-            np.zeros((U, T, B, H) if lstm or gru else none4, dt),  # TCs: tanh(c); gru h W_hn + b_hn or r h
-            np.zeros((T, B, G), dt),  # XP
-            np.zeros((B, G), dt),  # tmp
-            np.zeros((T * B, O), dt),  # Z
-            np.zeros((T * B, O), dt),  # dZ
-            np.zeros((dirs, T, B, H), dt),  # dH
-            np.zeros((T, nl, B, H) if nl > 1 and L > 1 else none4, dt),  # dHl
-            np.zeros((T, B, G), dt),  # DAs
-            np.zeros((T, nl, B, G) if nl > 1 else none4, dt),  # DAl
-            np.zeros((nl, B, H), dt),  # dhn
-            np.zeros((nl, B, H) if lstm else (0, 0, 0), dt),  # dcn
-            np.zeros(D if self.problem.tokens else 0, np.int8),  # mark
-            np.zeros(T * B + 1, np.int64),  # rows (+ their count)
-            np.zeros((L, T, B, 2 * H) if bi else none4, dt),  # Hc: a bidirectional layer's [h_t, h_t_rev]
-            np.zeros((2, T, B, 2 * H) if bi else none4, dt),  # dHc: dL/d those rows (and a second buffer)
-            np.zeros((T, B) if bi and self.problem.tokens else (0, 0), np.int64),  # x_rev
-            np.zeros((T, B, G) if gru else (0, 0, 0), dt),  # DUs: the recurrent side's dL/du
-            np.zeros((nl, B, G) if gru else (0, 0, 0), dt),  # dus: one step's of it, per lane
-            np.zeros((nl, B, H) if gru else (0, 0, 0), dt),  # dan
-            np.zeros((nl, B, H) if gru else (0, 0, 0), dt),  # drh
-        )
-        ws = self._work[(T, B)] = _Workspace(cfg, arrays)
+        arrays = {
+            "Hs": np.zeros((U, T + 1, B, H), dt),
+            "Cs": np.zeros((U, T + 1, B, H) if lstm else none4, dt),
+            "Gs": np.zeros((U, T, B, G) if lstm or gru else none4, dt),  # gates (lstm i, f, g, o; gru r, z, n)
+            "TCs": np.zeros((U, T, B, H) if lstm or gru else none4, dt),  # tanh(c); gru h W_hn + b_hn or r h
+            "XP": np.zeros((T, B, G), dt),
+            "tmp": np.zeros((B, G), dt),
+            "Z": np.zeros((T * B, O), dt),
+            "dZ": np.zeros((T * B, O), dt),
+            "dH": np.zeros((dirs, T, B, H), dt),
+            "dHl": np.zeros((T, nl, B, H) if nl > 1 and L > 1 else none4, dt),
+            "DAs": np.zeros((T, B, G), dt),
+            "DAl": np.zeros((T, nl, B, G) if nl > 1 else none4, dt),
+            "dhn": np.zeros((nl, B, H), dt),
+            "dcn": np.zeros((nl, B, H) if lstm else (0, 0, 0), dt),
+            "mark": np.zeros(D if self.problem.tokens else 0, np.int8),
+            "rows": np.zeros(T * B + 1, np.int64),  # (+ their count)
+            "Hc": np.zeros((L, T, B, 2 * H) if bi else none4, dt),  # a bidirectional layer's [h_t, h_t_rev]
+            "dHc": np.zeros((2, T, B, 2 * H) if bi else none4, dt),  # dL/d those rows (and a second buffer)
+            "x_rev": np.zeros((T, B) if bi and self.problem.tokens else (0, 0), np.int64),
+            "DUs": np.zeros((T, B, G) if gru else (0, 0, 0), dt),  # the recurrent side's dL/du
+            "dus": np.zeros((nl, B, G) if gru else (0, 0, 0), dt),  # one step's of it, per lane
+            "dan": np.zeros((nl, B, H) if gru else (0, 0, 0), dt),
+            "drh": np.zeros((nl, B, H) if gru else (0, 0, 0), dt),
+        }
+        from backends import numba_state
+
+        ws = self._work[(T, B)] = _Workspace(arrays, numba_state.work(T, B, cfg, arrays))
         return ws
 
     def _inputs(self, x):
@@ -1030,8 +1185,8 @@ class NumbaBackend(Backend):
         else:
             y_tok, y_dense = self._targets(y, T, B)
         ws = self._workspace(T, B)
-        loss = self._run(mode, ws.cfg, T, B, x_tok, x_dense, y_tok, y_dense, self._dtype.type(lr), self._clip,
-                         *self._weights, *self._grads, *ws.arrays)
+        loss = self._run(mode, self._w, self._g, ws.struct, x_tok, x_dense, y_tok, y_dense, self._dtype.type(lr),
+                         self._clip)
         return loss, ws
 
     def warm_up(self, batch) -> None:
@@ -1047,7 +1202,7 @@ class NumbaBackend(Backend):
         """Softmax probabilities, or ``z`` / ``tanh(z)`` for the mse head, shaped (T, B, O)."""
         _, ws = self._call(_OUTPUTS, x, None)
         T, B = np.shape(x)[:2]
-        return ws.arrays[6].reshape(T, B, -1).copy()
+        return ws.arrays["Z"].reshape(T, B, -1).copy()
 
     def loss_and_grads(self, x, y):
         """Reported loss and copies of the gradients of the objective."""
