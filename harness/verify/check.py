@@ -19,6 +19,7 @@ from harness.spec import reference as ref
 from harness.spec.model import REDUCED_DTYPES, ModelSpec, Problem, master_dtype
 from harness.spec.status import Status
 from harness.spec.tolerance import SPEC_TOLERANCES as TOLERANCES, Tolerance, compare, worst  # noqa: F401  (re-exported)
+from harness.verify.judge import judge, tolerance
 
 LR = 0.1
 N_STEPS = 3
@@ -55,9 +56,14 @@ QUICK_REDUCED = (("lstm", "softmax", "full", False, "bfloat16"), ("gru", "mse", 
 
 @dataclass(frozen=True)
 class Case:
-    """One conformance problem: a model, its data shape and dtype."""
+    """One conformance problem: a model, its data shape and dtype, and the factors of the matrix it was
+    built from, which its :attr:`label` names.
 
-    label: str
+    A case of the matrix has a ``head`` and ``bptt`` (keys of HEADS and BPTTS) and its cell (a key of
+    CELLS) as its ``name``; a realistic case's ``name`` is its model's; any other case's ``name`` is its
+    label."""
+
+    name: str
     model: ModelSpec
     tokens: bool
     input_size: int
@@ -67,6 +73,32 @@ class Case:
     dtype: str
     seed: int = 0
     loss_scale: float | None = None  # float16 only (None: the default)
+    head: str | None = None  # a case of the matrix: a key of HEADS
+    bptt: str | None = None  # a case of the matrix: a key of BPTTS
+    realistic: bool = False  # one of the realistic shapes of :func:`_realistic`
+
+    @property
+    def label(self) -> str:
+        """The case in words, as ``harness check`` and its results name it."""
+        if self.realistic:
+            text = f"realistic {self.name} {self._shape()}"
+        elif self.head is not None:
+            text = f"{self.name} {self.head} {self.bptt} {'tokens' if self.tokens else 'dense'} B={self.batch}"
+            text += "" if self.model.bias else " nobias"
+            text += f" L={self.model.layers}" if self.model.layers > 1 else ""
+            text += f" clip={self.model.clip:g}" if self.model.clip else ""
+        else:
+            text = self.name
+        return text + (f" scale={self.loss_scale:g}" if self.loss_scale is not None else "")
+
+    def _shape(self) -> str:
+        """A realistic case's sizes: a token model's as WildML's tutorial gives them (vocabulary x hidden,
+        sequence length, BPTT), a dense one's with its layers and batch."""
+        m = self.model
+        if self.tokens:
+            return f"{self.input_size}x{m.hidden} T={self.seq_len} {m.bptt}"
+        layers = f"L={m.layers} " if m.layers > 1 else ""
+        return f"{layers}D={self.input_size} H={m.hidden} T={self.seq_len} B={self.batch}"
 
     def problem(self, workload: str = "train_step", device: str = "cpu") -> Problem:
         return Problem(self.model, self.input_size, self.output_size, self.tokens, self.dtype,
@@ -92,12 +124,7 @@ class CaseResult:
 def _small(cell, head, bptt, tokens, dtype, batch, i) -> Case:
     model = {**CELLS[cell], **HEADS[head], "hidden": 4, "bptt": BPTTS[bptt],
              "bias": i % 3 != 2, "layers": 2 if i % 4 == 3 else 1, "clip": 0.5 if i % 5 == 4 else None}
-    spec = ModelSpec.from_mapping(model)
-    label = f"{cell} {head} {bptt} {'tokens' if tokens else 'dense'} B={batch}"
-    label += "" if spec.bias else " nobias"
-    label += f" L={spec.layers}" if spec.layers > 1 else ""
-    label += f" clip={spec.clip:g}" if spec.clip else ""
-    return Case(label, spec, tokens, 5, 6, 7, batch, dtype, seed=i)
+    return Case(cell, ModelSpec.from_mapping(model), tokens, 5, 6, 7, batch, dtype, seed=i, head=head, bptt=bptt)
 
 
 def _realistic(dtype: str) -> list[Case]:
@@ -108,11 +135,11 @@ def _realistic(dtype: str) -> list[Case]:
     bigru = ModelSpec.from_mapping({"kind": "gru", "reset_after": False, "hidden": 64, "head": "mse",
                                     "bidirectional": True, "layers": 2})
     return [
-        Case("realistic wildml 8000x100 T=20 truncated:4", wildml, True, 8000, 8000, 20, 1, dtype, seed=101),
-        Case("realistic wildml 8000x100 T=20 full", wildml_full, True, 8000, 8000, 20, 1, dtype, seed=102),
-        Case("realistic lstm D=32 H=64 T=25 B=16", lstm, False, 32, 50, 25, 16, dtype, seed=103),
-        Case("realistic gru D=32 H=64 T=25 B=16", gru, False, 32, 50, 25, 16, dtype, seed=104),
-        Case("realistic gru-before-bi L=2 D=32 H=64 T=25 B=16", bigru, False, 32, 32, 25, 16, dtype, seed=105),
+        Case("wildml", wildml, True, 8000, 8000, 20, 1, dtype, seed=101, realistic=True),
+        Case("wildml", wildml_full, True, 8000, 8000, 20, 1, dtype, seed=102, realistic=True),
+        Case("lstm", lstm, False, 32, 50, 25, 16, dtype, seed=103, realistic=True),
+        Case("gru", gru, False, 32, 50, 25, 16, dtype, seed=104, realistic=True),
+        Case("gru-before-bi", bigru, False, 32, 32, 25, 16, dtype, seed=105, realistic=True),
     ]
 
 
@@ -128,7 +155,7 @@ def all_cases(quick: bool = False) -> list[Case]:
         if _valid(cell, bptt):
             cases.append(_small(cell, head, bptt, True, dtype, 1, 1000 + j))
     if quick:
-        first = [c for c in cases if c.label.split()[0] in FIRST_CELLS]
+        first = [c for c in cases if c.name in FIRST_CELLS]
         cases = _pairwise_subset(first) + _cell_bptt_subset([c for c in cases if c not in first])
     cases += _reduced(quick)
     for dtype in ("float64", "float32"):
@@ -165,8 +192,8 @@ FLOAT16_OTHER_SCALE = 128.0
 
 
 def with_loss_scale(case: Case, scale: float) -> Case:
-    """``case`` with its own loss scale (float16), said in its label."""
-    return dataclasses.replace(case, loss_scale=scale, label=f"{case.label} scale={scale:g}")
+    """``case`` with its own loss scale (float16), which its label then says."""
+    return dataclasses.replace(case, loss_scale=scale)
 
 
 def gru_or_bidirectional(case: Case) -> bool:
@@ -188,7 +215,7 @@ def representative_cases() -> list[Case]:
     """A handful of cases covering every cell, head, bptt mode, input kind and dtype at least once
     (with no pairs): what CI runs for backends whose every case costs a compile. float32 and float64
     only: every compile-heavy backend refuses mixed precision (which tests/test_mixed_precision.py checks)."""
-    cases = [c for c in all_cases(quick=True) if not c.label.startswith("realistic") and c.dtype not in REDUCED_DTYPES]
+    cases = [c for c in all_cases(quick=True) if not c.realistic and c.dtype not in REDUCED_DTYPES]
     wanted = {(i, v) for c in cases for i, v in enumerate(_factors(c)[:5])}
     chosen: list[Case] = []
     while wanted:
@@ -214,8 +241,8 @@ def _cell_bptt_subset(cases: list[Case]) -> list[Case]:
 
 
 def _factors(case: Case) -> tuple:
-    words = case.label.split()
-    return (words[0], words[1], words[2], words[3], case.dtype, case.batch, case.model.layers, case.model.bias)
+    """What a case of the matrix varies: cell, head, bptt, input kind, dtype, batch, layers, bias."""
+    return (case.name, case.head, case.bptt, case.tokens, case.dtype, case.batch, case.model.layers, case.model.bias)
 
 
 def _pairwise_subset(cases: list[Case]) -> list[Case]:
@@ -267,7 +294,11 @@ def reference_run(case: Case, params: dict[str, np.ndarray], dtype, forward: boo
     outputs, loss, gradients, step losses, parameters. ``outputs_rounded``: every product's result rounded too
     (not the spec's: what the mixed-precision bound reads, see :meth:`Tolerance.judge`)."""
     precision = ref.Precision.of(dtype, case.loss_scale, outputs_rounded)
-    p = ref.params_like(params, master_dtype(dtype))
+    return _answers(case, ref.params_like(params, master_dtype(dtype)), precision, forward)
+
+
+def _answers(case: Case, p: dict[str, np.ndarray], precision: ref.Precision, forward: bool) -> dict[str, object]:
+    """:func:`reference_run` from parameters ``p`` as they are, with ``precision``'s roundings."""
     x, y = make_data(case)
     want: dict[str, object] = {}
     if forward:
@@ -285,7 +316,8 @@ def reference_run(case: Case, params: dict[str, np.ndarray], dtype, forward: boo
 
 
 def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
-    """Conformance of one backend instance on one case: forward, loss + grads, 3 SGD steps."""
+    """Conformance of one backend instance on one case: forward, loss + grads, 3 SGD steps, each judged
+    against the reference (:func:`harness.verify.judge.judge`)."""
     full = backend.full_name
     res = CaseResult(full, case.label, case.dtype, Status.PASS)
     train = case.problem("train_step", device)
@@ -293,7 +325,7 @@ def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
     if not ok:
         res.status, res.reason = Status.UNSUPPORTED, why
         return res
-    tol = Tolerance.of(case.dtype, backend.tolerance(train))
+    tol = tolerance(backend, train)
     res.reason, res.bound = tol.why, tol.describe()
     params = initial_params(case)
     x, y = make_data(case)
@@ -314,16 +346,14 @@ def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
         backend.sync()
         got["step losses"] = losses
         got_params = backend.get_params()
+        for k in case.model.param_names():
+            got[f"d{k}"] = grads.get(k, np.full(np.shape(params[k]), np.nan))  # a missing gradient fails
+            got[f"{k} after {N_STEPS} steps"] = got_params[k]
         # the reference in float64 from the float32-rounded values, and (only when needed; always under mixed
         # precision) in the case's dtype
-        want = reference_run(case, params, np.float64, "outputs" in got)
-        for k in case.model.param_names():
-            got[f"d{k}"] = grads.get(k, np.full_like(want[f"d{k}"], np.nan))
-            got[f"{k} after {N_STEPS} steps"] = got_params[k]
-        ratios = tol.judge({k: (got[k], want[k]) for k in want},
-                           low=lambda: [reference_run(case, q, tol.low_dtype, "outputs" in got)
-                                        for q in tol.starts(ref.params_like(params, master_dtype(tol.low_dtype)))],
-                           other=lambda: reference_run(case, params, tol.low_dtype, "outputs" in got, True))
+        forward = "outputs" in got
+        verdict = judge(tol, got, lambda p, precision: _answers(case, p, precision, forward), params,
+                        case.dtype, case.loss_scale)
     except Exception as exc:  # a crash is a result of the check, shown with its reason
         res.status = Status.ERROR
         res.reason = f"{type(exc).__name__}: {exc}"
@@ -331,8 +361,8 @@ def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
         return res
     finally:
         backend.close()
-    res.worst, res.worst_ratio = worst(ratios)
-    res.details = {"ratios": {k: float(v) for k, v in ratios.items()}}
+    res.worst, res.worst_ratio = verdict.worst, verdict.ratio
+    res.details = {"ratios": {k: float(v) for k, v in verdict.ratios.items()}}
     if res.worst_ratio > 1.0:
         res.status = Status.FAIL
         res.reason = f"{res.worst} off by {res.worst_ratio:.3g}x the bound"

@@ -11,6 +11,7 @@ isolated environments on numpy 1.23 too. A failed request answers ``status: erro
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -36,16 +37,13 @@ import numpy as np  # noqa: E402
 
 from harness.worker import measure
 from harness.worker import protocol  # noqa: E402
-from harness.spec.status import Status, TrainStop  # noqa: E402
+from harness.worker.training import DivergedError, TrainingLoop  # noqa: E402
+from harness.spec.status import Status  # noqa: E402
 
 
 def peak_rss_mb() -> float:
     """This process's peak resident memory so far."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
-
-
-class DivergedError(Exception):
-    """The loss became NaN or infinite."""
 
 
 def _digest(*parts) -> str:
@@ -91,57 +89,15 @@ def memoised(folder: str, compute, *key) -> dict:
 
 
 def verify_step(p, b, x, y, lr: float, memo: str = "") -> dict:
-    """The next step (or forward pass) of backend ``b`` on problem ``p`` against the reference, on ``x, y``.
+    """The next step (or forward pass) of backend ``b`` on problem ``p`` against the reference, on ``x, y``
+    (:func:`harness.verify.judge.verify_step`), as the fields of :class:`protocol.VerifyReply`. The backend's
+    own calls run with NumPy's huge-page advice on (:func:`hugepage_advice`); ``memo``: a folder keeping
+    the reference's answers by their inputs (:func:`memoised`)."""
+    from harness.verify import judge
 
-    For a step, the parameter *change* is compared with the reference's change from the
-    same starting parameters, so a wrong gradient cannot hide behind a small learning rate.
-    The bound is :mod:`harness.spec.tolerance`'s: the reference runs a second time in the cell's
-    dtype (with its roundings) when the float64 comparison alone is not met, and always under mixed precision.
-    ``memo``: a folder keeping the reference's answers by their inputs (:func:`memoised`).
-    """
-    from harness.spec import reference
-    from harness.spec.tolerance import Tolerance, update_floor, worst
-
-    tol = Tolerance.of(p.dtype, b.tolerance(p))
-    low = reference.Precision.of(p.dtype, p.loss_scale)
-    other = reference.Precision.of(p.dtype, p.loss_scale, outputs=True)  # read only under mixed precision
-    start = reference.params_like(b.get_params(), p.master_dtype)  # a copy: the step may update views in place
-    before = reference.params_like(start, np.float64)
-    if p.workload == "forward":
-        with hugepage_advice(True):  # the backend's own arrays as in a plain process (CellState.verify)
-            got = b.forward(x)
-            b.sync()
-
-        def outputs(params, precision=reference.EXACT):
-            return memoised(memo, lambda: {"outputs": reference.outputs(p.model, params, x, precision=precision)},
-                            "outputs", p.model, precision, params, x)
-
-        ratios = tol.judge({"outputs": (got, outputs(before)["outputs"])},
-                           low=lambda: [outputs(q, low) for q in tol.starts(start)],
-                           other=lambda: outputs(start, other))
-    else:
-        with hugepage_advice(True):  # the backend's own arrays as in a plain process (CellState.verify)
-            loss = float(b.sgd_step(x, y, lr))  # a device scalar converts only through float() (Backend.sgd_step)
-            b.sync()
-        after = b.get_params()
-
-        def changes(params, precision=reference.EXACT):  # each update from its own start (a nudged one too)
-            def compute():
-                base = reference.params_like(params, np.float64)
-                want_loss, want = reference.sgd_step(p.model, params, x, y, lr, precision)
-                return {"loss": want_loss} | {f"update of {k}": np.asarray(v, np.float64) - base[k]
-                                              for k, v in want.items()}
-
-            return memoised(memo, compute, "step", p.model, precision, lr, params, x, y)
-
-        got = {"loss": loss} | {f"update of {k}": np.asarray(after[k], np.float64) - before[k] for k in before}
-        want = changes(before)
-        floors = {f"update of {k}": v for k, v in update_floor(tol, p, before, x).items()}
-        ratios = tol.judge({k: (got[k], want[k]) for k in want}, floors=floors,
-                           low=lambda: [changes(q, low) for q in tol.starts(start)],
-                           other=lambda: changes(start, other))
-    name, ratio = worst(ratios)
-    return {"ok": bool(ratio <= 1.0), "worst": name, "ratio": ratio, "bound": tol.describe()}
+    verdict = judge.verify_step(p, b, x, y, lr, keep=functools.partial(memoised, memo),
+                                backend_calls=lambda: hugepage_advice(True))
+    return verdict.reply()
 
 
 @contextmanager
@@ -252,70 +208,8 @@ class CellState:
         return total / count
 
     def train(self, cfg: protocol.TrainSettings) -> protocol.TrainReply:
-        """SGD epochs from the shared initial parameters; the clock counts training steps only."""
-        B = self.problem.batch
-        N = self.data.n_sequences
-        rng = np.random.default_rng(cfg.seed)
-        lr = self.lr  # the starting rate; halved on a rising evaluation loss when asked
-        target = cfg.target_loss
-        curve, steps = [], []
-        step_clock = measure.Stopwatch(self.backend.sync)
-        eval_clock = measure.Stopwatch(self.backend.sync)
-        examples, next_eval, streak, time_to_target = 0, cfg.eval_every, 0, None
-        running: list[float] = []
-        status, stop = Status.OK, None
-
-        def do_eval(epoch):
-            nonlocal streak, time_to_target, lr, stop
-            _, loss = eval_clock.time(self.evaluate)
-            clock = step_clock.total_s
-            if running:
-                curve.append({"epoch": epoch, "examples": examples, "wall_s": clock,
-                              "loss": float(np.mean(running)), "split": "train", "lr": lr})
-                running.clear()
-            previous = next((c["loss"] for c in reversed(curve) if c["split"] == "eval"), None)
-            curve.append({"epoch": epoch, "examples": examples, "wall_s": clock, "loss": loss, "split": "eval", "lr": lr})
-            if not math.isfinite(loss):
-                raise DivergedError(f"evaluation loss became {loss}")
-            if cfg.halve_lr_on_rise and previous is not None and loss > previous:
-                lr *= 0.5
-            if target is not None:
-                streak = streak + 1 if loss <= target else 0
-                if streak >= cfg.patience and time_to_target is None:
-                    time_to_target = clock
-                    stop = TrainStop.TARGET
-
-        try:
-            do_eval(0)
-            for epoch in range(cfg.epochs):
-                order = rng.permutation(N)
-                for i in range(0, N - B + 1, B):
-                    x, y = self.data.batch(order[i : i + B])
-                    dt, loss = step_clock.time(lambda: self.backend.sgd_step(x, y, lr))
-                    steps.append(dt)
-                    loss = float(loss)
-                    if not math.isfinite(loss):
-                        raise DivergedError(f"training loss became {loss}")
-                    running.append(loss)
-                    examples += B
-                    if examples >= next_eval:
-                        next_eval += cfg.eval_every
-                        do_eval(epoch)
-                    if stop is None and cfg.time_budget_s is not None and step_clock.total_s >= cfg.time_budget_s:
-                        stop = TrainStop.TIME_BUDGET
-                    if stop:
-                        break
-                if stop:
-                    break
-            else:
-                stop = TrainStop.EPOCHS
-            if curve[-1]["examples"] != examples:
-                do_eval(cfg.epochs - 1 if stop == TrainStop.EPOCHS else epoch)
-        except DivergedError as exc:
-            status, stop = Status.DIVERGED, str(exc)
-        return protocol.TrainReply(curve=curve, step_samples=steps, train_s=step_clock.total_s,
-                                   eval_s=eval_clock.total_s, time_to_target_s=time_to_target, stop=stop,
-                                   status=status, examples=examples, final_lr=lr)
+        """SGD epochs from the shared initial parameters (:class:`TrainingLoop`)."""
+        return TrainingLoop(self.backend, self.data, self.problem.batch, self.evaluate, self.lr, cfg).run()
 
 
 def _gemm_rate(req: protocol.GemmPeak) -> float:
