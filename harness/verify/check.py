@@ -91,6 +91,11 @@ class Case:
             text = self.name
         return text + (f" scale={self.loss_scale:g}" if self.loss_scale is not None else "")
 
+    @property
+    def cell(self) -> str | None:
+        """A case of the matrix: its cell (a key of CELLS); None for any other."""
+        return self.name if self.head is not None else None
+
     def _shape(self) -> str:
         """A realistic case's sizes: a token model's as WildML's tutorial gives them (vocabulary x hidden,
         sequence length, BPTT), a dense one's with its layers and batch."""
@@ -155,7 +160,7 @@ def all_cases(quick: bool = False) -> list[Case]:
         if _valid(cell, bptt):
             cases.append(_small(cell, head, bptt, True, dtype, 1, 1000 + j))
     if quick:
-        first = [c for c in cases if c.name in FIRST_CELLS]
+        first = [c for c in cases if c.cell in FIRST_CELLS]
         cases = _pairwise_subset(first) + _cell_bptt_subset([c for c in cases if c not in first])
     cases += _reduced(quick)
     for dtype in ("float64", "float32"):
@@ -242,7 +247,7 @@ def _cell_bptt_subset(cases: list[Case]) -> list[Case]:
 
 def _factors(case: Case) -> tuple:
     """What a case of the matrix varies: cell, head, bptt, input kind, dtype, batch, layers, bias."""
-    return (case.name, case.head, case.bptt, case.tokens, case.dtype, case.batch, case.model.layers, case.model.bias)
+    return (case.cell, case.head, case.bptt, case.tokens, case.dtype, case.batch, case.model.layers, case.model.bias)
 
 
 def _pairwise_subset(cases: list[Case]) -> list[Case]:
