@@ -1,4 +1,4 @@
-"""Triton kernels of the ``cuda`` backend, one module per kernel family.
+"""Triton kernels of the ``cuda`` backend, one module per kernel family, and the engine that launches them.
 
 Every module holds ``@triton.jit`` kernels and a thin wrapper per kernel that picks the block
 size and the launch grid (the layout of Triton's tutorials 02-fused-softmax and 05-layer-norm):
@@ -10,7 +10,20 @@ size and the launch grid (the layout of Triton's tutorials 02-fused-softmax and 
     persistent    the persistent recurrent kernel: every time step of a layer in one launch, W_hh resident
 
 GEMMs are cuBLAS through torch; only the element-wise work and the persistent recurrence are Triton.
-These modules import triton at import time: the backend imports them lazily, in ``prepare``.
+The engine, by stage, imports neither torch nor triton at import time (the ``Net`` does, when built):
+
+    net           Net: the parameters and state on the device, and the calls the backend makes
+    graphed       GraphedNet: the same step replayed from CUDA graphs (cuda:graph)
+    forward       every layer over all steps: per-gate, grouped, fused, wavefront, persistent
+    head          logits, outputs, the loss and dL/dz
+    backward      the training pass: forward, head, BPTT by stages
+    weight_grads  the parameter gradients from the stages' da
+    unfused       the cells op by op, forward and backward (cuda:naive, cuda:grouped)
+    products      the GEMMs against a unit's weights in either layout
+    streams       the wavefront's streams and events
+    records       the forward record and the backward carry of a unit
+
+The kernel modules import triton at import time: the backend imports them lazily, in ``prepare``.
 Triton decides at decoration time whether a kernel is compiled or interpreted, so
 ``TRITON_INTERPRET=1`` (Triton's interpreter on CPU tensors, what CI checks the numerics with)
 must be set before the first of them is imported.
