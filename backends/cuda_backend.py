@@ -59,6 +59,7 @@ import os
 import numpy as np
 
 from backends.base import Backend, unsupported
+from backends.cuda import interpreting
 from harness.spec.errors import HarnessError
 from harness.spec.model import Problem, layer_suffix
 
@@ -70,10 +71,6 @@ _CPU_NEEDS_INTERPRETER = ("unavailable: cuda on device cpu is Triton's interpret
 _GPU_NOT_INTERPRETED = "unavailable: TRITON_INTERPRET=1 is set, so the kernels run on the CPU interpreter (device cpu)"
 #: the persistent kernel keeps a program's W_hh columns in registers: (H, 4 * ceil(H / SMs)) values
 PERSISTENT_MAX_HIDDEN = 1024
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _gpu_present() -> bool:
@@ -107,7 +104,7 @@ class CudaBackend(Backend):
         """torch and triton installed, and a GPU (or Triton's interpreter switched on)."""
         if importlib.util.find_spec("torch") is None or importlib.util.find_spec("triton") is None:
             return False, _NOT_INSTALLED
-        if not (_interpreting() or _gpu_present()):
+        if not (interpreting() or _gpu_present()):
             return False, _NO_GPU
         return True, ""
 
@@ -117,8 +114,8 @@ class CudaBackend(Backend):
         if not ok:
             return ok, why
         if device == "cpu":
-            return (True, "") if _interpreting() else (False, _CPU_NEEDS_INTERPRETER)
-        if _interpreting():
+            return (True, "") if interpreting() else (False, _CPU_NEEDS_INTERPRETER)
+        if interpreting():
             return False, _GPU_NOT_INTERPRETED
         import torch
 
@@ -160,7 +157,7 @@ class CudaBackend(Backend):
 
         out["torch"] = torch.__version__
         out["triton"] = triton.__version__
-        out["triton_mode"] = "interpreter (TRITON_INTERPRET=1, CPU)" if _interpreting() else "compiled"
+        out["triton_mode"] = "interpreter (TRITON_INTERPRET=1, CPU)" if interpreting() else "compiled"
         out["torch_cuda"] = str(torch.version.cuda)
         if torch.cuda.is_available():
             out["gpu"] = torch.cuda.get_device_name()
