@@ -98,7 +98,7 @@ def run_conformance(names: list[str] | None, quick: bool = False, device: str = 
         if progress is not None:
             progress.print(f"checking {full} ({len(indices)} cases) ...", highlight=False, markup=False)
         # an engine of another revision loads in a worker of its own: never two builds of one module in a process
-        if environment is not None or backends.revision_of(full) is not None:
+        if environment is not None or backends.ref(full).revision is not None:
             try:
                 results += _check_isolated(full, cases, quick, device, representative,
                                            progress=progress, indices=indices)
