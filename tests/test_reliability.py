@@ -423,8 +423,11 @@ def _start_slow_run(tmp_path, phase):
                     + f"env: {{SLOW_MARKS: '{marks}'}}\n")
     env = {**os.environ, "HARNESS_BACKENDS": "ref=fake_backends:RefBackend,slow=slow_backend:SlowBackend",
            "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    # the run starts as from a terminal, with Ctrl-C's default action: a shell that started pytest in the
+    # background passes SIGINT on ignored, and Python keeps an ignored SIGINT ignored
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(tmp_path / "run"),
-                             "--no-plots"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             "--no-plots"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not (marks / phase).exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
