@@ -25,8 +25,8 @@ def _ci_gru_or_bidirectional(cases: list[Case]) -> list[Case]:
     bidirectional) and a truncated reset-before GRU: each case is several XLA compiles, so CI takes these."""
     picked, cells = [], set()
     for c in filter(gru_or_bidirectional, cases):
-        cell = c.label.split()[0]
-        if cell != "realistic" and (cell not in cells or (cell == "gru-before" and "truncated" in c.label)):
+        cell = c.cell
+        if cell is not None and (cell not in cells or (cell == "gru-before" and c.bptt.startswith("truncated"))):
             cells.add(cell)
             picked.append(c)
     return picked
@@ -52,7 +52,7 @@ def _small(model: dict, tokens=True, dtype="float64", T=7, B=3) -> Case:
 
 
 def test_ci_subset_covers_every_gru_and_bidirectional_cell():
-    picked = {c.label.split()[0] for c in QUICK if gru_or_bidirectional(c)}
+    picked = {c.cell for c in QUICK if gru_or_bidirectional(c)}
     assert picked == {"gru", "gru-before", "elman-tanh-bi", "lstm-bi", "lstm-peephole-bi", "gru-bi", "gru-before-bi"}
     assert any(c.label.startswith("gru-before") and "truncated" in c.label for c in QUICK)
     for case in filter(gru_or_bidirectional, all_cases(quick=True)):

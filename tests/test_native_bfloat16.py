@@ -226,7 +226,7 @@ def _backend(variant=None, cls=None):
 
 BF16 = [c for c in check.all_cases() if c.dtype == "bfloat16"]
 # the small shape, one case per cell and bptt mode (the options and input kinds alternate among them)
-BF16_SMALL = list({(c.label.split()[0], c.model.bptt.mode): c for c in reversed(BF16) if c.batch <= 3}.values())
+BF16_SMALL = list({(c.name, c.model.bptt.mode): c for c in reversed(BF16) if c.batch <= 3}.values())
 
 
 def _failures(results, cases):
