@@ -193,14 +193,16 @@ class Tolerance:
 def compare(name, got, want, rtol, atol_scale, floor=0.0, want_low=None, sensitivity=0.0):
     """``(max |got - want| / bound, label)`` with the bound ``rtol |want| + atol_scale max|want| + floor
     + sensitivity |want_low - want|``, elementwise (``want_low`` one array or a list of runs: the largest
-    deviation counts); a ratio above 1 is a mismatch, and a wrong shape or a non-finite value is ``inf``
-    with the label saying which."""
+    deviation counts); a ratio above 1 is a mismatch, and a wrong shape or a non-finite value (the
+    backend's or the reference's) is ``inf`` with the label saying which."""
     got = np.asarray(got, dtype=np.float64)
     want = np.asarray(want, dtype=np.float64)
     if got.shape != want.shape:
         return float("inf"), f"{name}: shape {got.shape} != {want.shape}"
     if not np.all(np.isfinite(got)):
         return float("inf"), f"{name}: non-finite values"
+    if not np.all(np.isfinite(want)):  # nothing to compare with: a ratio of NaN would order arbitrarily
+        return float("inf"), f"{name}: the reference is non-finite"
     if not want.size:
         return 0.0, name
     bound = rtol * np.abs(want) + atol_scale * float(np.abs(want).max()) + floor + 1e-300

@@ -368,7 +368,7 @@ def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
         backend.close()
     res.worst, res.worst_ratio = verdict.worst, verdict.ratio
     res.details = {"ratios": {k: float(v) for k, v in verdict.ratios.items()}}
-    if res.worst_ratio > 1.0:
+    if not verdict.ok:
         res.status = Status.FAIL
         res.reason = f"{res.worst} off by {res.worst_ratio:.3g}x the bound"
     return res
