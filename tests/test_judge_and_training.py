@@ -64,7 +64,6 @@ def test_verify_step_reads_the_reference_through_keep_and_runs_the_backend_insid
     assert keys[0] == "step" and keys[-1] == "outputs" and inside == [True, True]
 
 
-
 def test_a_non_finite_reference_fails_the_verdict_and_names_the_quantity_wherever_it_stands():
     start = {"W": np.ones((2, 2))}
     got = {"a": np.ones(3), "b": np.ones(3), "c": np.ones(3)}
@@ -72,6 +71,7 @@ def test_a_non_finite_reference_fails_the_verdict_and_names_the_quantity_whereve
         want = {k: np.ones(3) for k in got} | {bad: np.array([1.0, np.nan, 1.0])}
         verdict = judge.judge(judge.Tolerance.of("float64"), got, lambda params, precision: want, start, "float64")
         assert not verdict.ok and verdict.ratio == float("inf") and verdict.worst == f"{bad}: the reference is non-finite"
+
 
 # -- the training loop -------------------------------------------------------------------------------------
 
