@@ -10,7 +10,7 @@ Per kernel and batch size, two figures through :mod:`harness.worker.measure` (th
 The kernels: the recurrent and the hoisted input GEMMs (cuBLAS, for scale), the per-operation
 kernels of ``cuda:naive``, the fused LSTM and Elman steps forward and backward, the SGD update,
 and one LSTM layer over ``T`` steps as ``T`` x (GEMM + fused step) against the persistent kernel.
-Rows carry the median, IQR and minimum seconds per call (harness.worker.stats.Stats), GB/s of the bytes
+Rows carry the median, IQR and minimum seconds per call (harness.run.stats.Stats), GB/s of the bytes
 each kernel must move, and GFLOP/s for the GEMMs. They are written as the harness writes its
 tables (``harness.results.store.write_table`` / ``write_json``): ``kernels.parquet`` and ``kernels.json``
 (the device, versions, arguments and load) in ``--out``.
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.worker import measure  # noqa: E402
-from harness.worker.stats import Stats  # noqa: E402
+from harness.run.stats import Stats  # noqa: E402
 
 
 def _args(argv=None):

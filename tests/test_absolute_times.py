@@ -30,11 +30,11 @@ def _policy(**kw) -> TimingConfig:
 
 def test_every_timed_cell_samples_two_processes_by_default_over_its_passes():
     assert TimingConfig().min_processes == 2
-    assert _policy().worker_processes == 2  # one pass: both processes in it
-    assert _policy(passes=2).worker_processes == 1  # two passes: a fresh process each
-    assert _policy(passes=3, min_processes=5).worker_processes == 2
-    assert _policy(processes=3).worker_processes == 3
-    assert _policy(min_processes=1).worker_processes == 1
+    assert _policy().processes_per_pass == 2  # one pass: both processes in it
+    assert _policy(passes=2).processes_per_pass == 1  # two passes: a fresh process each
+    assert _policy(passes=3, min_processes=5).processes_per_pass == 2
+    assert _policy(processes=3).processes_per_pass == 3
+    assert _policy(min_processes=1).processes_per_pass == 1
     # the rounds alternate between the processes; the speedup's blocks stay those of processes x passes
     assert [_policy().round_process(p, r) for p in (0, 1) for r in range(3)] == [0, 1, 0, 2, 3, 2]
     assert [_policy().round_block(p, r) for p in (0, 1) for r in range(3)] == [0, 0, 0, 1, 1, 1]

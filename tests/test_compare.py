@@ -14,7 +14,7 @@ from harness.results.compare import compare_runs, mann_whitney_p, ratio_interval
 from harness.config import load_config
 from harness.results.store import RunStore
 from harness.run.runner import Runner, finish_meta, new_run_meta
-from harness.worker.stats import paired_speedup
+from harness.run.stats import paired_speedup
 
 CONFIG = """
 name: pair

@@ -393,7 +393,7 @@ def test_import_refuses_a_malformed_file_with_one_line(tmp_path, doc, says):
 
 
 def test_import_bootstrap_memory_is_bounded(tmp_path):
-    from harness.results.compare import ratio_interval
+    from harness.run.stats import ratio_interval
 
     rng = np.random.default_rng(0)
     a, b = rng.random(10_000) + 1, rng.random(10_000) + 1

@@ -4,6 +4,7 @@ import pytest
 
 from harness.spec import timing
 from harness.worker import measure
+from harness.run import stats
 from harness.config import TimingConfig
 
 
@@ -43,7 +44,7 @@ def test_policy_comes_from_the_config_and_owns_no_defaults():
 
 
 def test_default_stop_rule_needs_rounds_and_time_or_hits_the_cap():
-    rule = measure.stop_rule(TimingConfig(min_rounds=3, min_time_s=0.3, max_time_s=2.0))
+    rule = stats.stop_rule(TimingConfig(min_rounds=3, min_time_s=0.3, max_time_s=2.0))
     inner = {"a": 10, "b": 10}
     assert not rule.done({"a": [], "b": []}, inner, "a", 0.0)
     assert not rule.done({"a": [0.01] * 3, "b": [0.01] * 2}, inner, "a", 0.5)  # b lacks a round

@@ -69,7 +69,7 @@ def test_each_cell_gets_its_ratio_to_the_same_backend_at_the_first_setting(fake_
 
 
 def test_a_widely_disagreeing_interval_stays_above_zero():
-    from harness.worker.stats import paired_speedup
+    from harness.run.stats import paired_speedup
 
     rng = np.random.default_rng(0)
     base = np.concatenate([np.full(8, 0.1), np.full(8, 3.0)]) * (1 + 0.01 * rng.random(16))  # one block 30x slower

@@ -3,20 +3,20 @@
 import numpy as np
 import pytest
 
-from harness.worker import measure, stats
-from harness.results.compare import ratio_interval
+from harness.run import stats
+from harness.run.stats import ratio_interval
 from harness.config import TimingConfig
-from harness.worker.stats import paired_speedup
+from harness.run.stats import paired_speedup
 
 TARGET = 0.02
 
 
-def _rule(max_time_s: float, target: float | None = TARGET) -> measure.StopRule:
-    return measure.stop_rule(TimingConfig(min_rounds=8, min_time_s=0.03, max_time_s=max_time_s,
+def _rule(max_time_s: float, target: float | None = TARGET) -> stats.StopRule:
+    return stats.stop_rule(TimingConfig(min_rounds=8, min_time_s=0.03, max_time_s=max_time_s,
                                           speedup_precision=target))
 
 
-def drive(rule: measure.StopRule, round_times, max_rounds: int = 2000) -> dict[str, list[float]]:
+def drive(rule: stats.StopRule, round_times, max_rounds: int = 2000) -> dict[str, list[float]]:
     """Feed rounds (``round_times(r) -> {cell: seconds}``, one call per round) until the rule stops.
 
     The clock is the synthetic one: the elapsed time is the sum of the rounds so far."""
@@ -85,7 +85,7 @@ def test_a_shift_in_how_the_sides_compare_is_not_averaged_away(monkeypatch):
     """For the last 30% of the rounds the machine's state changes the ratio itself (another
     tenant's load slows one side more than the other): the median of all rounds hardly moves,
     so the bootstrap alone calls the run precise, but the next run may be all in the new state."""
-    from harness.worker import stats as timing
+    from harness.run import stats as timing
 
     rng = np.random.default_rng(4)
     base = [0.010 * (1 + 0.002 * rng.standard_normal()) for _ in range(40)]
@@ -128,7 +128,7 @@ def drive_passes(timing: TimingConfig, round_times) -> tuple[dict, list[int], li
     """What the runner does over passes: before each, ``start_pass``; every round is labelled with its
     block; ``round_times(pass, r)`` gives the pass's round ``r``; passes follow while the rule asks for
     one. Returns the samples, the blocks and the reason each pass ended with."""
-    rule, policy = measure.stop_rule(timing), timing
+    rule, policy = stats.stop_rule(timing), timing
     samples: dict[str, list[float]] = {"base": [], "fast": []}
     blocks, reasons, elapsed = [], [], 0.0
     while not reasons or reasons[-1] == "pass":
@@ -181,7 +181,7 @@ def test_a_cell_whose_speedup_is_precise_leaves_the_later_passes():
     """steady keeps its ratio in every pass, shifty moves 6% from one pass to the next: after the
     passes asked for, only shifty (and the baseline it is paired with) is timed again."""
     timing = _timing(max_time_s=10, passes=3, max_passes=5)
-    rule, policy = measure.stop_rule(timing), timing
+    rule, policy = stats.stop_rule(timing), timing
     rng = np.random.default_rng(9)
     samples = {"base": [], "steady": [], "shifty": []}
     blocks, timed, elapsed = [], [], 0.0

@@ -16,7 +16,7 @@ from harness.worker import measure, stats
 from harness.config import load_config
 from harness.results.store import RunStore
 from harness.run.runner import Runner, finish_meta, new_run_meta
-from harness.worker.stats import Stats, paired_speedup
+from harness.run.stats import Stats, paired_speedup
 
 # a worker's start (its imports) can take seconds on a loaded machine: no healthy test backend comes near 60 s
 FAST_TIMING = "timing: {warmup: 1, min_rounds: 4, min_time_s: 0.05, max_time_s: 1, timeout_s: 60}\n"

@@ -203,7 +203,7 @@ def _n_workers(cell: Cell) -> int:
     """Worker processes a cell keeps alive beside the rest of its group (a training cell runs alone)."""
     if cell.problem.workload == "train":
         return 1
-    return cell.timing.worker_processes
+    return cell.timing.processes_per_pass
 
 
 _DEFAULT_TRAIN = TrainConfig()

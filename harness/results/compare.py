@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
+from harness.run.stats import mann_whitney_p, ratio_interval
 from harness.spec.errors import HarnessError
 from harness.spec.status import Status, FAILED
 
@@ -96,51 +97,6 @@ class Comparison:
                 "only_a": self.only_a, "only_b": self.only_b,
                 "regressions": [c.cell for c in self.regressions]}
         return json.dumps(data, indent=2)
-
-
-def ratio_interval(a, b, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
-    """``median(b) / median(a)`` with a percentile-bootstrap interval, resampling each side on its own."""
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    if a.size == 0 or b.size == 0:
-        nan = float("nan")
-        return nan, nan, nan
-    point = float(np.median(b) / np.median(a))
-    if a.size < 3 or b.size < 3:
-        return point, float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    med_a = _resampled_medians(a, n_boot, rng)
-    med_b = _resampled_medians(b, n_boot, rng)
-    tail = (1 - level) / 2 * 100
-    lo, hi = np.percentile(med_b / med_a, [tail, 100 - tail])
-    return point, float(lo), float(hi)
-
-
-BOOT_CHUNK = 1 << 21  # resampled values held at once (16 MB of indices), however many rounds a side has
-
-
-def _resampled_medians(x: np.ndarray, n_boot: int, rng) -> np.ndarray:
-    """The medians of ``n_boot`` resamples of ``x``, drawn a block of resamples at a time so that memory
-    stays bounded (the same draws, in the same order, as one ``(n_boot, x.size)`` array)."""
-    rows = max(1, BOOT_CHUNK // x.size)
-    out = np.empty(n_boot)
-    for start in range(0, n_boot, rows):
-        k = min(rows, n_boot - start)
-        out[start:start + k] = np.median(x[rng.integers(0, x.size, size=(k, x.size))], axis=1)
-    return out
-
-
-def mann_whitney_p(a, b) -> float:
-    """Two-sided Mann-Whitney U p-value of two sets of rounds (NaN with fewer than 3 on a side)."""
-    from scipy.stats import mannwhitneyu
-
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    if a.size < 3 or b.size < 3:
-        return float("nan")
-    if np.array_equal(np.sort(a), np.sort(b)):
-        return 1.0
-    return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
 
 
 def _cell_name(row) -> str:

@@ -13,7 +13,7 @@ Speedups. ``harness run`` times a group's backends in turn and bootstraps the sp
 rounds; pytest-benchmark runs one benchmark after the other, so imported rounds are not paired. With
 the raw timings (``--benchmark-json`` always keeps them; saved files keep them with
 ``--benchmark-save-data``) the speedup's 95% interval resamples each side's rounds on its own
-(:func:`harness.results.compare.ratio_interval`). A file without them gives the point speedup (ratio of
+(:func:`harness.run.stats.ratio_interval`). A file without them gives the point speedup (ratio of
 medians) and no interval. ``run.json`` says which under ``speedup_interval``.
 """
 
@@ -192,7 +192,7 @@ def import_json(path, out=None, baseline: str | None = None) -> Path:
 def _row(bench: dict) -> tuple[dict, dict]:
     """The timings row of one benchmark, and what of it the row cannot hold (for the export)."""
     from harness.results.schema import TIMING_COLUMNS
-    from harness.worker.stats import Stats
+    from harness.run.stats import Stats
 
     info = bench.get("extra_info") or {}
     stats = bench["stats"]
@@ -243,7 +243,7 @@ def _flops(row: dict) -> float | None:
 def _speedups(rows: list[dict], baseline: str | None) -> None:
     """Speedup of every row over its group's baseline (median over median), with an interval when both
     sides have their rounds; the ``full_name`` helper key is dropped."""
-    from harness.results.compare import ratio_interval
+    from harness.run.stats import ratio_interval
 
     groups: dict[str, list[dict]] = {}
     for r in rows:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.worker import stats
+from harness.run import stats
 from harness.spec.errors import HarnessError
 from harness.spec.model import REDUCED_DTYPES
 from harness.results.schema import SPEEDUP_BLOCK

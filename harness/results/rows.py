@@ -14,9 +14,9 @@ from __future__ import annotations
 import statistics
 
 from harness.results import schema
-from harness.worker import stats
+from harness.run import stats
+from harness.run.stats import Stats, paired_speedup
 from harness.worker.cpu_roofs import peak_key, roof_library
-from harness.worker.stats import Stats, paired_speedup
 from harness.spec.errors import HarnessError
 from harness.spec.status import Status
 

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 
-from harness.run import envs, machine
+from harness.run import envs, machine, stats
 from harness.worker import measure, protocol
 from harness.run.client import WorkerFailure, WorkerProcess, close_all, worker_settings
 from harness.config import Cell, TimingConfig
@@ -58,11 +58,11 @@ class GroupRun:
     timed_s: float = 0.0  # seconds of interleaved rounds so far, all passes (the cap counts them)
     passes_done: int = 0
     wants_pass: bool = False  # the stop rule asked for another pass, and a timed cell is left for it
-    rule: measure.StopRule = None  # the group's one stop rule, across its passes
+    rule: stats.StopRule = None  # the group's one stop rule, across its passes
 
     def __post_init__(self):
         if self.rule is None:
-            self.rule = measure.stop_rule(self.policy)
+            self.rule = stats.stop_rule(self.policy)
 
     @property
     def policy(self) -> TimingConfig:
@@ -184,10 +184,10 @@ class GroupRun:
 
     def _start_processes(self, cell: Cell, describe, record, verify: bool = True,
                          memo: str = "") -> tuple[Outcome, list[WorkerProcess]]:
-        """The cell's warmed workers of a pass (TimingConfig.worker_processes: ``timing.processes``, or more for
+        """The cell's warmed workers of a pass (TimingConfig.processes_per_pass: ``timing.processes``, or more for
         ``min_processes``; the first one verified, if ``verify``), each paused as soon as it is ready, so that
         the next one's start and compile time are taken alone too."""
-        n = cell.timing.worker_processes
+        n = cell.timing.processes_per_pass
         procs: list[WorkerProcess] = []
         outcome = None
         for k in range(n):
@@ -228,7 +228,7 @@ class GroupRun:
 
     def _interleave(self, workers: dict[str, list[WorkerProcess]], describe) -> None:
         """One pass of rounds of the group's warmed workers in turn, until the stop rule ends it. With
-        several processes per cell, round ``i`` of the pass runs in the cell's process ``i % worker_processes``."""
+        several processes per cell, round ``i`` of the pass runs in the cell's process ``i % processes_per_pass``."""
         group, policy = self.group, self.policy
         rule, outcomes, samples, inner = self.rule, self.outcomes, self.samples, self.inner
         base = self.baseline_id
@@ -271,7 +271,7 @@ class GroupRun:
                 describe(f"round {n_round + 1} ({', '.join(c.backend for c in group if c.cell_id in alive)})")
                 self.blocks.append(policy.round_block(self.passes_done, n_round))
                 self.processes.append(policy.round_process(self.passes_done, n_round))
-                k = n_round % policy.worker_processes
+                k = n_round % policy.processes_per_pass
                 n_round += 1
                 for cid in list(alive):
                     try:

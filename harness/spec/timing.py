@@ -37,19 +37,19 @@ class TimingRules:
         return share
 
     @property
-    def worker_processes(self) -> int:
-        """The fresh worker processes of a timed cell in each pass: ``processes``, or more where
-        ``min_processes`` asks for more over the ``passes`` (they take its rounds in turn; the blocks
-        of a speedup's interval stay ``processes``')."""
+    def processes_per_pass(self) -> int:
+        """How many fresh worker processes a timed cell starts in each pass (they take its rounds in turn):
+        the setting ``processes`` (per pass), or more where the setting ``min_processes`` (over all
+        ``passes``) asks for more; the blocks of a speedup's interval stay ``processes``'."""
         return max(self.processes, -(-self.min_processes // self.passes))
 
     def round_process(self, n_pass: int, n_round: int) -> int:
         """The worker process (numbered across passes, from 0) that takes the ``n_round``-th round of the
-        ``n_pass``-th pass: the pass's process ``n_round % worker_processes``."""
-        return n_pass * self.worker_processes + n_round % self.worker_processes
+        ``n_pass``-th pass: the pass's process ``n_round % processes_per_pass``."""
+        return n_pass * self.processes_per_pass + n_round % self.processes_per_pass
 
     def round_block(self, n_pass: int, n_round: int) -> int:
         """The block of the ``n_round``-th round (from 0) of the ``n_pass``-th pass (from 0): the pass's
         worker process that takes it (round ``i`` of a pass runs in its process ``i % processes``),
-        numbered across passes, as :func:`harness.worker.stats.paired_speedup` reads it."""
+        numbered across passes, as :func:`harness.run.stats.paired_speedup` reads it."""
         return n_pass * self.processes + n_round % self.processes

@@ -2,8 +2,7 @@
 backend needs (the main one, Theano's numpy 1.23, a pinned ``jax@0.4.38``).
 
 The protocol between runner and worker (:mod:`.protocol`), the worker that serves it
-(:mod:`.worker`, started as ``python -m harness.worker``), the one clock loop and the timing
-policy (:mod:`.measure`), the statistics of rounds and speedups (:mod:`.stats`), children that
+(:mod:`.worker`, started as ``python -m harness.worker``), the one clock loop (:mod:`.measure`), children that
 die with their parent (:mod:`.lifeline`), the GEMM peaks a worker measures (:mod:`.cpu_roofs`,
 :mod:`.gpu_roofs`) and the BLAS probe run in an environment being built (:mod:`.blas_probe`).
 

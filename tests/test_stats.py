@@ -1,22 +1,9 @@
-"""The worker side's statistics without SciPy: Student's t quantile from its closed form."""
-
-import pytest
-
-
-@pytest.mark.parametrize("df", [1, 2, 3, 4, 5, 9, 10, 29, 30, 120])
-def test_t_quantile_matches_scipy(df):
-    from scipy.stats import t
-
-    from harness.worker.stats import t_quantile
-
-    for p in (0.9, 0.975, 0.995):
-        assert t_quantile(p, df) == pytest.approx(float(t.ppf(p, df)), rel=1e-12)
-
+"""The statistics the runner and the results share (:mod:`harness.run.stats`)."""
 
 def test_paired_interval_over_blocks_uses_the_t_quantile():
     import numpy as np
 
-    from harness.worker.stats import paired_speedup
+    from harness.run.stats import paired_speedup
 
     rng = np.random.default_rng(1)
     base = 1.0 + 0.01 * rng.standard_normal(40)
