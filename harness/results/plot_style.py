@@ -139,13 +139,19 @@ def _grid(n_panels: int, max_cols: int, panel_w: float, panel_h: float):
     return plt, sns, fig, axes
 
 
+#: the salt of an SVG's element ids (clip paths, glyphs): fixed, so that a redrawing changes no byte
+SVG_SALT = "harness-plot"
+
+
 def _save(plt, fig, axes, n_panels: int, out: Path, **savefig) -> Path:
     """Hide the unused panels, lay out, write ``out`` (PNG) and an SVG beside it, and free the figure."""
     for ax in axes.flat[n_panels:]:
         ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(out, dpi=144, **savefig)
-    fig.savefig(out.with_suffix(".svg"), **savefig)
+    # the same drawing writes the same SVG: no date in its metadata, element ids from a fixed salt (not uuid4)
+    with plt.rc_context({"svg.hashsalt": SVG_SALT}):
+        fig.savefig(out.with_suffix(".svg"), metadata={"Date": None}, **savefig)
     plt.close(fig)
     return out
 
