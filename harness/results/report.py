@@ -67,9 +67,9 @@ def fmt_setting_speedup(row) -> str:
 
 def _fmt_ratio(s, lo, hi) -> str:
     """``1.23x [1.10, 1.40]``, ``1.23x`` without an interval, ``-`` without a ratio."""
-    if not _num(s):
-        return "-"
-    return f"{s:.3g}x [{lo:.3g}, {hi:.3g}]" if _num(lo) and _num(hi) else f"{s:.3g}x"
+    from harness.results.labels import fmt_ratio
+
+    return fmt_ratio(s, lo, hi)
 
 
 def fmt_processes(row) -> str:
