@@ -401,7 +401,7 @@ def report_cmd(
 def compare_cmd(
     run_a: Annotated[Path, typer.Argument(help="The reference run (before).")],
     run_b: Annotated[Path, typer.Argument(help="The run to judge (after).")],
-    threshold: Annotated[float, typer.Option(help="A significant slowdown beyond this ratio (B/A) is a regression.")] = 1.05,
+    threshold: Annotated[float, typer.Option(help="A significant slowdown of B beyond this factor (1.05: 5% slower than A) is a regression.")] = 1.05,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.", metavar="")] = False,
 ):
     """Per-cell time ratios of two runs with significance; exit 1 on a regression."""

@@ -112,7 +112,9 @@ def test_a_backend_made_30_percent_slower_is_a_regression(run_a, tmp_path):
     assert len(data["regressions"]) == 1 and data["regressions"][0].startswith("ref:slow ·")
     slow = next(c for c in data["cells"] if c["cell"].startswith("ref:slow"))
     assert slow["verdict"] == "regression" and slow["p_value"] < 0.001
-    assert 1.2 < slow["ratio_lo"] < 1.3 < slow["ratio_hi"] < 1.4
+    # B's speedup over A (A's time over B's, the harness's one ratio): 2.0 / 2.6 = 0.77x, below 1 as B is slower
+    assert 1 / 1.4 < slow["ratio_lo"] < 1 / 1.3 < slow["ratio_hi"] < 1 / 1.2
+    assert "B's speedup over A" in result.output and slow["ratio"] == pytest.approx(2.0 / 2.6, rel=0.02)
     plain = next(c for c in data["cells"] if c["cell"].startswith("ref ·"))
     assert plain["verdict"] == "within noise" and plain["ratio"] == 1.0
     # the same slowdown read the other way round is an improvement, not a regression

@@ -101,3 +101,13 @@ def test_a_speedup_plot_whose_cells_all_ran_draws(tmp_path):
     t = pd.read_parquet(EXAMPLE / "timings.parquet")
     assert plots.plot_speedup(t[t["status"] == "ok"], tmp_path / "speedup.png") is not None
     assert (tmp_path / "speedup.svg").exists()
+
+
+def test_drawing_twice_writes_the_same_bytes_svg_included(run):
+    # a redrawing of unchanged rows must leave git nothing to see: no date in an SVG, no random element ids
+    before = {p.name: p.read_bytes() for p in (run / "plots").iterdir()}
+    plots.make_plots(run)
+    after = {p.name: p.read_bytes() for p in (run / "plots").iterdir()}
+    assert any(name.endswith(".svg") for name in before)
+    assert before == after
+    assert all(b"<dc:date>" not in v for name, v in after.items() if name.endswith(".svg"))

@@ -191,7 +191,8 @@ def test_compare_pairs_cells_by_backend_and_pinned_version(tmp_path):
                               _timed("jax@0.4.38", "0.4.38", "d", 3e-3, "jax@0.4.38")])
     result = compare_runs(d, c)
     assert [c.cell.split(" ·")[0] for c in result.cells] == ["numpy", "jax 0.4.38"]
-    assert all(c.baseline_ratio == pytest.approx(1.1) for c in result.cells)  # the pinned jax's own ratio
+    # the pinned jax's own speedup of B (3.3 ms) over A (3 ms): A's time over B's
+    assert all(c.baseline_ratio == pytest.approx(1 / 1.1) for c in result.cells)
 
 
 # -- a real pinned environment, and one that cannot be built --------------------------------

@@ -1,4 +1,6 @@
-"""Two runs side by side: per-cell time ratios B/A with intervals, significance, regressions.
+"""Two runs side by side: per cell, B's speedup over A (A's median time over B's: above 1, B is faster) with
+its interval, significance, regressions. Every ratio the harness prints reads this way round (a reference's time
+over this one's).
 
 Cells are matched by ``cell_id``, or, where ids differ (a renamed sweep, another
 config file), by the columns that say what a cell measures.
@@ -47,12 +49,12 @@ class CellChange:
     median_b_s: float | None = None
     n_a: int = 0
     n_b: int = 0
-    ratio: float | None = None  # median B / median A: above 1 is slower
+    ratio: float | None = None  # B's speedup over A: median A / median B, above 1 faster in B (the one convention)
     ratio_lo: float | None = None
     ratio_hi: float | None = None
     p_value: float | None = None
     significant: bool = False
-    baseline_ratio: float | None = None  # the same ratio for the group's baseline backend (machine drift)
+    baseline_ratio: float | None = None  # the same speedup for the group's baseline backend (machine drift)
     speedup_a: float | None = None  # over the group's baseline, within run A, with its 95% interval
     speedup_a_lo: float | None = None
     speedup_a_hi: float | None = None
@@ -181,20 +183,20 @@ def compare_runs(run_a, run_b, threshold: float = 1.05, alpha: float = ALPHA) ->
         if ra["status"] == Status.OK and rb["status"] == Status.OK and sa.size and sb.size:
             change.median_a_s, change.median_b_s = float(np.median(sa)), float(np.median(sb))
             change.n_a, change.n_b = int(sa.size), int(sb.size)
-            change.ratio, change.ratio_lo, change.ratio_hi = ratio_interval(sa, sb)
+            change.ratio, change.ratio_lo, change.ratio_hi = ratio_interval(sb, sa)  # median A / median B
             change.p_value = mann_whitney_p(sa, sb)
             if change.speedups_agree is not None:
                 _judge_speedups(change, threshold)
             else:
                 excludes_one = np.isfinite(change.ratio_lo) and (change.ratio_lo > 1 or change.ratio_hi < 1)
                 change.significant = bool(np.isfinite(change.p_value) and change.p_value < alpha and excludes_one)
-                if change.significant and change.ratio > threshold:
+                if change.significant and change.ratio < 1 / threshold:  # B slower than A by more than threshold
                     change.verdict = "regression"
                 elif change.significant:
-                    change.verdict = "slower" if change.ratio > 1 else "faster"
+                    change.verdict = "slower" if change.ratio < 1 else "faster"
         elif ra["status"] == Status.OK and rb["status"] == Status.OK:  # rows without their rounds: the medians alone, untested
             change.median_a_s, change.median_b_s = float(ra["median_s"]), float(rb["median_s"])
-            change.ratio = change.median_b_s / change.median_a_s
+            change.ratio = change.median_a_s / change.median_b_s
             if change.speedups_agree is not None:
                 _judge_speedups(change, threshold)
         elif ra["status"] == Status.OK and rb["status"] in FAILED:
@@ -255,7 +257,7 @@ def _judge_speedups(change: CellChange, threshold: float) -> None:
 
 
 def _baseline_drift(result: Comparison, ta: pd.DataFrame, pairs) -> None:
-    """Attach to every cell the B/A ratio of its group's baseline: a shift of the machine shows there too."""
+    """Attach to every cell its group's baseline's speedup of B over A: a shift of the machine shows there too."""
     from harness.results.labels import backend_name
 
     base_ratio = {}
@@ -271,8 +273,10 @@ def _fmt_speedups(c: CellChange) -> str:
     if c.speedup_a is None and c.speedup_b is None:
         return "-"
 
+    from harness.results.labels import fmt_ratio
+
     def one(p, lo, hi):
-        return "-" if p is None else f"{p:.3g}x [{lo:.3g}, {hi:.3g}]"
+        return fmt_ratio(p, lo, hi)
 
     mark = {True: "overlap", False: "apart", None: ""}[c.speedups_agree] + (" (loose)" if c.loose else "")
     return (f"A {one(c.speedup_a, c.speedup_a_lo, c.speedup_a_hi)}\nB {one(c.speedup_b, c.speedup_b_lo, c.speedup_b_hi)}"
@@ -280,11 +284,9 @@ def _fmt_speedups(c: CellChange) -> str:
 
 
 def _fmt_ratio(c: CellChange) -> str:
-    if c.ratio is None or not np.isfinite(c.ratio):
-        return "-"
-    if c.ratio_lo is not None and np.isfinite(c.ratio_lo):
-        return f"{c.ratio:.3f} [{c.ratio_lo:.3f}, {c.ratio_hi:.3f}]"
-    return f"{c.ratio:.3f}"
+    from harness.results.labels import fmt_ratio
+
+    return fmt_ratio(c.ratio, c.ratio_lo, c.ratio_hi)
 
 
 VERDICT_STYLE = {"regression": "bold red", "broken": "bold red", "slower": "yellow", "faster": "green",
@@ -296,19 +298,20 @@ def print_comparison(result: Comparison, console) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from harness.results.labels import fmt_seconds
+    from harness.results.labels import fmt_ratio, fmt_seconds
 
-    title = f"{result.run_b} vs {result.run_a}: time ratio B/A (above 1 is slower)"
+    title = (f"B {result.run_b} against A {result.run_a}: B's speedup over A (A's median over B's: above 1x, "
+             "B is faster)")
     table = Table(title=title)
-    for col, justify in (("cell", "left"), ("A median", "right"), ("B median", "right"), ("B/A [95% CI]", "right"),
-                         ("p (M-W U)", "right"), ("vs baseline", "right"), ("speedup [95% CI]", "right"),
-                         ("verdict", "left")):
+    for col, justify in (("cell", "left"), ("A median", "right"), ("B median", "right"),
+                         ("B over A [95% CI]", "right"), ("p (M-W U)", "right"), ("B over A / baseline's", "right"),
+                         ("speedup over baseline [95% CI]", "right"), ("verdict", "left")):
         table.add_column(col, justify=justify, no_wrap=col == "verdict")
     for c in result.cells:
         p = f"{c.p_value:.2g}" if c.p_value is not None and np.isfinite(c.p_value) else "-"
         rel = "-"
         if c.ratio is not None and c.baseline_ratio and np.isfinite(c.ratio) and np.isfinite(c.baseline_ratio):
-            rel = f"{c.ratio / c.baseline_ratio:.3f}"
+            rel = fmt_ratio(c.ratio / c.baseline_ratio)
         verdict = c.verdict if c.verdict != "not timed" else f"not timed ({c.status_a} -> {c.status_b})"
         if c.verdict in ("broken", "fixed"):
             verdict = f"{c.verdict} ({c.status_a} -> {c.status_b})"
@@ -329,7 +332,8 @@ def print_comparison(result: Comparison, console) -> None:
     if regs:
         console.print(f"[bold red]{len(regs)} regression(s)[/] (speedup intervals apart and the speedup down by "
                       f"more than {result.threshold:g}x; for the baseline and cells without one, time significant at "
-                      f"alpha {result.alpha} and slower than {result.threshold:g}x; or newly failing):", highlight=False)
+                      f"alpha {result.alpha} and B over A below {1 / result.threshold:.3g}x; or newly failing):",
+                      highlight=False)
         for c in regs:
             figure = _fmt_speedups(c).replace("\n", "; ") if c.speedups_agree is not None else _fmt_ratio(c)
             console.print(escape(f"  {c.cell}: {figure} {c.status_a} -> {c.status_b}"), highlight=False)

@@ -79,6 +79,26 @@ def setting_label(values, keys) -> str:
     return " ".join(f"{values[k]} thr" if k == "threads" else str(values[k]) for k in keys)
 
 
+#: how every ratio is named on screen, in reports, plots and the page: a reference's time over this one's
+SPEEDUP_MEANS = "a reference's time over this one's: above 1x, this one is faster"
+
+
+def _finite(v) -> bool:
+    try:
+        return v is not None and bool(np.isfinite(float(v)))
+    except (TypeError, ValueError):
+        return False
+
+
+def fmt_ratio(value, lo=None, hi=None) -> str:
+    """A speedup (:data:`SPEEDUP_MEANS`) with its 95% interval where it has one: ``1.23x [1.10, 1.40]``,
+    ``1.23x``, or ``-`` without a finite value."""
+    if not _finite(value):
+        return "-"
+    value = float(value)
+    return f"{value:.3g}x [{float(lo):.3g}, {float(hi):.3g}]" if _finite(lo) and _finite(hi) else f"{value:.3g}x"
+
+
 def fmt_seconds(v) -> str:
     """A duration with a readable unit: ``1.23 ms``, ``45.6 µs``, ``2.5 s``."""
     if v is None or not np.isfinite(v):

@@ -1,0 +1,163 @@
+"""What every plot of the project shares: the figure grid, the colour of each backend and its variants,
+readable log axes, and how a figure is saved (PNG and a deterministic SVG)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from harness.results.labels import fmt_seconds
+
+def _setup():
+    import sys
+
+    import matplotlib
+
+    # files only, no window; a notebook that already chose its backend keeps it (figures here are closed after saving)
+    if "matplotlib.pyplot" not in sys.modules:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="notebook")
+    return plt, sns
+
+
+#: a hue per backend in registry order (numpy blue, torch orange, jax green, ...); its variants and pinned
+#: versions are shades of it
+_HUES = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+         "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173"]
+#: hues for backends from plugins: none of them is a registry backend's
+_PLUGIN_HUES = ["#6b6ecf", "#b5cf6b", "#e7ba52", "#d6616b", "#ce6dbd", "#9c9ede", "#cedb9c", "#e7969c"]
+_SHADES = [0.0, 0.45, -0.35, 0.7, -0.55, 0.25, -0.2, 0.6]  # > 0 toward white, < 0 toward black
+
+
+def _label_parts(label: str) -> tuple[str, str | None, str]:
+    """``"jax:unroll=4 0.4.38"`` -> ``("jax", "unroll=4", "0.4.38")``: a label's backend, variant and the
+    version or pins it carries (:func:`backend_label` writes ``name[:variant] VERSION`` or ``name@PINS``)."""
+    import backends
+
+    base, _, version = str(label).partition(" ")
+    ref = backends.ref(base)
+    return ref.name, ref.variant, version or ref.pin_text
+
+
+def _hue(name: str) -> np.ndarray:
+    import zlib
+
+    import backends
+    from matplotlib.colors import to_rgb
+
+    names = list(backends.registry())
+    hue = _HUES[names.index(name) % len(_HUES)] if name in names else \
+        _PLUGIN_HUES[zlib.crc32(name.encode()) % len(_PLUGIN_HUES)]
+    return np.array(to_rgb(hue))
+
+
+def _shade_index(name: str, variant: str | None) -> int:
+    """A variant's place among its backend's shades: the default first, then the class's variant order."""
+    import zlib
+
+    import backends
+
+    try:
+        variants = list(backends.backend_class(name).variants)
+    except Exception:  # an unknown or broken backend still gets a stable shade
+        variants = []
+    if variant is None:
+        return 0
+    return variants.index(variant) if variant in variants else 1 + zlib.crc32(variant.encode()) % (len(_SHADES) - 1)
+
+
+def _shade(base: np.ndarray, k: int) -> tuple[float, float, float]:
+    f = _SHADES[k % len(_SHADES)]
+    rgb = base + (1 - base) * f if f > 0 else base * (1 + f)
+    return tuple(float(c) for c in rgb)
+
+
+def backend_colour(label: str) -> tuple[float, float, float]:
+    """The colour of a backend label alone: its backend's hue (registry order; a plugin's from hues no
+    registry backend has), its variant a shade of it (the class's variant order)."""
+    name, variant, _ = _label_parts(label)
+    return _shade(_hue(name), _shade_index(name, variant))
+
+
+def _palette(sns, labels) -> dict:
+    """A colour per backend label of one plot: each backend's fixed hue, its variants their fixed shades
+    (:func:`backend_colour`); where two labels of the plot would share a colour (versions of one variant,
+    a variant whose shade another took), the later ones, in label order, take the next free shade."""
+    out, taken = {}, {}
+    for label in sorted(set(labels), key=lambda l: (_label_parts(l)[0], _label_parts(l)[2], str(l))):
+        name, variant, _ = _label_parts(label)
+        used = taken.setdefault(name, set())
+        k = _shade_index(name, variant)
+        while k % len(_SHADES) in used and len(used) < len(_SHADES):
+            k += 1
+        used.add(k % len(_SHADES))
+        out[label] = _shade(_hue(name), k)
+    return out
+
+
+def _log_axis(axis, fmt) -> None:
+    """Readable labels on a log axis (call after plotting): 1-2-5 ticks on short ranges, fewer on long ones."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    lo, hi = sorted(abs(v) for v in axis.get_view_interval())
+    decades = np.log10(hi / lo) if lo > 0 else 10
+    subs = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0, 3.0) if decades <= 4 else (1.0,)
+    axis.set_major_locator(LogLocator(base=10, subs=subs))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v)))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _seconds_axis(axis) -> None:
+    _log_axis(axis, fmt_seconds)
+
+
+def _number_axis(axis, suffix: str = "") -> None:
+    _log_axis(axis, lambda v: f"{v:g}{suffix}")
+
+
+def _measured_ticks(axis, values) -> None:
+    """Log-scaled axis whose ticks are exactly the (integer) values measured."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ticks = sorted({int(v) for v in values})
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_minor_locator(NullLocator())
+    axis.set_major_formatter(lambda v, _: f"{int(round(v))}")
+
+
+def _grid(n_panels: int, max_cols: int, panel_w: float, panel_h: float):
+    """A figure of ``n_panels`` panels, at most ``max_cols`` to a row: ``(plt, sns, fig, axes)``."""
+    plt, sns = _setup()
+    # as many to a row as fit, with the fewest empty slots (four panels: 2 x 2, not 3 + 1)
+    ncol = min(range(1, min(max_cols, n_panels) + 1), key=lambda c: (-(-n_panels // c) * c - n_panels, -c))
+    nrow = -(-n_panels // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(panel_w * ncol, panel_h * nrow), squeeze=False)
+    return plt, sns, fig, axes
+
+
+#: the salt of an SVG's element ids (clip paths, glyphs): fixed, so that a redrawing changes no byte
+SVG_SALT = "harness-plot"
+
+
+def _save(plt, fig, axes, n_panels: int, out: Path, **savefig) -> Path:
+    """Hide the unused panels, lay out, write ``out`` (PNG) and an SVG beside it, and free the figure."""
+    for ax in axes.flat[n_panels:]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(out, dpi=144, **savefig)
+    # the same drawing writes the same SVG: no date in its metadata, element ids from a fixed salt (not uuid4)
+    with plt.rc_context({"svg.hashsalt": SVG_SALT}):
+        fig.savefig(out.with_suffix(".svg"), metadata={"Date": None}, **savefig)
+    plt.close(fig)
+    return out
+
+
+def _mark_untimed(ax, reasons: list[str]) -> None:
+    """The panel's first rows: its cells that have no bar, each with why (their status)."""
+    for k, why in enumerate(reasons):
+        ax.text(0.03, k, f"not timed: {why}", va="center", fontsize=8, color="#a00000", style="italic",
+                transform=ax.get_yaxis_transform())
