@@ -95,11 +95,11 @@ def load_config(path: str | Path, backends_override: list[str] | None = None, pr
 def _check_baselines_agree(config: RunConfig) -> None:
     """Cells of two documents that are the same measurement run once, in one comparison group with one
     baseline: a later document that names another baseline for such a group is refused, not dropped."""
-    owner: dict[str, tuple[int, str]] = {}  # group key -> (document, its baseline)
+    owner: dict = {}  # cell key -> (document, its baseline)
     for i, (raw, points) in enumerate(config.parts):
         part = RunConfig([(raw, points)], config.path, config.source)
         for cell in part.cells():
-            first = owner.setdefault(cell.group_key, (i, cell.baseline))
+            first = owner.setdefault(cell.key, (i, cell.baseline))
             if first[1] != cell.baseline:
                 p = cell.problem
                 raise HarnessError(

@@ -30,9 +30,9 @@ def group_rows(outcomes: list, meta: dict, gemm_peaks: dict | None = None,
     the group ran on. A group timed over paired settings (``pair_over``) holds one problem at each
     setting: each setting's cells get their speedups over its baseline as any group's, and every cell
     its ratio to the same backend at the first setting (:func:`setting_columns`)."""
-    problems: dict[str, list] = {}
+    problems: dict = {}
     for o in outcomes:
-        problems.setdefault(o.cell.group_key, []).append(o)
+        problems.setdefault(o.cell.key, []).append(o)
     rows, curves = [], []
     for same in problems.values():
         r, c = _problem_rows(same, meta, gemm_peaks, gpu_roofs)

@@ -79,8 +79,9 @@ class GroupRun:
         return self.rule.pending
 
     @property
-    def key(self) -> str:
-        return self.group[0].group_key
+    def key(self):
+        """The group's cell key (its first setting's, under ``pair_over``): what run.json keeps it under."""
+        return self.group[0].key
 
     @property
     def baseline_id(self) -> str | None:
