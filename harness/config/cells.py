@@ -12,8 +12,9 @@ from pathlib import Path
 
 from backends import BackendRef
 from harness.config.schema import DEFAULT_ENV, RawConfig, TimingConfig, TrainConfig
+from harness.spec.dtype import DType
 from harness.spec.errors import HarnessError
-from harness.spec.model import DTYPE_BYTES, Problem, TaskSpec
+from harness.spec.model import Problem, TaskSpec
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class Cell:
             parts.append(f"task.sha256={self.task_sha256[:16]}")
         for section, settings, default in (("train", self.train, _DEFAULT_TRAIN), ("timing", self.timing, _DEFAULT_TIMING)):
             for k, v in settings.model_dump().items():
-                if section == "train" and k == "loss_scale" and self.problem.dtype != "float16":
+                if section == "train" and k == "loss_scale" and not self.problem.dtype.loss_scaled:
                     continue  # read by float16 steps alone
                 if v != getattr(default, k) and f"{section}.{k}" not in self.point:
                     parts.append(f"{section}.{k}={v}")
@@ -211,7 +212,7 @@ class RunConfig:
                 order = [baseline] + [b for b in r.backends if b != baseline]
                 task = point["task"]
                 d_in, d_out = task.sizes()
-                scale = point["train"].loss_scale if dtype == "float16" else None
+                scale = point["train"].loss_scale if DType.of(dtype).loss_scaled else None
                 prob = Problem(point["model"], d_in, d_out, task.tokens, dtype, batch, task.seq_len, device, workload,
                                scale)
                 paired = tuple((k, (r.dtype if k == "dtype" else r.threads)[0]) for k in r.pair_over)
@@ -280,7 +281,7 @@ def estimate_bytes(cell: Cell) -> float:
     """A lower estimate of one cell's worker memory: parameters with their gradients and a copy,
     the activations BPTT keeps (T x B x H per layer and gate), the outputs, and the data set."""
     p, m, task = cell.problem, cell.problem.model, cell.task
-    item = DTYPE_BYTES[p.master_dtype]  # mixed precision keeps parameters, gradients and state in float32
+    item = p.master_dtype.n_bytes  # mixed precision keeps parameters, gradients and state in float32
     h = m.hidden
     # closed forms, not loops over layers: an absurd layer count must be refused at once
     params = m.param_count(p.input_size, p.output_size)

@@ -17,6 +17,7 @@ from harness.results import schema
 from harness.worker import stats
 from harness.worker.cpu_roofs import peak_key, roof_library
 from harness.worker.stats import Stats, paired_speedup
+from harness.spec.dtype import DType
 from harness.spec.errors import HarnessError
 from harness.spec.status import Status
 
@@ -130,18 +131,17 @@ def peak_columns(cell, gemm_peaks: dict, gpu_roofs: dict | None) -> dict:
     dtype and threads (NumPy's; under mixed precision the fastest library's), on a GPU cuBLAS's
     rate. A mixed-precision cell also carries its master dtype's (float32) roof, drawn beside."""
     p = cell.problem
-    reduced = p.dtype != p.master_dtype
+    reduced = p.dtype.reduced
     if p.device == "cpu":
         return {"gemm_peak_gflops": gemm_peaks.get(peak_key(p.dtype, cell.threads)),
                 "gemm_peak_library": roof_library(gemm_peaks, p.dtype, cell.threads),
                 "master_peak_gflops": gemm_peaks.get(peak_key(p.master_dtype, cell.threads)) if reduced else None}
     roofs = gpu_roofs or {}
-    rate = {"float32": "gemm_fp32_gflops", "float64": "gemm_fp64_gflops", "bfloat16": "gemm_bf16_gflops",
-            "float16": "gemm_fp16_gflops"}
+    rate = {d: f"gemm_{d.short}_gflops" for d in DType}
     return {"gemm_peak_gflops": roofs.get(rate[p.dtype]),
             "gemm_peak_library": "cublas" if roofs.get(rate[p.dtype]) is not None else None,
             "master_peak_gflops": roofs.get(rate[p.master_dtype]) if reduced else None,
-            "gpu_tf32_gflops": roofs.get("gemm_tf32_gflops") if p.dtype == "float32" else None,
+            "gpu_tf32_gflops": roofs.get("gemm_tf32_gflops") if p.dtype == DType.FLOAT32 else None,
             "gpu_bandwidth_gbs": roofs.get("bandwidth_gbs")}
 
 
