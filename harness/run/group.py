@@ -326,7 +326,7 @@ class GroupRun:
         try:
             describe(f"{cell.backend}: starting")
             init = worker.request(protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed,
-                                                cell.threads, cell.train.lr), timing.timeout_s)
+                                                cell.train.lr), timing.timeout_s)
             outcome.versions, outcome.data_meta = init.body.versions, init.body.data_meta
             describe(f"{cell.backend}: compiling / warming up")
             # training must start from the shared initial parameters: compile only, no warm steps; a
