@@ -117,7 +117,7 @@ class _Graph:
     def __init__(self, hl, problem: Problem, train: bool, fast: bool, threads: int):
         self.hl, self.problem, self.spec = hl, problem, problem.model
         self.fast, self.par = fast, fast and threads > 1
-        self.ft = hl.Float(32) if problem.dtype == "float32" else hl.Float(64)
+        self.ft = hl.Float(8 * problem.dtype.n_bytes)  # float32 or float64 (supports() refuses the rest)
         self.target = hl.get_jit_target_from_environment()
         self.vec = self.target.natural_vector_size(self.ft)
         self.j, self.k, self.n, self.b, self.t = (hl.Var(v) for v in "jknbt")
@@ -720,7 +720,7 @@ class HalideBackend(Backend):
             return unsupported(f"{self.full_name} implements one direction only: its pipelines run the recurrence forwards in time")
         if spec.bptt.mode != "full":
             return unsupported(f"{self.full_name} implements bptt full only, not {spec.bptt}")
-        if problem.dtype not in ("float32", "float64"):
+        if problem.dtype.reduced:
             return unsupported(f"{self.full_name}'s pipelines are generated for float32 or float64 buffers; none "
                                f"rounds the products' inputs to {problem.dtype} (mixed precision is not written)")
         return True, ""

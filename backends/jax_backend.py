@@ -46,9 +46,9 @@ state, element-wise maths, head and update stay float32. ``float16`` multiplies 
 objective by the loss scale and divides the gradients by it; a non-finite gradient makes
 the step's loss NaN (the cell is diverged).
 
-float64 needs JAX's x64 mode, a process-wide switch: ``prepare`` turns it on for a
-float64 problem (workers get ``JAX_ENABLE_X64`` from :meth:`JaxBackend.environment_variables`)
-and never off. Every array here is created with an explicit dtype, so float32 problems
+float64 needs JAX's x64 mode, a process-wide switch, set by :func:`use_precision` alone: a
+worker starts with it as that rule says (``JAX_ENABLE_X64`` from :meth:`JaxBackend.environment_variables`),
+and ``prepare`` turns it on for a float64 problem in a process that started without it, never off. Every array here is created with an explicit dtype, so float32 problems
 compute in float32 whether or not x64 is on.
 
 Compiled executables go to JAX's persistent compilation cache under the harness folder
@@ -66,6 +66,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from backends.base import Backend, unsupported
+from harness.spec.dtype import DType
 from harness.spec.model import Problem
 from harness.spec.model import layer_suffix as _sfx
 
@@ -89,6 +90,16 @@ def _variant_loop(variant: str, seq_len: int) -> tuple[int, bool]:
         return min(DEFAULT_UNROLL, seq_len), False
     unroll = variant.partition("=")[2]
     return (seq_len if unroll == "T" else min(int(unroll), seq_len)), False
+
+
+def use_precision(dtype, jax=None, switch_off: bool = False) -> dict[str, str]:
+    """JAX's float width for ``dtype``, the one place it is set: x64 on for float64. With ``jax`` (the
+    module, imported), the switch is turned on in this process, and off too with ``switch_off`` (PyTensor's
+    JAX sums of float32 return float64 with it on); without, the variable a worker starts with."""
+    x64 = DType.of(dtype).double
+    if jax is not None and (x64 or switch_off) and _x64_enabled(jax) != x64:
+        jax.config.update("jax_enable_x64", x64)
+    return {"JAX_ENABLE_X64": "1" if x64 else "0"}
 
 
 def _x64_enabled(jax) -> bool:
@@ -566,7 +577,7 @@ class JaxBackend(Backend):
     @classmethod
     def environment_variables(cls, variant: str, threads: int, device: str, dtype: str) -> dict[str, str]:
         """x64 for float64, and on CPU XLA's single-threaded Eigen when one thread is asked for."""
-        env = {"JAX_ENABLE_X64": "1" if dtype == "float64" else "0"}
+        env = use_precision(dtype)
         if device == "cpu":
             env["JAX_PLATFORMS"] = "cpu"
             if threads <= 1:
@@ -599,8 +610,7 @@ class JaxBackend(Backend):
         """Move the parameters to the device and build (not yet compile) the jitted functions."""
         import jax
 
-        if problem.dtype == "float64" and not _x64_enabled(jax):
-            jax.config.update("jax_enable_x64", True)
+        use_precision(problem.dtype, jax)
         _use_compilation_cache(jax)
         self.close()
         self.problem = problem

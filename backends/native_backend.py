@@ -48,6 +48,7 @@ import os
 import numpy as np
 
 from backends.base import Backend, unsupported
+from harness.spec.dtype import DType
 from harness.spec.errors import HarnessError
 from harness.spec.model import Problem
 
@@ -214,7 +215,7 @@ class NativeBackend(Backend):
 
     def _mixed_precision(self, dtype: str) -> tuple[bool, str]:
         """bfloat16 where its GEMM runs on VDPBF16PS (or ``bf16_kernel = "portable"`` asks for the emulation)."""
-        if dtype != "bfloat16":
+        if dtype != DType.BFLOAT16:
             return unsupported(f"no {dtype} product path: the engine's low-precision GEMM multiplies bfloat16 pairs "
                                f"(AVX512-BF16 VDPBF16PS); {dtype} would need a dot-product instruction of its own")
         if self.bf16_kernel not in _BF16_KERNELS:

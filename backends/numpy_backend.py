@@ -473,7 +473,7 @@ class NumpyBackend(Backend):
         if not ok:
             return ok, why
         if self.variant == "wildml":
-            if problem.dtype not in ("float32", "float64"):
+            if problem.dtype.reduced:
                 return unsupported(f"{self.full_name} is the tutorial's float32/float64 code; it has no mixed "
                                    f"precision ({problem.dtype})")
             return _WildML.supports(problem)

@@ -12,6 +12,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from harness.spec.dtype import DType
 from harness.spec.errors import HarnessError
 
 
@@ -46,7 +47,7 @@ def _torch(dtype: str, n: int, threads: int) -> Callable[[], object]:
 def _native(dtype: str, n: int, threads: int) -> Callable[[], object]:
     from backends import _native
 
-    if dtype != "bfloat16":
+    if dtype != DType.BFLOAT16:
         raise HarnessError(f"unavailable: the native engine has no {dtype} product")
     if not _native.bf16_cpu():
         raise HarnessError("unavailable: this CPU has no AVX512-BF16, so the native engine refuses bfloat16")

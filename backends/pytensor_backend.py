@@ -102,7 +102,9 @@ class PytensorBackend(ScanGraphBackend):
 
             # float64 needs x64; but with x64 on, PyTensor's JAX sums of float32 return their
             # float64 accumulator (and scan then rejects the mixed carry), so follow the dtype
-            jax.config.update("jax_enable_x64", problem.dtype == "float64")
+            from backends.jax_backend import use_precision
+
+            use_precision(problem.dtype, jax, switch_off=True)
             # ... and, with x64 off, JAX warns each time that cast truncates to float32: intended
             warnings.filterwarnings("ignore", message="Explicitly requested dtype float64", category=UserWarning)
         super().prepare(problem, params, device, threads)

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.spec.dtype import DType
 from harness.spec.errors import HarnessError
 from harness.results.schema import SPEEDUP_BLOCK, setting_values
 from harness.spec.status import Status
@@ -232,8 +233,9 @@ def dtypes(df: pd.DataFrame, spec: TableSpec) -> list[str]:
     if not train:
         df = df[df["workload"] != "train"]
     several = df["workload"].nunique() > 1
-    order = [d for d in ("float64", "float32", "bfloat16", "float16") if d in set(df["dtype"])]
-    others = [d for d in order if d != "float32"] if "float32" in order else []
+    # the widest first (float64, float32, then the reduced types); each against float32
+    order = sorted((d for d in DType if d in set(df["dtype"])), key=lambda d: -d.n_bytes)
+    others = [d for d in order if d != DType.FLOAT32] if DType.FLOAT32 in order else []
     problems: dict[tuple[str, str], dict[str, object]] = {}
     for _, r in df.iterrows():
         problems.setdefault((_problem(r, several, omit=("dtype",)), r["label"]), {})[r["dtype"]] = r
@@ -253,7 +255,7 @@ def dtypes(df: pd.DataFrame, spec: TableSpec) -> list[str]:
             else:
                 row.append(f"{r['final_loss']:.4f} ({r['train_s']:.1f} s)" if train else _ms(r))
         for d in others:
-            low, ref = by_dtype.get(d), by_dtype.get("float32")
+            low, ref = by_dtype.get(d), by_dtype.get(DType.FLOAT32)
             if not (ok(low) and ok(ref)):
                 row.append("")
             elif train:

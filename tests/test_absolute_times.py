@@ -117,7 +117,7 @@ def _init(cell):
     from harness.worker import protocol
 
     p = cell.problem
-    return protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed, cell.threads, cell.train.lr)
+    return protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed, cell.train.lr)
 
 
 def test_a_verification_runs_the_reference_without_numpys_huge_page_advice(write_config, monkeypatch):

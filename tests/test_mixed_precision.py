@@ -463,7 +463,7 @@ def test_a_bfloat16_cell_verifies_and_a_wrong_one_does_not(write_config):
 
     cell = next(c for c in load_config(write_config(MIXED)).cells() if c.problem.dtype == "bfloat16")
     p = cell.problem
-    state = CellState(protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed, cell.threads,
+    state = CellState(protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed,
                                     cell.train.lr))
     start = state.backend.get_params()
     result = state.verify()

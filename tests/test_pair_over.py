@@ -40,6 +40,22 @@ def test_paired_settings_share_a_group_and_cell_ids_stay_those_of_one_problem(fa
     assert len(both.groups()) == 2 and {c.setting_baseline for c in both.cells()} == {"dtype=float64,threads=1"}
 
 
+def test_a_cell_key_is_fields_and_a_group_leaves_the_paired_ones_out(fake_backends, write_config):
+    cfg = load_config(write_config(PAIRED.replace("[dtype]", "[dtype, threads]")))
+    for g in cfg.groups():
+        keys = {c.key for c in g}
+        assert len(keys) == 4  # two dtypes x two thread counts, one problem
+        assert {k.without("dtype", "threads") for k in keys} == {g[0].timing_key}
+        assert {(k.dtype, k.threads) for k in keys} == {("float64", 1), ("float64", 2), ("float32", 1), ("float32", 2)}
+        for c in g:  # the text is the key's, field by field, and the cell id adds the backend
+            k = c.key
+            assert c.group_key == k.text and c.cell_id == f"{k.text}|{c.backend}"
+            assert k.text.startswith(f"train_step|cpu|{k.dtype}|") and f"|B={k.batch}|threads={k.threads}|" in k.text
+        assert "|dtype=*|" in g[0].timing_key.text and "|threads=*|" in g[0].timing_key.text
+    with pytest.raises(harness.HarnessError, match="no field"):
+        cfg.cells()[0].key.without("colour")
+
+
 @pytest.mark.parametrize("bad", ["[dtype, dtype]", "[batch]"])
 def test_pair_over_takes_dtype_and_threads_once_each(fake_backends, write_config, bad):
     with pytest.raises(harness.HarnessError, match="pair_over"):

@@ -9,7 +9,7 @@ from harness.worker.worker import serve
 
 
 @pytest.mark.parametrize("req", [
-    protocol.Init("numpy", {"model": {"kind": "elman"}}, {"kind": "random"}, 3, 2, 0.01),
+    protocol.Init("numpy", {"model": {"kind": "elman"}}, {"kind": "random"}, 3, 0.01),
     protocol.WarmUp(2), protocol.Verify(), protocol.Calibrate(0.05), protocol.Rounds(1, 40),
     protocol.Train(protocol.TrainSettings(2, 50, 3.3, 2, None, False, 7)),
     protocol.Check("theano", "cpu", True, False), protocol.GemmPeak("float32", 256), protocol.Quit(),
@@ -131,3 +131,15 @@ def test_a_reply_whose_body_does_not_fit_its_request_is_a_protocol_error():
     reply = protocol.Reply("ok", {"samples": [1.0]})
     with pytest.raises(protocol.ProtocolError, match="'quit'"):
         protocol.typed(protocol.Quit(), reply)
+
+
+def test_threads_reach_the_worker_by_its_environment_alone():
+    import dataclasses
+
+    from harness.run.client import worker_settings
+    from harness.spec.environments import THREAD_VARS, worker_threads
+
+    _, env = worker_settings("numpy", "cpu", "float32", 3, {})
+    assert worker_threads(env) == 3 and all(env[v] == "3" for v in THREAD_VARS)
+    assert worker_threads({}) == 1
+    assert "threads" not in {f.name for f in dataclasses.fields(protocol.Init)}

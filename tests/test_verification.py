@@ -33,7 +33,7 @@ timing: {warmup: 1, min_rounds: 3, min_time_s: 0.1, max_time_s: 0.5, timeout_s: 
 
 def _cell_state(cell) -> CellState:
     p = cell.problem
-    return CellState(protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed, cell.threads,
+    return CellState(protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed,
                                    cell.train.lr))
 
 

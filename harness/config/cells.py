@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from backends import BackendRef
 from harness.config.schema import DEFAULT_ENV, RawConfig, TimingConfig, TrainConfig
+from harness.spec.dtype import DType
 from harness.spec.errors import HarnessError
-from harness.spec.model import DTYPE_BYTES, Problem, TaskSpec
+from harness.spec.model import Problem, TaskSpec
 
 
 @dataclass(frozen=True)
@@ -41,15 +42,19 @@ class Cell:
         return self.ref.full
 
     @property
-    def group_key(self) -> str:
-        """Cells that differ only by backend share a key and are timed side by side. The key holds every
-        setting that changes a result, so two cells with one key are the same measurement."""
+    def key(self) -> "CellKey":
+        """What makes this cell's measurement what it is, backend aside: cells with one key are timed
+        side by side, and two cells with one key and one backend are the same measurement."""
         p = self.problem
-        sweep = ",".join(f"{k}={v}" for k, v in self.point.items())
-        key = (f"{p.workload}|{p.device}|{p.dtype}|{p.model.describe()}|{self.task.kind}|T={p.seq_len}"
-               f"|D={p.input_size}|O={p.output_size}|B={p.batch}|threads={self.threads}|{sweep}")
-        settings = self.settings_key()
-        return f"{key}|{settings}" if settings else key
+        return CellKey(workload=p.workload, device=p.device, dtype=p.dtype, model=p.model.describe(),
+                       task=self.task.kind, seq_len=p.seq_len, input_size=p.input_size, output_size=p.output_size,
+                       batch=p.batch, threads=self.threads, sweep=tuple(self.point.items()),
+                       settings=self.settings_key())
+
+    @property
+    def group_key(self) -> str:
+        """The key's text, as the results' ``group`` column and run.json name the comparison group."""
+        return self.key.text
 
     def settings_key(self) -> str:
         """What else the cell's result depends on, where it differs from the defaults: the task's own
@@ -62,7 +67,7 @@ class Cell:
             parts.append(f"task.sha256={self.task_sha256[:16]}")
         for section, settings, default in (("train", self.train, _DEFAULT_TRAIN), ("timing", self.timing, _DEFAULT_TIMING)):
             for k, v in settings.model_dump().items():
-                if section == "train" and k == "loss_scale" and self.problem.dtype != "float16":
+                if section == "train" and k == "loss_scale" and not self.problem.dtype.loss_scaled:
                     continue  # read by float16 steps alone
                 if v != getattr(default, k) and f"{section}.{k}" not in self.point:
                     parts.append(f"{section}.{k}={v}")
@@ -73,7 +78,8 @@ class Cell:
 
     @property
     def cell_id(self) -> str:
-        return f"{self.group_key}|{self.backend}"
+        """The cell's text (``cell_id`` column, run.json's ``cells``): its key's and its backend's."""
+        return self.key.cell_id(self.backend)
 
     def setting(self) -> dict:
         """This cell's values of the paired settings (``{"dtype": "bfloat16"}``; ``{}`` without ``pair_over``)."""
@@ -85,18 +91,61 @@ class Cell:
         return ",".join(f"{k}={v}" for k, v in self.paired)
 
     @property
-    def timing_key(self) -> str:
-        """The comparison group whose rounds this cell takes in turn: its ``group_key``, or with ``pair_over``
-        the key with the paired settings left out, so one backend's cells at each setting share it."""
-        if not self.paired:
-            return self.group_key
-        parts = self.group_key.split("|")
-        keys = dict(self.paired)
-        if "dtype" in keys:
-            parts[2] = "dtype=*"
-        if "threads" in keys:
-            parts[9] = "threads=*"
+    def timing_key(self) -> "CellKey":
+        """The comparison group whose rounds this cell takes in turn: its ``key``, or with ``pair_over``
+        the key without the paired settings, so one backend's cells at each setting share it."""
+        return self.key.without(*(k for k, _ in self.paired))
+
+
+#: the labels of a key's numbered fields in its text (the others are written bare)
+_LABELS = {"seq_len": "T", "input_size": "D", "output_size": "O", "batch": "B", "threads": "threads"}
+#: what a key holds in place of a field it was made without (:meth:`CellKey.without`)
+ANY = "*"
+
+
+@dataclass(frozen=True)
+class CellKey:
+    """A cell's identity, backend aside, as fields: cells that differ only by backend share it and are
+    timed side by side. ``key.without("dtype")`` is the key of every dtype at once (what ``pair_over``
+    times together). Its text (:attr:`text`) is written here alone, for the store and run.json."""
+
+    workload: str
+    device: str
+    dtype: str
+    model: str  # the model's description (ModelSpec.describe)
+    task: str  # the task's kind; its other sizes are in ``settings`` where not the defaults
+    seq_len: int
+    input_size: int
+    output_size: int
+    batch: int
+    threads: int
+    sweep: tuple = ()  # the sweep point, as (key path, value) pairs in the config's order
+    settings: str = ""  # what else the result depends on, where it differs from the defaults
+
+    def without(self, *names: str) -> "CellKey":
+        """This key with the fields ``names`` left out: the key of the cells that differ only there."""
+        unknown = set(names) - {f.name for f in fields(self)}
+        if unknown:
+            raise HarnessError(f"a cell key has no field {', '.join(sorted(unknown))}")
+        return replace(self, **{name: ANY for name in names})
+
+    @property
+    def text(self) -> str:
+        """The key as run folders name it: ``train_step|cpu|float32|elman-tanh H=4|random|T=7|D=5|O=6|B=3|threads=1|``
+        (the sweep point and the settings last), a left-out field as ``dtype=*``."""
+        parts = []
+        for f in fields(self):
+            value, label = getattr(self, f.name), _LABELS.get(f.name)
+            if f.name == "sweep" and value != ANY:
+                value = ",".join(f"{k}={v}" for k, v in value)
+            if f.name == "settings" and not value:
+                continue  # no settings beyond the defaults: no part for them
+            parts.append(f"{label or f.name}=*" if value == ANY else f"{label}={value}" if label else str(value))
         return "|".join(parts)
+
+    def cell_id(self, backend: str) -> str:
+        """The text of the cell of ``backend`` under this key."""
+        return f"{self.text}|{backend}"
 
 
 @dataclass
@@ -146,7 +195,7 @@ class RunConfig:
     def groups(self) -> list[list[Cell]]:
         """The comparison groups, in the config's order: the cells of one problem, baseline first; with
         ``pair_over``, the cells of one problem at each paired setting, the first setting's first."""
-        groups: dict[str, list[Cell]] = {}
+        groups: dict[CellKey, list[Cell]] = {}
         for cell in self.cells():
             groups.setdefault(cell.timing_key, []).append(cell)
         return list(groups.values())
@@ -163,18 +212,20 @@ class RunConfig:
                 order = [baseline] + [b for b in r.backends if b != baseline]
                 task = point["task"]
                 d_in, d_out = task.sizes()
-                scale = point["train"].loss_scale if dtype == "float16" else None
+                scale = point["train"].loss_scale if DType.of(dtype).loss_scaled else None
                 prob = Problem(point["model"], d_in, d_out, task.tokens, dtype, batch, task.seq_len, device, workload,
                                scale)
                 paired = tuple((k, (r.dtype if k == "dtype" else r.threads)[0]) for k in r.pair_over)
                 for b in order:
-                    cells.append(Cell(BackendRef.parse(b), prob, task, threads, point["values"], point["train"], point["timing"],
-                                      baseline, dict(r.env), r.seed, point.get("task_sha256"), paired))
+                    cells.append(Cell(ref=BackendRef.parse(b), problem=prob, task=task, threads=threads,
+                                      point=point["values"], train=point["train"], timing=point["timing"],
+                                      baseline=baseline, env=dict(r.env), seed=r.seed,
+                                      task_sha256=point.get("task_sha256"), paired=paired))
         # the same measurement asked for twice (a repeated sweep value, a document repeating another) runs
         # once; a group's cells stay together in the order their group first appears
-        groups: dict[str, dict[str, Cell]] = {}
+        groups: dict[CellKey, dict[str, Cell]] = {}
         for cell in cells:
-            groups.setdefault(cell.group_key, {}).setdefault(cell.cell_id, cell)
+            groups.setdefault(cell.key, {}).setdefault(cell.backend, cell)
         return [cell for group in groups.values() for cell in group.values()]
 
     def check_memory(self, limit_mb: float | None = None) -> None:
@@ -184,10 +235,7 @@ class RunConfig:
             limit_mb = memory_limit_mb()
         if not limit_mb:
             return
-        groups: dict[str, list[Cell]] = {}
-        for cell in self.cells():  # the workers of one timing group (paired settings included) live side by side
-            groups.setdefault(cell.timing_key, []).append(cell)
-        for group in groups.values():
+        for group in self.groups():  # the workers of one timing group (paired settings included) live side by side
             need_mb = sum(estimate_bytes(c) * _n_workers(c) for c in group) / 2**20
             if need_mb > limit_mb:
                 c = group[0]
@@ -233,7 +281,7 @@ def estimate_bytes(cell: Cell) -> float:
     """A lower estimate of one cell's worker memory: parameters with their gradients and a copy,
     the activations BPTT keeps (T x B x H per layer and gate), the outputs, and the data set."""
     p, m, task = cell.problem, cell.problem.model, cell.task
-    item = DTYPE_BYTES[p.master_dtype]  # mixed precision keeps parameters, gradients and state in float32
+    item = p.master_dtype.n_bytes  # mixed precision keeps parameters, gradients and state in float32
     h = m.hidden
     # closed forms, not loops over layers: an absurd layer count must be refused at once
     params = m.param_count(p.input_size, p.output_size)

@@ -17,6 +17,7 @@ from harness.config.cells import RunConfig
 from harness.config.schema import RawConfig, format_pydantic
 from harness.config.strict_yaml import parse_yaml
 from harness.config.sweeps import MAX_CELLS, check_sweep, sweep_points
+from harness.spec.dtype import DType
 from harness.spec.errors import HarnessError
 from harness.spec.model import short_repr
 
@@ -95,11 +96,11 @@ def load_config(path: str | Path, backends_override: list[str] | None = None, pr
 def _check_baselines_agree(config: RunConfig) -> None:
     """Cells of two documents that are the same measurement run once, in one comparison group with one
     baseline: a later document that names another baseline for such a group is refused, not dropped."""
-    owner: dict[str, tuple[int, str]] = {}  # group key -> (document, its baseline)
+    owner: dict = {}  # cell key -> (document, its baseline)
     for i, (raw, points) in enumerate(config.parts):
         part = RunConfig([(raw, points)], config.path, config.source)
         for cell in part.cells():
-            first = owner.setdefault(cell.group_key, (i, cell.baseline))
+            first = owner.setdefault(cell.key, (i, cell.baseline))
             if first[1] != cell.baseline:
                 p = cell.problem
                 raise HarnessError(
@@ -218,7 +219,7 @@ def _check_keys_apply(raw: RawConfig, points: list[dict], own: dict, path: str) 
             where = f"model.{key}" if key in own_model else f"sweep.model.{key}"
             raise HarnessError(f"{path}: {where}: applies to kind {kind} only, and this document's models are "
                                f"{', '.join(kinds)}; expected no {key} here")
-    if "float16" not in raw.dtype and ("loss_scale" in own_train or "train.loss_scale" in swept):
+    if not any(DType.of(d).loss_scaled for d in raw.dtype) and ("loss_scale" in own_train or "train.loss_scale" in swept):
         where = "train.loss_scale" if "loss_scale" in own_train else "sweep.train.loss_scale"
         raise HarnessError(f"{path}: {where}: applies to dtype float16 only (its static loss scale), and this "
                            f"document runs {', '.join(raw.dtype)}; expected no loss_scale here")

@@ -10,6 +10,7 @@ import pandas as pd
 
 from harness.results.report_blocks import Heading, Para, Pre, Table, _f, _first_line, _num, fmt_time
 from harness.spec.model import REDUCED_DTYPES
+from harness.worker.cpu_roofs import read_peak_key
 from harness.spec.status import FAILED, Status
 
 
@@ -108,9 +109,9 @@ def _machine_section(meta: dict) -> list:
         ["CPU steal during the run", _f((meta.get("steal_share") or 0) * 100 if meta.get("steal_share") is not None else None, ".2g", "%")],
     ]
     for key, gflops in sorted((meta.get("gemm_peak_gflops") or {}).items()):
-        dtype, threads, *library = key.split("|")
-        through = f" through {library[0]}" if library else (" (the roof)" if dtype in REDUCED_DTYPES else "")
-        rows.append([f"GEMM peak, {dtype}, {threads.replace('=', ' ')}{through}", _f(gflops, ".4g", " GFLOP/s")])
+        dtype, threads, library = read_peak_key(key)
+        through = f" through {library}" if library else (" (the roof)" if dtype in REDUCED_DTYPES else "")
+        rows.append([f"GEMM peak, {dtype}, threads {threads}{through}", _f(gflops, ".4g", " GFLOP/s")])
     env = meta.get("env") or {}
     if env:
         rows.append(["environment of every worker", ", ".join(f"`{k}={v}`" for k, v in sorted(env.items()))])

@@ -17,6 +17,7 @@ from harness.results import schema
 from harness.run import stats
 from harness.run.stats import Stats, paired_speedup
 from harness.worker.cpu_roofs import peak_key, roof_library
+from harness.spec.dtype import DType
 from harness.spec.errors import HarnessError
 from harness.spec.status import Status
 
@@ -30,9 +31,9 @@ def group_rows(outcomes: list, meta: dict, gemm_peaks: dict | None = None,
     the group ran on. A group timed over paired settings (``pair_over``) holds one problem at each
     setting: each setting's cells get their speedups over its baseline as any group's, and every cell
     its ratio to the same backend at the first setting (:func:`setting_columns`)."""
-    problems: dict[str, list] = {}
+    problems: dict = {}
     for o in outcomes:
-        problems.setdefault(o.cell.group_key, []).append(o)
+        problems.setdefault(o.cell.key, []).append(o)
     rows, curves = [], []
     for same in problems.values():
         r, c = _problem_rows(same, meta, gemm_peaks, gpu_roofs)
@@ -130,18 +131,17 @@ def peak_columns(cell, gemm_peaks: dict, gpu_roofs: dict | None) -> dict:
     dtype and threads (NumPy's; under mixed precision the fastest library's), on a GPU cuBLAS's
     rate. A mixed-precision cell also carries its master dtype's (float32) roof, drawn beside."""
     p = cell.problem
-    reduced = p.dtype != p.master_dtype
+    reduced = p.dtype.reduced
     if p.device == "cpu":
         return {"gemm_peak_gflops": gemm_peaks.get(peak_key(p.dtype, cell.threads)),
                 "gemm_peak_library": roof_library(gemm_peaks, p.dtype, cell.threads),
                 "master_peak_gflops": gemm_peaks.get(peak_key(p.master_dtype, cell.threads)) if reduced else None}
     roofs = gpu_roofs or {}
-    rate = {"float32": "gemm_fp32_gflops", "float64": "gemm_fp64_gflops", "bfloat16": "gemm_bf16_gflops",
-            "float16": "gemm_fp16_gflops"}
+    rate = {d: f"gemm_{d.short}_gflops" for d in DType}
     return {"gemm_peak_gflops": roofs.get(rate[p.dtype]),
             "gemm_peak_library": "cublas" if roofs.get(rate[p.dtype]) is not None else None,
             "master_peak_gflops": roofs.get(rate[p.master_dtype]) if reduced else None,
-            "gpu_tf32_gflops": roofs.get("gemm_tf32_gflops") if p.dtype == "float32" else None,
+            "gpu_tf32_gflops": roofs.get("gemm_tf32_gflops") if p.dtype == DType.FLOAT32 else None,
             "gpu_bandwidth_gbs": roofs.get("bandwidth_gbs")}
 
 

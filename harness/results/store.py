@@ -254,14 +254,15 @@ class RunStore:
     def done_cells(self) -> set[str]:
         return {r["cell_id"] for r in self.timings if r.get("status") in CELL_FINAL}
 
-    def unfinished(self, group_key: str) -> dict | None:
-        """What :meth:`keep_unfinished` kept of a comparison group between its passes (None if nothing)."""
-        return self.meta.get("unfinished_groups", {}).get(group_key)
+    def unfinished(self, key) -> dict | None:
+        """What :meth:`keep_unfinished` kept of the comparison group of cell key ``key`` between its passes
+        (None if nothing)."""
+        return self.meta.get("unfinished_groups", {}).get(key.text)
 
-    def keep_unfinished(self, group_key: str, saved: dict) -> None:
-        """Keep a group's passes so far in run.json (saved at once), so --resume goes on at its next pass;
-        :meth:`add` of its rows lets it go."""
-        self.meta.setdefault("unfinished_groups", {})[group_key] = saved
+    def keep_unfinished(self, key, saved: dict) -> None:
+        """Keep the passes so far of the group of cell key ``key`` in run.json (saved at once), so --resume
+        goes on at its next pass; :meth:`add` of its rows (whose ``group`` is that key's text) lets it go."""
+        self.meta.setdefault("unfinished_groups", {})[key.text] = saved
         self.save()
 
     def add_group(self, outcomes: list, gemm_peaks: dict | None = None, gpu_roofs: dict | None = None) -> None:

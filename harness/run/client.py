@@ -108,15 +108,14 @@ def worker_settings(cell_backend, device: str, dtype: str, threads: int, extra: 
     (the cell's ``env``, the thread count, the cores, the device, the backend's own flags); ``cell_backend``:
     a :class:`backends.BackendRef` or a name."""
     import backends
-    from harness.spec.environments import acting_for
+    from harness.spec.environments import acting_for, thread_variables
 
     ref = backends.ref(cell_backend)
     cls = ref.backend_class()
     variant = ref.variant
     environment = backends.environment_of(ref)  # a pinned name's own, or the class's
     env = dict(extra)
-    for var in envs.THREAD_VARS:
-        env[var] = str(threads)
+    env.update(thread_variables(threads))  # the one way the worker learns its thread count
     cpus = worker_cpus(threads)
     if cpus:
         env["HARNESS_CPUS"] = ",".join(map(str, cpus))

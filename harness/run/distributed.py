@@ -215,7 +215,7 @@ class DaskExecutor:
                     self._record_failed(runner, group, Status.UNAVAILABLE, why)
                     self._advance(progress, task_id, group, len(futures))
                     continue
-                submit(group, runner.store.unfinished(group[0].group_key))
+                submit(group, runner.store.unfinished(group[0].key))
             pending = len(futures)
             queue = distributed.as_completed(list(futures))
             for fut in queue:
@@ -230,7 +230,7 @@ class DaskExecutor:
                 else:
                     merge_fragment(runner.store.meta, result)
                     if result["saved"] is not None:  # kept for --resume, and on to the next pass
-                        runner.store.keep_unfinished(group[0].group_key, result["saved"])
+                        runner.store.keep_unfinished(group[0].key, result["saved"])
                         queue.add(submit(group, result["saved"], result["address"]))
                         continue
                     runner.store.add_group(result["outcomes"], result["gemm_peak_gflops"], result["gpu_roofs"])

@@ -79,8 +79,9 @@ class GroupRun:
         return self.rule.pending
 
     @property
-    def key(self) -> str:
-        return self.group[0].group_key
+    def key(self):
+        """The group's cell key (its first setting's, under ``pair_over``): what run.json keeps it under."""
+        return self.group[0].key
 
     @property
     def baseline_id(self) -> str | None:
@@ -325,7 +326,7 @@ class GroupRun:
         try:
             describe(f"{cell.backend}: starting")
             init = worker.request(protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed,
-                                                cell.threads, cell.train.lr), timing.timeout_s)
+                                                cell.train.lr), timing.timeout_s)
             outcome.versions, outcome.data_meta = init.body.versions, init.body.data_meta
             describe(f"{cell.backend}: compiling / warming up")
             # training must start from the shared initial parameters: compile only, no warm steps; a

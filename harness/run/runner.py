@@ -75,7 +75,7 @@ class Runner:
         self.measure_roofs(self.config.cells())
         machine.record_host(self.store.meta, machine.host_name(), self.store.meta.get("machine"), self.gemm_peaks,
                             self.gpu_roofs)
-        states = [GroupRun.restore(g, self.store.unfinished(g[0].group_key)) for g in todo]
+        states = [GroupRun.restore(g, self.store.unfinished(g[0].key)) for g in todo]
         if any(s.passes_done for s in states):
             self._say(f"resuming: {sum(1 for s in states if s.passes_done)} comparison group(s) go on at their next pass")
         describe = _describer(progress, task_id)

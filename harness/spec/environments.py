@@ -34,6 +34,20 @@ THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BL
                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 
+
+def thread_variables(threads: int) -> dict[str, str]:
+    """The variables that give a worker its cell's thread count: the one channel it travels by, set
+    before the worker's first import (a BLAS sizes its pool when it loads) and read back by
+    :func:`worker_threads`."""
+    return {var: str(int(threads)) for var in THREAD_VARS}
+
+
+def worker_threads(environ=None) -> int:
+    """The thread count this worker was started with (:func:`thread_variables`); 1 where none was set
+    (a cell run in this process, as the tests do)."""
+    text = (os.environ if environ is None else environ).get(THREAD_VARS[0], "")
+    return int(text) if text.isdigit() and int(text) > 0 else 1
+
 @dataclass(frozen=True)
 class Recipe:
     """What an isolated environment holds and how it is finished after installing."""

@@ -14,6 +14,7 @@ import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from harness.spec.dtype import NAMES, REDUCED, DType
 from harness.spec.errors import HarnessError
 
 MODEL_KINDS = ("elman", "lstm", "gru")
@@ -23,12 +24,11 @@ ACTIVATIONS = ("tanh", "relu", "sigmoid")
 HEADS = ("softmax_xent", "mse")
 OUTPUT_ACTS = ("linear", "tanh")
 TASK_KINDS = ("lm_markov", "lm_text", "sobel", "frame_diff", "random")
-DTYPES = ("float32", "float64", "bfloat16", "float16")
-#: the reduced-precision types (SPEC.md "Reduced precision"): the inputs of every matrix product are rounded to
-#: them, while parameters, gradients, data, state and element-wise maths stay float32
-REDUCED_DTYPES = ("bfloat16", "float16")
+DTYPES = NAMES
+#: the reduced-precision types (SPEC.md "Reduced precision"; harness.spec.dtype.DType.reduced)
+REDUCED_DTYPES = REDUCED
 #: bytes per number of each dtype (NumPy itself knows bfloat16 only through ml_dtypes)
-DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {d.value: d.n_bytes for d in DType}
 #: the static loss scale of float16 steps (``train.loss_scale``)
 DEFAULT_LOSS_SCALE = 1024.0
 DEVICES = ("cpu", "gpu")
@@ -46,13 +46,13 @@ _SHORT.maxlong = 24
 def master_dtype(dtype: str) -> str:
     """The dtype parameters, gradients, data and the element-wise maths are held in: float32 for the
     reduced-precision types (their master copy), else ``dtype`` itself."""
-    return "float32" if isinstance(dtype, str) and dtype in REDUCED_DTYPES else dtype
+    return DType.of(dtype).master if isinstance(dtype, str) and dtype in NAMES else dtype
 
 
 def objective_scale(dtype, loss_scale: float | None = None) -> float:
     """What a step multiplies its objective by before the backward pass and divides the gradients by
     after it: the static loss scale (``train.loss_scale``, default 1024) for float16, 1 otherwise."""
-    if dtype != "float16":
+    if not DType.of(dtype).loss_scaled:
         return 1.0
     return DEFAULT_LOSS_SCALE if loss_scale is None else float(loss_scale)
 
@@ -365,7 +365,7 @@ class Problem:
     input_size: int
     output_size: int
     tokens: bool
-    dtype: str = "float64"
+    dtype: DType = DType.FLOAT64  # a name is taken too, and held as its member
     batch: int = 1
     seq_len: int = 20
     device: str = "cpu"
@@ -374,6 +374,7 @@ class Problem:
 
     def __post_init__(self):
         _choice(self.dtype, DTYPES, "dtype")
+        object.__setattr__(self, "dtype", DType.of(self.dtype))
         _choice(self.device, DEVICES, "device")
         _choice(self.workload, WORKLOADS, "workload")
         if self.loss_scale is not None:
@@ -382,12 +383,12 @@ class Problem:
     @property
     def reduced(self) -> bool:
         """True for bfloat16 and float16: mixed precision (SPEC.md "Reduced precision")."""
-        return self.dtype in REDUCED_DTYPES
+        return self.dtype.reduced
 
     @property
-    def master_dtype(self) -> str:
+    def master_dtype(self) -> DType:
         """The dtype of the parameters, gradients, data and state (float32 under mixed precision)."""
-        return master_dtype(self.dtype)
+        return self.dtype.master
 
     @property
     def objective_scale(self) -> float:

@@ -39,7 +39,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from harness.spec.model import REDUCED_DTYPES, ModelSpec, layer_suffix, master_dtype, objective_scale
+from harness.spec.dtype import DType
+from harness.spec.model import ModelSpec, layer_suffix, master_dtype, objective_scale
 
 __all__ = ["init_params", "forward", "outputs", "head", "loss_and_grads", "sgd_update", "sgd_step", "as_model",
            "Precision", "EXACT"]
@@ -48,7 +49,7 @@ __all__ = ["init_params", "forward", "outputs", "head", "loss_and_grads", "sgd_u
 def round_to(a, dtype: str) -> np.ndarray:
     """``a`` rounded to ``dtype`` (nearest, ties to even) and held in float32 again; beyond the type's
     range it is infinite (a float16 overflow, which makes the step's gradient non-finite)."""
-    if dtype == "bfloat16":
+    if dtype == DType.BFLOAT16:  # the one NumPy lacks
         import ml_dtypes  # only mixed precision needs it; workers of other dtypes never import it
 
         low = ml_dtypes.bfloat16
@@ -75,7 +76,7 @@ class Precision:
     def of(cls, dtype: str, loss_scale: float | None = None, outputs: bool = False) -> "Precision":
         """The roundings of a step in ``dtype`` (SPEC.md): none for float32 and float64; ``outputs`` adds
         the rounding of every product's result (not the spec's: see the field)."""
-        if dtype not in REDUCED_DTYPES:
+        if not DType.of(dtype).reduced:
             return EXACT
         return cls(dtype, objective_scale(dtype, loss_scale), outputs)
 

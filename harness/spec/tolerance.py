@@ -43,12 +43,11 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from harness.spec.model import REDUCED_DTYPES
+from harness.spec.dtype import DType
 
 # SPEC's bound: |got - ref| <= rtol * |ref| + atol * max|ref|
-SPEC_TOLERANCES = {"float64": (1e-9, 1e-12), "float32": (1e-3, 1e-5),
-                   # mixed precision: float32's bound for its float32 maths, plus SPREAD below
-                   "bfloat16": (1e-3, 1e-5), "float16": (1e-3, 1e-5)}
+# (mixed precision: float32's bound for its float32 maths, plus SPREAD below; DType.tolerance)
+SPEC_TOLERANCES = {d.value: d.tolerance for d in DType}
 # How far a correct low-precision backend may be from float64, in multiples of the reference's
 # own low-precision error at the same element: the backend and the reference round the same
 # problem in different orders, so their errors share a size, not a value.
@@ -105,32 +104,32 @@ class Tolerance:
     sensitivity: float
     eps: float  # machine epsilon of the parameters' dtype (float32 for the mixed-precision types)
     why: str = ""  # a backend's reason for a looser rtol/atol
-    reduced: str | None = None  # bfloat16 or float16: judged against the reference with its roundings
+    reduced: DType | None = None  # bfloat16 or float16: judged against the reference with its roundings
     spread: float = 0.0  # the mixed-precision allowance, in multiples of max|ref_low - ref| per tensor
 
     @classmethod
     def of(cls, dtype: str, custom: tuple[float, float, str] | None = None) -> "Tolerance":
         """The bound for ``dtype``; ``custom`` is a backend's own ``(rtol, atol, why)``."""
-        dtype = str(np.dtype(dtype)) if str(dtype) not in REDUCED_DTYPES else str(dtype)
-        rtol, atol = SPEC_TOLERANCES[dtype]
+        dtype = DType.of(dtype)
+        rtol, atol = dtype.tolerance
         why = ""
         if custom is not None:
             rtol, atol, why = custom
-        if dtype in REDUCED_DTYPES:
-            return cls(rtol, atol, 0.0, float(np.finfo(np.float32).eps), why, reduced=dtype, spread=SPREAD)
-        sensitivity = 0.0 if dtype == "float64" else SENSITIVITY
-        return cls(rtol, atol, sensitivity, float(np.finfo(dtype).eps), why)
+        eps = float(np.finfo(dtype.master.value).eps)
+        if dtype.reduced:
+            return cls(rtol, atol, 0.0, eps, why, reduced=dtype, spread=SPREAD)
+        return cls(rtol, atol, 0.0 if dtype.double else SENSITIVITY, eps, why)
 
     @property
-    def low_dtype(self) -> str | None:
+    def low_dtype(self) -> DType | None:
         """The dtype the reference must also run in (with that dtype's roundings: ``reference.Precision``),
         or None when float64 is the backend's own."""
-        return self.reduced or ("float32" if self.sensitivity else None)
+        return self.reduced or (DType.FLOAT32 if self.sensitivity else None)
 
     def describe(self) -> str:
         """The bound as ``harness check`` and run.json show it."""
         if self.reduced:
-            low = "ref_" + {"bfloat16": "bf16", "float16": "fp16"}[self.reduced]
+            low = "ref_" + DType.of(self.reduced).short
             return (f"|got - {low}| <= {self.rtol:g}*|{low}| + {self.atol:g}*max|{low}| + {self.spread:g}*max|{low} - ref| "
                     f"per tensor (+ {OUTPUTS_SENSITIVITY:g}*|{low}_out - {low}| where missed), and RMS(got - {low}) <= "
                     f"{NEARER:g}*RMS(got - ref) ({low}: the reference with {self.reduced}'s roundings, _out: every "

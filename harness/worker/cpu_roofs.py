@@ -16,6 +16,8 @@ Heavy libraries are imported only by the worker that measures through them.
 
 from __future__ import annotations
 
+import re
+
 from backends import products
 from harness.worker import measure
 from harness.spec.errors import HarnessError
@@ -45,6 +47,17 @@ def peak_key(dtype: str, threads: int, library: str | None = None) -> str:
     """The key of a peak in a run's ``gemm_peak_gflops``: ``dtype|threads=N`` for the roof a cell reads,
     ``dtype|threads=N|library`` for each library a mixed-precision roof was measured through."""
     return f"{dtype}|threads={threads}" + (f"|{library}" if library else "")
+
+
+def read_peak_key(key: str) -> tuple[str, int, str | None]:
+    """A key of ``gemm_peak_gflops`` read back: ``(dtype, threads, library or None)``, as :func:`peak_key` wrote it."""
+    match = _PEAK_KEY.fullmatch(key)
+    if match is None:
+        raise HarnessError(f"gemm_peak_gflops: expected a key dtype|threads=N[|library], got {key!r}")
+    return match["dtype"], int(match["threads"]), match["library"]
+
+
+_PEAK_KEY = re.compile(r"(?P<dtype>[^|]+)\|threads=(?P<threads>\d+)(?:\|(?P<library>[^|]+))?")
 
 
 def roof_library(peaks: dict, dtype: str, threads: int) -> str | None:

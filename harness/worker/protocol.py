@@ -123,7 +123,8 @@ class Request:
 
 @dataclass
 class Init(Request):
-    """Build the cell: its backend, data and initial parameters."""
+    """Build the cell: its backend, data and initial parameters (its thread count is the worker's
+    own, from the variables it was started with: ``spec.environments.worker_threads``)."""
 
     cmd: ClassVar[str] = "init"
     Body: ClassVar[type] = InitReply
@@ -131,7 +132,6 @@ class Init(Request):
     problem: dict
     task: dict
     seed: int
-    threads: int
     lr: float
 
 

@@ -136,12 +136,13 @@ class CellState:
         from backends.base import screen
         from harness.spec import reference
         from harness.spec.data import make_dataset
+        from harness.spec.environments import worker_threads
         from harness.spec.model import Problem, TaskSpec
 
         self.problem = Problem.from_mapping(req.problem)
         self.task = TaskSpec.from_mapping(req.task)
         self.lr = float(req.lr)
-        self.threads = int(req.threads)
+        self.threads = worker_threads()
         self.backend = backends.create(req.backend)
         status, why = screen(self.backend, self.problem)
         if status != Status.OK:
