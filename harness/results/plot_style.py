@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.results.labels import fmt_seconds
+from harness.spec.writes import write_file
 
 def _setup():
     import sys
@@ -148,10 +149,12 @@ def _save(plt, fig, axes, n_panels: int, out: Path, **savefig) -> Path:
     for ax in axes.flat[n_panels:]:
         ax.set_visible(False)
     fig.tight_layout()
-    fig.savefig(out, dpi=144, **savefig)
+    # by the one write rule: a plot belongs to the run whose plots/ holds it, and no link there is followed
+    write_file(out, lambda tmp: fig.savefig(tmp, format="png", dpi=144, **savefig), run=out.parent.parent)
     # the same drawing writes the same SVG: no date in its metadata, element ids from a fixed salt (not uuid4)
     with plt.rc_context({"svg.hashsalt": SVG_SALT}):
-        fig.savefig(out.with_suffix(".svg"), metadata={"Date": None}, **savefig)
+        write_file(out.with_suffix(".svg"), lambda tmp: fig.savefig(tmp, format="svg", metadata={"Date": None}, **savefig),
+                   run=out.parent.parent)
     plt.close(fig)
     return out
 

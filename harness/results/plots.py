@@ -20,6 +20,7 @@ from harness.results.plot_style import _hue, _palette, _shade, backend_colour  #
 from harness.results.plot_sweeps import (crossover_batch, plot_crossover, plot_scaling, plot_threads,  # noqa: F401
                                          plot_threads_batch)
 from harness.results.plot_training import plot_loss_vs_time, plot_train_tradeoff  # noqa: F401
+from harness.spec.writes import prepare_folder, write_file
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,7 @@ def make_plots(run_dir) -> list[Path]:
     from harness.results.store import load_run
 
     run = load_run(run_dir)
-    folder = Path(run_dir) / "plots"
-    folder.mkdir(exist_ok=True)
+    folder = prepare_folder(Path(run_dir) / "plots", below=run_dir)  # before drawing: no link among what it replaces
     made = [p for p in (plot.draw(run, folder / plot.file) for plot in PLOTS) if p is not None]
     files = sorted(f.name for p in made for f in (p, p.with_suffix(".svg")) if f.exists())
     digest = plots_digest(run_dir)
@@ -77,7 +77,7 @@ def make_plots(run_dir) -> list[Path]:
     for old in _drawn_files(folder):
         if old.name not in files:
             old.unlink()
-    (folder / MANIFEST).write_text(json.dumps({"digest": digest, "files": files}, indent=1) + "\n")
+    write_file(folder / MANIFEST, json.dumps({"digest": digest, "files": files}, indent=1) + "\n", run=run_dir)
     return made
 
 
@@ -147,11 +147,12 @@ def _stamp(path: Path, value: str) -> None:
                 if k != STAMP_KEY:
                     info.add_text(k, v)
             info.add_text(STAMP_KEY, value)
-            image.save(path, pnginfo=info)
+            write_file(path, lambda tmp: image.save(tmp, format="PNG", pnginfo=info), run=path.parent.parent)
     else:
         text = path.read_text()
         head, sep, rest = text.partition("?>")
-        path.write_text(f"{head}{sep}\n<!-- {STAMP_KEY}: {value} -->{rest}" if sep else f"<!-- {STAMP_KEY}: {value} -->\n{text}")
+        write_file(path, f"{head}{sep}\n<!-- {STAMP_KEY}: {value} -->{rest}" if sep else f"<!-- {STAMP_KEY}: {value} -->\n{text}",
+                   run=path.parent.parent)
 
 
 def read_stamp(path: Path) -> str | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -292,8 +293,12 @@ def export_json(run_dir, out=None) -> tuple[Path, int, list[str]]:
 
     Returns the path, the number of benchmarks written and why the other rows were left out (failed
     cells, training runs and rows without timings have no place in the format)."""
-    from harness.results.store import load_run
+    from harness.results.store import check_out_file, load_run, write_json
 
+    own = Path(run_dir) / "pytest-benchmark.json"  # the one file an export may write in a run folder: its own run's
+    out = Path(out) if out is not None else own
+    mine = run_dir if os.path.realpath(out) == os.path.realpath(own) else None
+    check_out_file(out, run=mine)  # before anything is read or written
     try:
         from pytest_benchmark import __version__ as version
         from pytest_benchmark.stats import Stats
@@ -345,11 +350,7 @@ def export_json(run_dir, out=None) -> tuple[Path, int, list[str]]:
     }
     if not benches:
         raise HarnessError(f"{run_dir}: no timed cells to export ({'; '.join(left_out[:3]) or 'the run is empty'})")
-    from harness.results.store import check_out_file, write_json
-
-    out = check_out_file(Path(out) if out is not None else Path(run_dir) / "pytest-benchmark.json")
-
-    write_json(out, doc)
+    write_json(out, doc, run=mine)
     return out, len(benches), left_out
 
 

@@ -25,6 +25,7 @@ from harness.results.report_sections import (_conformance_section, _devices_sect
                                              _versions_section, timing_summary)
 from harness.results.schema import SPEEDUP_BLOCK
 from harness.spec.status import Status
+from harness.spec.writes import check_file, prepare_folder, write_file
 
 
 # -- formatting ----------------------------------------------------------------------------------
@@ -341,6 +342,10 @@ def write_report(run_dir) -> list[Path]:
     run_dir = Path(run_dir)
     if not (run_dir / "run.json").exists():
         raise HarnessError(f"{run_dir}: not a results folder (no run.json)")
+    md, page = run_dir / "report.md", run_dir / "report.html"
+    for target in (md, page):  # every output checked before any is written (harness.spec.writes)
+        check_file(target, run=run_dir, probe=False)
+    prepare_folder(run_dir / "plots", below=run_dir)
     note = ""
     try:
         plots = sorted(make_plots(run_dir), key=_plot_order)
@@ -348,10 +353,9 @@ def write_report(run_dir) -> list[Path]:
         plots = None
         note = f"Redrawing the plots failed ({type(exc).__name__}: {exc}); these are the plots already on disk."
     title, blocks = build_report(run_dir, plots, note)
-    md, page = run_dir / "report.md", run_dir / "report.html"
     stamp = f"<!-- {REPORT_STAMP}: {report_digest(run_dir)} -->\n"
-    md.write_text(to_markdown(title, blocks, run_dir) + stamp, encoding="utf-8")
-    page.write_text(to_html(title, blocks) + stamp, encoding="utf-8")
+    write_file(md, to_markdown(title, blocks, run_dir) + stamp, run=run_dir)
+    write_file(page, to_html(title, blocks) + stamp, run=run_dir)
     return [md, page]
 
 

@@ -6,16 +6,15 @@ interrupted run keeps every finished comparison group and ``--resume`` does the 
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from harness.spec import writes
 from harness.spec.errors import HarnessError
 from harness.results.schema import TIMING_COLUMNS
 from harness.spec.status import CELL_FINAL
@@ -23,80 +22,24 @@ from harness.spec.status import CELL_FINAL
 # mismatch: the backend's own step on this cell disagreed with the reference, so it was not timed
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _disk_error(path: Path, exc: OSError) -> HarnessError:
-    """A write that failed (a full or read-only disk, no permission), said plainly: what is already
-    on disk stays as it was (every write replaces a whole file at once)."""
-    why = exc.strerror or type(exc).__name__
-    hint = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
-            errno.EROFS: "the file system is read-only", errno.EACCES: "no permission to write there",
-            errno.EPERM: "no permission to write there"}.get(exc.errno, why)
-    return HarnessError(f"{path}: cannot write results: {hint} ({why}); the results saved before are kept")
-
-
-def _atomic_write(path: Path, write) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-    except OSError as exc:
-        raise _disk_error(path, exc) from None
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are shared files like any other
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise _disk_error(path, exc) from None
-    finally:
-        if os.path.exists(tmp):
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-
-
-def _nearest_existing(path: Path) -> Path:
-    """``path`` itself when it is there (a dangling link counts), else its nearest ancestor that is."""
-    probe = path
-    while not (probe.exists() or probe.is_symlink()) and probe.parent != probe:
-        probe = probe.parent
-    return probe
-
-
-def _check_writable_place(path: Path, option: str, folder: bool) -> None:
-    try:
-        probe = _nearest_existing(path if folder else path.parent)
-        if folder and probe == path and not path.is_dir():
-            raise HarnessError(f"{option} {path}: expected a folder, got a file")
-        if not folder and path.is_dir():
-            raise HarnessError(f"{option} {path}: expected a file, got a folder")
-        if not probe.is_dir():
-            raise HarnessError(f"{option} {path}: {probe} is a file, not a folder")
-        if not os.access(probe, os.W_OK | os.X_OK):
-            raise HarnessError(f"{option} {path}: no permission to write in {probe}")
-    except (OSError, ValueError) as exc:  # a name too long, a NUL in it
-        raise HarnessError(f"{option} {str(path)[:200]}: not a usable path ({exc})") from None
+def _atomic_write(path: Path, write, run=None) -> None:
+    """Write a file by the one write rule (:mod:`harness.spec.writes`): beside it, then renamed; never through
+    a link or onto what is not a regular file, and inside no run folder but ``run``."""
+    writes.write_file(path, write, run=run, noun="results")
 
 
 def check_out_folder(path, option: str = "--out") -> Path:
     """Refuse, before anything is written, an output folder that cannot be one: an existing file, a path
-    through a file, a folder (or the nearest existing parent of a new one) this process cannot write
-    into. Every command's folder ``--out`` goes through this, so each says it the same way."""
-    path = Path(path)
-    _check_writable_place(path, option, folder=True)
-    return path
+    through a file, a folder inside another run's folder, one (or the nearest existing parent of a new one)
+    this process cannot write into. Every command's folder ``--out`` goes through this, so each says it
+    the same way (:func:`harness.spec.writes.check_folder`)."""
+    return writes.check_folder(path, option, may_be_run=True)
 
 
-def check_out_file(path, option: str = "--out") -> Path:
-    """The same for an output file: not a folder, in a folder this process can write into (or make)."""
-    path = Path(path)
-    _check_writable_place(path, option, folder=False)
-    return path
+def check_out_file(path, option: str = "--out", run=None) -> Path:
+    """The same for an output file (:func:`harness.spec.writes.check_file`): absent or a regular file, never a
+    link or a device, inside no run folder but ``run`` (the one the command writes for)."""
+    return writes.check_file(path, option, run=run)
 
 
 def config_fingerprint(config) -> str:
@@ -116,9 +59,9 @@ class FolderLock:
         self.path = Path(path)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path / ".lock", "a+")
+            self._fh = writes.open_private(self.path / ".lock", "a+")  # a link there is refused, never followed
         except OSError as exc:
-            raise _disk_error(self.path, exc) from None
+            raise writes.disk_error(self.path, exc, "results") from None
         try:
             fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -131,7 +74,7 @@ class FolderLock:
             self._fh.flush()
         except OSError as exc:  # a full disk refuses even these few bytes: the same one-line error as any write
             self.release()
-            raise _disk_error(self.path, exc) from None
+            raise writes.disk_error(self.path, exc, "results") from None
 
     def release(self) -> None:
         """Let other runs write here again."""
@@ -143,15 +86,15 @@ class FolderLock:
                 pass
 
 
-def write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict, run=None) -> None:
     def w(tmp):
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=2, default=str)
 
-    _atomic_write(Path(path), w)
+    _atomic_write(Path(path), w, run)
 
 
-def write_table(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
+def write_table(path: Path, rows: list[dict], columns: list[str] | None = None, run=None) -> None:
     df = pd.DataFrame(rows)
     if columns:
         for c in columns:
@@ -165,7 +108,7 @@ def write_table(path: Path, rows: list[dict], columns: list[str] | None = None) 
             raise HarnessError(f"{path}: cannot write results ({type(exc).__name__}: {str(exc)[:100]}); "
                                f"the results saved before are kept") from None
 
-    _atomic_write(Path(path), w)
+    _atomic_write(Path(path), w, run)
 
 
 @dataclass
@@ -289,9 +232,9 @@ class RunStore:
 
     def save(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        write_table(self.path / "timings.parquet", self.timings, TIMING_COLUMNS)
-        write_table(self.path / "curves.parquet", self.curves)
-        write_json(self.path / "run.json", self.meta)
+        write_table(self.path / "timings.parquet", self.timings, TIMING_COLUMNS, run=self.path)
+        write_table(self.path / "curves.parquet", self.curves, run=self.path)
+        write_json(self.path / "run.json", self.meta, run=self.path)
 
 
 # what a timings table must hold to be one: identifying text columns, and measurements that are numbers

@@ -326,8 +326,10 @@ def held_lock(folder: Path, name: str):
     an engine at a time, across processes (the kernel drops it when a process dies)."""
     import fcntl
 
+    from harness.spec import writes
+
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f".{name}.lock", "w") as handle:
+    with writes.open_private(folder / f".{name}.lock", "a+") as handle:  # a link there is refused, never followed
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

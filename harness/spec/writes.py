@@ -1,0 +1,313 @@
+"""The one rule for every file the harness writes: run folders, plots, reports, archives, exports,
+pages and build caches.
+
+* A file is written beside its target (a temporary name in the same folder) and renamed into place,
+  so a reader sees the old file or the new one, never half of one.
+* Only onto an absent path or a regular file: never onto a device, a FIFO, a socket or a folder.
+* Never through a symbolic link. A target that is a link is refused, with where it points: the link
+  and the file it names are left as they are. (Replacing the link quietly would hide that the user
+  put it there for a reason; following it would overwrite a file the command does not own.) A folder
+  a command is given (``RUN_DIR``, ``--out DIR``, ``--examples DIR``) is taken as named, a link
+  included; below it the harness follows no link: one found between that folder and a target is refused.
+* Never into a run folder (a folder holding ``run.json``) other than the one the command was given
+  for that purpose: an export, archive, page or multi-run report whose path falls inside a run is refused.
+* Output paths are checked (:func:`check_file`, :func:`check_folder`) before any work starts; each
+  write checks its target again just before the rename.
+
+Only the standard library: the worker side and the backends write through this too.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Callable, Union
+
+from harness.spec.errors import HarnessError
+
+#: what makes a folder a run folder
+RUN_FILE = "run.json"
+#: what a refused target is told it may be instead
+ALLOWED = "the harness writes only onto an absent path or a regular file"
+
+Data = Union[str, bytes, Callable[[Path], None]]
+
+
+def _cut(text, limit: int = 160) -> str:
+    """``text`` as a message quotes it: its start and end, with its length, where it is long."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-limit // 4:]} ({len(text)} characters)"
+
+
+def _name(path: Path, option: str | None) -> str:
+    return f"{option} {_cut(path)}" if option else _cut(path)
+
+
+def kind_of(mode: int) -> str:
+    """What a file of ``mode`` (an lstat's) is, in words."""
+    for test, words in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"),
+                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                        (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a file")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def _lstat(path: Path, name: str):
+    """``os.lstat(path)``, None where nothing is there; HarnessError for a path that cannot be one."""
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        through = next((p for p in reversed(path.parents) if os.path.lexists(p) and not os.path.isdir(p)), path.parent)
+        raise HarnessError(f"{name}: {_cut(through)} is a file, not a folder") from None
+    except (OSError, ValueError) as exc:  # a name too long, a NUL in it
+        raise HarnessError(f"{name}: not a usable path ({type(exc).__name__}: {_cut(exc, 100)})") from None
+
+
+def _refuse_link(path: Path, name: str, what: str = "") -> None:
+    try:
+        where = os.readlink(path)
+    except OSError:
+        where = "?"
+    raise HarnessError(f"{name}: {what or str(path)} is a symbolic link (to {_cut(where, 100)}); the harness never "
+                       f"writes through a link: remove it, or name the file it points to")
+
+
+def check_target(path, option: str | None = None) -> Path:
+    """``path`` if the file there may be replaced: nothing is there or a regular file; HarnessError otherwise."""
+    path = Path(path)
+    name = _name(path, option)
+    st = _lstat(path, name)
+    if st is None or stat.S_ISREG(st.st_mode):
+        return path
+    if stat.S_ISLNK(st.st_mode):
+        _refuse_link(path, name, "it")
+    if stat.S_ISDIR(st.st_mode):
+        raise HarnessError(f"{name}: expected a file, got a folder")
+    raise HarnessError(f"{name}: {kind_of(st.st_mode)}, not a regular file; {ALLOWED}")
+
+
+def check_no_links(below, path, option: str | None = None) -> None:
+    """No component of ``path`` under the folder ``below`` is a symbolic link (``below`` itself is taken as
+    named); each one there is a folder, the last one anything. HarnessError otherwise."""
+    below, path = Path(below), Path(path)
+    try:
+        rel = path.relative_to(below)
+    except ValueError:
+        raise HarnessError(f"{_name(path, option)}: not inside {_cut(below)}") from None
+    if ".." in rel.parts:
+        raise HarnessError(f"{_name(path, option)}: '..' leaves {_cut(below)}")
+    step = below
+    for k, part in enumerate(rel.parts):
+        step = step / part
+        st = _lstat(step, _name(path, option))
+        if st is None:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            _refuse_link(step, _name(path, option))
+        if k < len(rel.parts) - 1 and not stat.S_ISDIR(st.st_mode):
+            raise HarnessError(f"{_name(path, option)}: {step} is {kind_of(st.st_mode)}, not a folder")
+
+
+def run_folder_of(path) -> Path | None:
+    """The run folder (one holding ``run.json``) that ``path`` is or lies in, resolved; None where there is none."""
+    path = Path(path)
+    try:
+        real = Path(os.path.realpath(path.parent)) / path.name
+    except (OSError, ValueError):
+        return None
+    for folder in (real, *real.parents):
+        try:
+            if (folder / RUN_FILE).is_file():
+                return folder
+        except OSError:
+            continue
+    return None
+
+
+def check_run(path, option: str | None = None, run=None) -> None:
+    """``path`` lies in no run folder, or in the run folder ``run`` (the one the command writes for)."""
+    found = run_folder_of(path)
+    if found is None:
+        return
+    mine = run is not None and found == Path(os.path.realpath(run))
+    if not mine:
+        raise HarnessError(f"{_name(Path(path), option)}: inside the run folder {_cut(found)}, which this command "
+                           f"does not write; choose a path outside every run folder")
+
+
+def _nearest(path: Path) -> Path:
+    probe = path
+    while _lstat(probe, _cut(path)) is None and probe.parent != probe:
+        probe = probe.parent
+    return probe
+
+
+def _probe_folder(folder: Path, name: str) -> None:
+    """Whether a file can be made in ``folder`` (or, where it is missing, the folders leading to it): made
+    and removed at once, so an unwritable place is found before any work, root or not."""
+    existing = _nearest(folder)
+    if not existing.is_dir():
+        raise HarnessError(f"{name}: {_cut(existing)} is {kind_of(os.stat(existing).st_mode)}, not a folder")
+    try:
+        if existing == folder:
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".harness-probe-")
+            os.close(fd)
+            os.unlink(tmp)
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".harness-probe-"))
+    except OSError as exc:
+        raise HarnessError(f"{name}: cannot write in {_cut(existing)} ({exc.strerror or exc})") from None
+
+
+def check_file(path, option: str | None = None, *, run=None, below=None, probe: bool = True) -> Path:
+    """Refuse, before any work, an output file the rule forbids (the module docstring): a target that is not
+    absent or a regular file, a link on the way from ``below``, a path inside a run folder other than
+    ``run``, a folder that cannot hold it. Returns ``path``."""
+    path = Path(path)
+    name = _name(path, option)
+    if not path.name or path.name in (".", ".."):
+        raise HarnessError(f"{name}: expected a file name")
+    check_target(path, option)
+    if below is not None:
+        check_no_links(below, path, option)
+    check_run(path, option, run)
+    if probe:
+        _probe_folder(path.parent, name)
+    return path
+
+
+def check_folder(path, option: str | None = None, *, may_be_run: bool = False, below=None, probe: bool = True) -> Path:
+    """The same for an output folder: absent or a folder (a link to one is taken as named), inside no run
+    folder (with ``may_be_run``, it may be one itself: a run's own folder), one this process can write into."""
+    path = Path(path)
+    name = _name(path, option)
+    st = _lstat(path, name)
+    if st is not None and not path.is_dir():
+        raise HarnessError(f"{name}: expected a folder, got {kind_of(st.st_mode)}")
+    if below is not None:
+        check_no_links(below, path, option)
+    check_run(path, option, path if may_be_run else None)
+    if probe:
+        _probe_folder(path, name)
+    return path
+
+
+def make_folder(path, below=None) -> Path:
+    """``mkdir -p path``; with ``below``, no link may stand between it and ``path`` (checked after making)."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise HarnessError(f"{_cut(path)}: expected a folder, got {kind_of(os.lstat(path).st_mode)}") from None
+    except OSError as exc:
+        raise disk_error(path, exc) from None
+    if below is not None:
+        check_no_links(below, path)
+    return path
+
+
+def disk_error(path, exc: OSError, noun: str | None = None) -> HarnessError:
+    """A write that failed (a full or read-only disk, no permission), said plainly: what was on disk stays."""
+    why = exc.strerror or type(exc).__name__
+    hint = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
+            errno.EROFS: "the file system is read-only", errno.EACCES: "no permission to write there",
+            errno.EPERM: "no permission to write there"}.get(exc.errno, why)
+    head, kept = ((f"cannot write {noun}", f"the {noun} saved before are kept") if noun
+                  else ("cannot write it", "what was there before is kept"))
+    return HarnessError(f"{_cut(path)}: {head}: {hint} ({why}); {kept}")
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_file(path, data: Data, option: str | None = None, *, run=None, below=None, noun: str | None = None) -> Path:
+    """Write ``data`` (text as UTF-8, bytes, or a function that writes the file it is given) to ``path`` by
+    the rule: checked as :func:`check_file` does, written beside it, renamed into place. HarnessError when
+    the rule refuses the target or the disk refuses the write (``noun`` names what was being written)."""
+    path = Path(path)
+    check_file(path, option, run=run, below=below, probe=False)
+    make_folder(path.parent, below=below if below is not None and Path(below) != path else None)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:200]}.", suffix=".tmp")
+    except OSError as exc:
+        raise disk_error(path, exc, noun) from None
+    try:
+        if callable(data):
+            os.close(fd)
+            data(Path(tmp))
+        else:
+            with os.fdopen(fd, "wb") as sink:
+                sink.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are shared files like any other
+        check_target(path, option)  # again, just before the rename: what may have appeared meanwhile
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise disk_error(path, exc, noun) from None
+    finally:
+        if os.path.lexists(tmp):
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    return path
+
+
+def open_private(path, mode: str = "a+"):
+    """Open a file the harness keeps for itself (a lock, a log) without following a link: refused when
+    ``path`` is a link or not a regular file. ``mode``: ``a+``, ``a`` or ``w``."""
+    path = Path(path)
+    flags = {"a+": os.O_RDWR | os.O_APPEND, "a": os.O_WRONLY | os.O_APPEND, "w": os.O_WRONLY | os.O_TRUNC}[mode]
+    check_target(path)
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0), 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            _refuse_link(path, _cut(path), "it")
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # it changed between the check and the open
+        os.close(fd)
+        raise HarnessError(f"{_cut(path)}: not a regular file; {ALLOWED}")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, mode, encoding="utf-8")
+
+
+def foreign_entries(folder) -> list[str]:
+    """What under ``folder`` is not a regular file or a folder (links, devices, FIFOs, sockets), as
+    ``relative/path (what it is)``: what an archive or a redraw must not carry or write through."""
+    folder = Path(folder)
+    found = []
+    for root, dirs, files in os.walk(folder):
+        for entry in sorted(dirs + files):
+            full = Path(root) / entry
+            mode = os.lstat(full).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                found.append(f"{full.relative_to(folder).as_posix()} ({kind_of(mode)})")
+        dirs[:] = [d for d in dirs if not os.path.islink(Path(root) / d)]
+    return found
+
+
+def check_only_files(folder, option: str | None = None) -> None:
+    """Refuse a folder the harness is about to write into wholesale (a run's ``plots/``, a run being packed or
+    redrawn) when it holds anything but regular files and folders (:func:`foreign_entries`)."""
+    found = foreign_entries(folder)
+    if found:
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        raise HarnessError(f"{_name(Path(folder), option)}: holds {', '.join(_cut(f, 100) for f in found[:3])}{more}; "
+                           f"{ALLOWED}, and never through a link: remove them")
+
+
+def prepare_folder(path, below=None) -> Path:
+    """A folder a command writes into wholesale, made where missing (:func:`make_folder`) and holding only
+    regular files and folders (:func:`check_only_files`): checked before its first file is written."""
+    folder = make_folder(path, below)
+    check_only_files(folder)
+    return folder
