@@ -39,6 +39,14 @@ def _runs(paths):
     return runs
 
 
+def _state(meta: dict) -> str:
+    """Whether a run finished: ``finished``, ``interrupted`` (it says so), or ``partial`` (no end recorded:
+    killed, or still running)."""
+    if meta.get("interrupted"):
+        return "interrupted"
+    return "finished" if meta.get("finished") else "partial (no end recorded)"
+
+
 def combined_timings(runs) -> pd.DataFrame:
     """Every run's rows with ``run_id`` and ``machine`` columns."""
     frames = []
@@ -127,10 +135,15 @@ def build_multi_report(paths) -> tuple[str, list, pd.DataFrame]:
     run_ids = [run.run_id for _, run in runs]
     keys = _run_keys(run_ids)
     blocks: list = [Heading(2, "Runs")]
-    blocks.append(Table(["", "run", "config", "machine", "started", "cells"],
+    blocks.append(Table(["", "run", "config", "machine", "started", "cells", "state"],
                         [[keys[run.run_id], f"`{run.run_id}`", f"`{run.meta.get('config_path', '?')}`",
                           machine_label(run.meta), str(run.meta.get("started", "?"))[:19].replace("T", " "),
-                          str(len(run.timings))] for _, run in runs]))
+                          str(len(run.timings)), _state(run.meta)] for _, run in runs]))
+    unfinished = [f"{keys[run.run_id]} ({_state(run.meta)})" for _, run in runs if _state(run.meta) != "finished"]
+    if unfinished:
+        blocks.append(Para(f"**Not every run finished:** {', '.join(unfinished)}. Such a run holds only the cells it "
+                           "finished before it stopped: a cell it never ran is missing from the comparisons below, "
+                           "not measured. `harness run CONFIG --resume RUN` finishes it."))
     blocks += _by_run_section(timings, run_ids)
     df = timings.copy()
     df["label"] = backend_label(df)
@@ -156,14 +169,14 @@ def write_multi_report(paths, out) -> list[Path]:
     """``report.md`` and ``report.html`` over several runs into ``out``, with their plots in ``out/plots``."""
     from harness.results import plots as P
     from harness.results.report import Heading, Image, Para, to_html, to_markdown
-    from harness.results.store import check_out_folder
+    from harness.spec import writes
 
-    out = check_out_folder(out)
+    out = writes.check_folder(out, "--out")  # not one of the runs, nor inside any run folder
+    md, page = out / "report.md", out / "report.html"
+    for target in (md, page):
+        writes.check_file(target, "--out", below=out, probe=False)
     title, blocks, timings = build_multi_report(paths)  # every run checked before anything is written
-    try:
-        (out / "plots").mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise HarnessError(f"--out {out}: cannot make the report's folder ({exc.strerror or exc})") from None
+    writes.prepare_folder(out / "plots", below=out)
     figures: list = [Heading(2, "Plots")]
     made = P.plot_runs(timings, out / "plots" / "runs.png")
     if made:
@@ -186,7 +199,6 @@ def write_multi_report(paths, out) -> list[Path]:
         figures.append(Para("No problem was measured on a CPU in one run and on a GPU in another (or the same) run "
                             "with the same shapes, so there is no crossover to draw."))
     blocks += figures
-    md, page = out / "report.md", out / "report.html"
-    md.write_text(to_markdown(title, blocks, out), encoding="utf-8")
-    page.write_text(to_html(title, blocks), encoding="utf-8")
+    writes.write_file(md, to_markdown(title, blocks, out))
+    writes.write_file(page, to_html(title, blocks))
     return [md, page] + [b.path for b in blocks if isinstance(b, Image)]
