@@ -37,12 +37,14 @@ rewrites every table; :func:`check_page` lists the tables whose text differs fro
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from harness.spec import writes
 from harness.spec.dtype import DType
 from harness.spec.errors import HarnessError
 from harness.results.schema import SPEEDUP_BLOCK, setting_values
@@ -365,13 +367,16 @@ def _blocks(lines: list[str], where: str):
 def render_page(page: Path, examples: Path) -> tuple[str, list[TableSpec]]:
     """The page with every table regenerated, and the tables whose text changed."""
     try:
-        lines = page.read_text().splitlines()
+        lines = page.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
-        raise HarnessError(f"{page}: {exc.strerror or exc}") from exc
+        raise HarnessError(f"{page}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise HarnessError(f"{page}: not UTF-8 text (byte {exc.start}: {exc.reason}); expected the experiments page") from None
     out, changed, last = [], [], 0
     blocks = list(_blocks(lines, str(page)))
     if not blocks:
         raise HarnessError(f"{page}: no generated tables (markers '<!-- table: KIND RUNS -->' ... '{CLOSE}')")
+    check_examples(examples, [spec for spec, _, _ in blocks])
     for spec, body, close in blocks:
         out += lines[last:body]
         generated = [""] + render_table(spec, examples) + [""]
@@ -383,15 +388,35 @@ def render_page(page: Path, examples: Path) -> tuple[str, list[TableSpec]]:
     return "\n".join(out) + "\n", changed
 
 
+def check_examples(examples: Path, specs: list[TableSpec]) -> None:
+    """Refuse an ``--examples`` folder that is missing, not a folder, or holds none of the page's runs: read
+    from it, every table would say "not measured yet" (a mistyped path would wipe the page)."""
+    examples = Path(examples)
+    if not examples.is_dir():
+        what = "no such folder" if not os.path.lexists(examples) else "not a folder"
+        raise HarnessError(f"--examples {examples}: {what}; expected the folder of the page's runs (results/examples)")
+    wanted = list(dict.fromkeys(run for spec in specs for run in spec.runs))
+    if not any((examples / run / "run.json").is_file() for run in wanted):
+        shown = ", ".join(wanted[:4]) + (", ..." if len(wanted) > 4 else "")
+        raise HarnessError(f"--examples {examples}: holds none of the page's runs ({shown}); expected the folder of "
+                           f"the committed runs (results/examples); the page is left as it is")
+
+
 def check_page(page: Path, examples: Path) -> list[TableSpec]:
     """The tables of the page that differ from what their runs give (empty: the page agrees)."""
     return render_page(page, examples)[1]
 
 
 def write_page(page: Path, examples: Path) -> list[TableSpec]:
+    """Rewrite the page's tables from their runs; the tables changed. Every file this and :func:`redraw` may
+    write (the page, each run's report and plots) is checked first (:mod:`harness.spec.writes`)."""
+    writes.check_file(page, "--page", probe=False)
+    for run in run_folders(examples):
+        writes.check_no_links(examples, run)
+        writes.check_only_files(run)
     text, changed = render_page(page, examples)
     if changed:
-        page.write_text(text)
+        writes.write_file(page, text)
     return changed
 
 
@@ -420,6 +445,9 @@ def redraw(examples: Path) -> list[Path]:
     from harness.results.report import write_report
 
     stale = list(stale_drawings(examples))
+    for run in stale:  # every run it redraws, before the first is written
+        writes.check_no_links(examples, run)
+        writes.check_only_files(run)
     for run in stale:
         write_report(run)
     still = stale_drawings(examples)

@@ -37,8 +37,10 @@ def test_a_hand_edited_number_fails_the_check_and_docs_restores_it(tmp_path):
 
 def test_a_table_without_its_run_says_how_to_make_it(tmp_path):
     page = tmp_path / "p.md"
-    page.write_text("intro\n<!-- table: speedups lstm_gpu -->\n| old |\n<!-- /table -->\nafter\n")
-    assert [s.text for s in docs.write_page(page, tmp_path)] == ["speedups lstm_gpu"]
+    shutil.copytree(EXAMPLES / "quick", tmp_path / "quick", ignore=shutil.ignore_patterns("plots", "report.*"))
+    page.write_text("<!-- table: host quick -->\n<!-- /table -->\n"
+                    "intro\n<!-- table: speedups lstm_gpu -->\n| old |\n<!-- /table -->\nafter\n")
+    assert [s.text for s in docs.write_page(page, tmp_path)] == ["host quick", "speedups lstm_gpu"]
     assert "harness reproduce --only lstm_gpu" in page.read_text() and page.read_text().endswith("after\n")
     assert docs.check_page(page, tmp_path) == []
     page.write_text("<!-- table: speedups x -->\nno end\n")
