@@ -256,7 +256,7 @@ def resolve(full, versions: dict[str, str] | None = None) -> BackendRef:
         return ref(canonical)
     if given.revision is not None:
         if not cls.revisions:
-            raise HarnessError(f"backend {given.full!r}: {name} cannot be built from another revision of its sources "
+            raise HarnessError(f"backend {_short(given.full)}: {name} cannot be built from another revision of its sources "
                                f"(a backend whose class sets `revisions`, such as native, can); expected {name}, "
                                f"{name}:variant or {name}@version")
         from backends import native_build
@@ -264,7 +264,7 @@ def resolve(full, versions: dict[str, str] | None = None) -> BackendRef:
         try:
             return ref(f"{canonical}@rev:{native_build.canonical(given.revision)}")
         except HarnessError as exc:
-            raise HarnessError(f"backend {given.full!r}: {exc}") from None
+            raise HarnessError(f"backend {_short(given.full)}: {exc}") from None
     if cls.package is None:
         why = (f"it runs in its own environment {cls.environment!r}" if cls.environment
                else "its class names no `package` to pin")

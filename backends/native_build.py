@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import platform
 import re
 import shutil
@@ -31,7 +32,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from harness.spec import environments
+from harness.spec import environments, writes
 from harness.spec.errors import HarnessError
 
 PREFIX = "rev:"
@@ -49,10 +50,23 @@ def project_root() -> Path:
     return Path(__file__).resolve().parents[1]
 
 
+#: git's own limits on a name: a ref is a file under .git/refs, so each '/'-part is a file name (NAME_MAX
+#: bytes) and the whole a path (PATH_MAX); a longer text names nothing, and is refused before any subprocess
+PART_MAX, REVISION_MAX = 255, 4096
+
+
 def check_revision(text: str) -> str:
-    """``text`` if it can name a git revision; HarnessError otherwise (no options, no ranges)."""
+    """``text`` if it can name a git revision; HarnessError otherwise (no options, no ranges, nothing longer
+    than git's limits). The message quotes ``text`` once, cut."""
+    from harness.spec.model import short_repr
+
+    if len(text) > REVISION_MAX or any(len(part.encode()) > PART_MAX for part in text.split("/")):
+        raise HarnessError(f"expected a git revision after '{PREFIX}' (a commit, branch, tag or HEAD~1) of at most "
+                           f"{PART_MAX} characters between slashes and {REVISION_MAX} in all, got {len(text)} "
+                           f"characters")
     if not _REVISION.fullmatch(text) or ".." in text:
-        raise HarnessError(f"expected a git revision after '{PREFIX}' (a commit, branch, tag or HEAD~1), got {text!r}")
+        raise HarnessError(f"expected a git revision after '{PREFIX}' (a commit, branch, tag or HEAD~1), got "
+                           f"{short_repr(text)}")
     return text
 
 
@@ -62,19 +76,23 @@ def _git(args: list[str], root: Path, binary: bool = False):
     proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=not binary)
     if proc.returncode != 0:
         err = proc.stderr.decode(errors="replace") if binary else proc.stderr
-        raise HarnessError(f"git {' '.join(args)}: {err.strip() or f'exit {proc.returncode}'}")
+        said = " ".join(args)
+        said = said if len(said) <= 120 else f"{said[:100]}... ({len(said)} characters)"
+        raise HarnessError(f"git {said}: {_last_line(err) or f'exit {proc.returncode}'}")
     return proc.stdout
 
 
 def resolve(revision: str, root: Path | None = None) -> str:
     """The full commit hash ``revision`` names in the project's history; HarnessError when it names none or
     the commit has no engine (``backends/native/module.cpp``)."""
+    from harness.spec.model import short_repr
+
     root = root or project_root()
     check_revision(revision)
     try:
         commit = _git(["rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"], root).strip()
     except HarnessError as exc:
-        raise HarnessError(f"{revision!r} names no commit in {root} ({exc})") from None
+        raise HarnessError(f"{short_repr(revision)} names no commit in {root} ({exc})") from None
     try:
         _git(["cat-file", "-e", f"{commit}:backends/native/module.cpp"], root)
     except HarnessError:
@@ -116,13 +134,59 @@ def build_dir(commit: str) -> Path:
     return environments.home() / "native" / f"{commit}-{build_key()}"
 
 
-def built(commit: str) -> dict | None:
-    """The finished build's record (module path, facts, build time), or None where it is not built."""
+#: the code whose change retries a build that failed (a newer harness may build or load it differently)
+BUILD_CODE = ("native_build.py", "native_backend.py")
+
+
+def harness_digest() -> str:
+    """Eight hex digits of the code that builds and loads an engine: a failure recorded by other code is retried."""
+    h = hashlib.sha256()
+    for name in BUILD_CODE:
+        with contextlib.suppress(OSError):
+            h.update((Path(__file__).parent / name).read_bytes())
+    return h.hexdigest()[:8]
+
+
+def _folder(commit: str) -> Path:
+    """The build folder of ``commit``; HarnessError when it is a symbolic link (a build writes only into a
+    folder of its own: :mod:`harness.spec.writes`)."""
+    target = build_dir(commit)
+    writes.check_no_links(target.parent, target)
+    return target
+
+
+def _marker(commit: str) -> dict | None:
+    """The build's marker read as data: a mapping of this commit, None where missing or malformed."""
     try:
-        record = json.loads((build_dir(commit) / MARKER).read_text())
-    except (OSError, ValueError):
+        path = _folder(commit) / MARKER
+        writes.check_target(path)
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, HarnessError):
         return None
-    return record if Path(record.get("module", "")).is_file() else None
+    return record if isinstance(record, dict) and record.get("commit") == commit else None
+
+
+def failed(commit: str) -> str | None:
+    """The reason a build of ``commit`` by this code failed, as recorded (None: none recorded, or recorded by
+    other code: a newer harness tries again; removing the build folder does too)."""
+    record = _marker(commit)
+    if record is None or not isinstance(record.get("failed"), str) or record.get("harness") != harness_digest():
+        return None
+    return record["failed"]
+
+
+def built(commit: str) -> dict | None:
+    """The finished build's record (module path, facts, build time), or None where it is not built: a marker
+    that is missing or malformed, records a failure, or names a module outside its own build folder (or one
+    that is not a regular file there) counts as no build."""
+    record = _marker(commit)
+    if record is None or not isinstance(record.get("module"), str) or not isinstance(record.get("facts"), dict):
+        return None
+    folder = Path(os.path.realpath(_folder(commit)))
+    module = Path(os.path.realpath(record["module"]))
+    if folder not in module.parents or not module.is_file():
+        return None
+    return {**record, "module": str(module)}
 
 
 def extract(commit: str, dest: Path, root: Path | None = None) -> list[str]:
@@ -154,7 +218,7 @@ def _lock(commit: str):
 
 def _run(cmd: list[str], stage: str, log: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    with log.open("a") as f:
+    with writes.open_private(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}\n")
     if proc.returncode != 0:
         tail = " | ".join((proc.stderr.strip() or proc.stdout.strip()).splitlines()[-4:])
@@ -168,6 +232,8 @@ def ensure(commit: str, root: Path | None = None) -> dict:
     record = built(commit)
     if record is not None:
         return record
+    if failed(commit) is not None:
+        raise _failure(commit, failed(commit))
     ok, why = can_build()
     if not ok:
         raise HarnessError(why)
@@ -177,9 +243,11 @@ def ensure(commit: str, root: Path | None = None) -> dict:
         record = built(commit)
         if record is not None:
             return record
-        target = build_dir(commit)
+        if failed(commit) is not None:
+            raise _failure(commit, failed(commit))
+        target = _folder(commit)
         shutil.rmtree(target, ignore_errors=True)
-        (target / "src").mkdir(parents=True)
+        writes.make_folder(target / "src", below=target.parent)
         log = target / "build.log"
         started = time.monotonic()
         extract(commit, target / "src", root)
@@ -192,12 +260,30 @@ def ensure(commit: str, root: Path | None = None) -> dict:
         proc = subprocess.run([sys.executable, "-m", "backends.native_build", "--probe", str(modules[0])],
                               capture_output=True, text=True, cwd=str(project_root()))
         if proc.returncode != 0:
-            raise HarnessError(f"the engine of {commit[:SHORT]} does not load: {proc.stderr.strip()[-400:]}")
+            with writes.open_private(log, "a") as f:
+                f.write(f"$ probe {modules[0]}\n{proc.stdout}{proc.stderr}\n")
+            reason = _last_line(proc.stderr) or f"exit {proc.returncode}"
+            # remembered: the next run says why at once instead of building it again
+            writes.write_file(target / MARKER, json.dumps({"commit": commit, "failed": reason, "harness": harness_digest(),
+                                                           "key": build_key(), "log": str(log)}, indent=2), below=target)
+            raise _failure(commit, reason)
         facts = json.loads(proc.stdout.strip().splitlines()[-1])
         record = {"commit": commit, "module": str(modules[0]), "facts": facts, "key": build_key(),
                   "built_s": round(time.monotonic() - started, 1)}
-        (target / MARKER).write_text(json.dumps(record, indent=2))
+        writes.write_file(target / MARKER, json.dumps(record, indent=2), below=target)
         return record
+
+
+def _last_line(text: str, limit: int = 200) -> str:
+    """The last non-empty line of a traceback (the exception), cut to ``limit`` characters."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    return last if len(last) <= limit else last[:limit - 3] + "..."
+
+
+def _failure(commit: str, reason: str) -> HarnessError:
+    return HarnessError(f"the engine of {commit[:SHORT]} does not load: {reason} (remembered in "
+                        f"{build_dir(commit) / MARKER}; remove that folder to try again)")
 
 
 def probe(mod) -> dict:
