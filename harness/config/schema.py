@@ -133,6 +133,16 @@ class RawConfig(_Strict):
             raise ValueError(f"expected each of dtype, threads at most once, got {v}")
         return v
 
+    @model_validator(mode="after")
+    def _paired_settings_vary(self):
+        # a setting with one value pairs nothing: refused like any other key no cell reads
+        for key in self.pair_over:
+            values = self.dtype if key == "dtype" else self.threads
+            if len(values) < 2:
+                raise ValueError(f"pair_over: {key} has the one value {values[0]}, so pairing over it pairs nothing; "
+                                 f"expected settings with two or more values each ({key}: [a, b]), or no pair_over")
+        return self
+
     @field_validator("name")
     @classmethod
     def _name(cls, v):
