@@ -280,19 +280,20 @@ def reproduce_cmd(
     only: Annotated[Optional[str], typer.Option("--only", help="Comma-separated experiments (config names, e.g. quick,sobel, or quick-gpu for a profile).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Folder of the runs, one per experiment (results/examples: the committed ones).")] = Path("results/reproduce"),
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan, one line per experiment, and run nothing.", metavar="")] = False,
-    archive: Annotated[Optional[Path], typer.Option("--archive", help="Afterwards, the finished run folders in one .tgz, named as results/examples names them (tar xzf FILE -C results/examples; harness docs).")] = None,
+    archive: Annotated[Optional[Path], typer.Option("--archive", help="Afterwards, the finished run folders in one .tgz, named as results/examples names them (harness unpack FILE; harness docs).")] = None,
 ):
     """Every experiment of docs/experiments.md that fits this machine, within a budget, resumable."""
     from harness import reproduce
 
-    from harness.results.store import check_out_folder, read_folder
+    from harness.results.store import read_folder
+    from harness.spec import writes
 
     try:
         if budget is not None and not (math.isfinite(budget) and budget > 0):  # nan is no limit, not a budget
             raise HarnessError(f"--budget: expected a finite positive number of minutes, got {budget}")
-        check_out_folder(out)
-        if archive is not None and (archive.is_dir() or archive.parent.is_file()):
-            raise HarnessError(f"--archive {archive}: expected a file path in a folder")
+        writes.check_folder(out, "--out")
+        if archive is not None:  # a device, a link, a run's file or an unwritable place: refused before any run
+            writes.check_file(archive, "--archive")
         machine = reproduce.MachineFacts.here()
         decisions = reproduce.plan(machine, out, Path(reproduce.PROJECT_ROOT) / "results" / "examples",
                                    budget * 60 if budget else None, _split_csv(only, "--only"),
@@ -320,7 +321,8 @@ def reproduce_cmd(
     finally:
         if archive is not None and out.is_dir():
             try:
-                kept = reproduce.archive(out, archive)
+                kept = reproduce.archive(out, archive, note=lambda line: err_console.print(
+                    f"archive: {escape(line)}", highlight=False))
                 err_console.print(f"archive: {archive} ({', '.join(kept) or 'no finished run'})", highlight=False)
             except HarnessError as exc:
                 _fail(exc, 1)
@@ -331,6 +333,22 @@ def reproduce_cmd(
         console.print(f"out of budget: {', '.join(d.name for d in skipped)}", highlight=False)
     console.print(f"record: {out / reproduce.RECORD}", highlight=False)
     raise typer.Exit(1 if any(o.status == "failed" for o in outcomes) else 0)
+
+
+@app.command("unpack")
+def unpack_cmd(
+    archive: Annotated[Path, typer.Argument(help="A .tgz of runs that `harness reproduce --archive` wrote.")],
+    into: Annotated[Path, typer.Option("--into", help="The folder the runs go into, each replacing its namesake.")] = Path("results/examples"),
+):
+    """Bring archived runs back: regular files and folders only, no absolute or '..' path, no link; each run checked before it replaces its folder."""
+    from harness import reproduce
+
+    try:
+        runs = reproduce.unpack(archive, into)
+    except HarnessError as exc:
+        _fail(exc, 2)
+    console.print(escape(f"unpacked into {into}: {', '.join(runs)} (`harness docs` fills the page's tables from them)"),
+                  highlight=False)
 
 
 @app.command("docs")

@@ -21,13 +21,16 @@ import os
 import re
 import signal
 import subprocess
+import shutil
 import sys
 import tarfile
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from harness.spec import writes
 from harness.spec.errors import HarnessError
 from harness.worker import lifeline
 
@@ -415,7 +418,7 @@ class Record:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(f".{RECORD}.lock"), "a+") as lock:
+        with writes.open_private(self.path.with_name(f".{RECORD}.lock"), "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 on_disk = json.loads(self.path.read_text())
@@ -426,9 +429,7 @@ class Record:
             self.data["calls"] = sorted(theirs + self.data["calls"], key=lambda c: str(c.get("started")))
             for name, entry in (on_disk.get("experiments") or {}).items():
                 self.data["experiments"].setdefault(name, entry)
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.data, indent=2, default=str))
-            os.replace(tmp, self.path)
+            writes.write_file(self.path, json.dumps(self.data, indent=2, default=str))
 
 
 def gpu_backends() -> list[str]:
@@ -468,13 +469,13 @@ def gpu_check(out: Path, record: Record, say, deadline: float | None, names: lis
             unchecked = todo[k:]
             break
         cmd = _harness(["check", "--backends", name, "--device", "gpu", "--quick", "--json"])
-        with open(out / f"{GPU_CHECK}.part", "w") as sink:
+        with writes.open_private(out / f"{GPU_CHECK}.part", "w") as sink:
             proc = subprocess.Popen(cmd, stdout=sink, cwd=PROJECT_ROOT, preexec_fn=_set_parent_death_signal)
             rc, stopped = _wait(proc, stop_at, clock)
         if stopped:
             unchecked = todo[k:]
             break
-        with open(out / GPU_CHECK, "a") as sink:
+        with writes.open_private(out / GPU_CHECK, "a") as sink:
             sink.write((out / f"{GPU_CHECK}.part").read_text())
         exit_codes[name] = rc
         say(f"GPU check: {name}: {'passed' if rc == 0 else f'exit code {rc}, see ' + str(out / GPU_CHECK)}")
@@ -557,19 +558,110 @@ def _keep(record: Record, d: Decision, o: Outcome) -> None:
     record.save()
 
 
-def archive(out: Path, path: Path, exps: list[Experiment] | None = None) -> list[str]:
+def archive(out: Path, path: Path, exps: list[Experiment] | None = None, note=None) -> list[str]:
     """The finished run folders of ``out`` in one gzipped tar at ``path``, each under its experiment's
-    name, as ``results/examples/`` names the committed runs: ``tar xzf FILE -C results/examples``, then
-    ``harness docs``, fills the tables from them. Interrupted and unfinished runs stay out. Returns the names."""
+    name, as ``results/examples/`` names the committed runs: ``harness unpack FILE`` (:func:`unpack`), then
+    ``harness docs``, fills the tables from them. Interrupted and unfinished runs stay out. It holds regular
+    files and folders only: a run folder that is a symbolic link, and a link, device or FIFO inside a run,
+    are left out, each named to ``note``. Written by the one write rule (:mod:`harness.spec.writes`).
+    Returns the names of the runs it holds."""
+    note = note or (lambda line: None)
     exps = experiments() if exps is None else exps
-    names = [e.name for e in exps if (out / e.name).is_dir() and _progress(out / e.name, e)[0] == "done"]
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
+    names = []
+    for e in exps:
+        folder = out / e.name
+        if folder.is_symlink():  # packed as a bare link it would carry no data, and followed, anyone's files
+            note(f"left out {e.name}: a symbolic link to {os.readlink(folder)}, not a run folder of {out}")
+        elif folder.is_dir() and _progress(folder, e)[0] == "done":
+            names.append(e.name)
+
+    def member(m: tarfile.TarInfo):
+        if Path(m.name).name == ".lock":  # the writing run's lock, not part of the run
+            return None
+        if not (m.isfile() or m.isdir()):
+            what = "a symbolic link" if m.issym() else "a hard link" if m.islnk() else "not a regular file"
+            note(f"left out {m.name}: {what}")
+            return None
+        return m
+
+    def pack(tmp: Path) -> None:
         with tarfile.open(tmp, "w:gz") as tar:
-            for name in names:  # without the folder's lock file: it is the writing run's, not the run's
-                tar.add(out / name, arcname=name, filter=lambda m: None if Path(m.name).name == ".lock" else m)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise HarnessError(f"--archive {path}: {exc.strerror or exc}") from exc
+            for name in names:
+                tar.add(out / name, arcname=name, filter=member)
+
+    writes.write_file(path, pack, "--archive")
     return names
+
+
+def unpack(path: Path, into: Path) -> list[str]:
+    """The runs of an archive that ``--archive`` made, each into ``into/<run>`` (``results/examples``): only
+    regular files and folders, each under a run's name (a plain folder name), no absolute path, no ``..``, no
+    link of any kind; each run is checked as a run (``run.json`` and its tables) in a folder beside its
+    target, then replaces the folder of that name whole. Nothing is written when any member is refused.
+    Returns the run names."""
+    from harness.results.store import read_folder
+
+    into = writes.check_folder(into, "--into")
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            members = tar.getmembers()
+            runs: dict[str, list[tarfile.TarInfo]] = {}
+            for m in members:
+                runs.setdefault(_member_run(path, m), []).append(m)
+            if not runs:
+                raise HarnessError(f"{path}: holds no run folder")
+            for run, ms in runs.items():
+                if not any(m.isfile() and m.name == f"{run}/run.json" for m in ms):
+                    raise HarnessError(f"{path}: {run}: no {run}/run.json, not a run folder")
+                writes.check_no_links(into, into / run, "--into")
+                if (into / run).exists() and not (into / run).is_dir():
+                    raise HarnessError(f"--into {into}: {run} is a file, not a run folder")
+            staged = {run: _stage(tar, path, into, run, ms, read_folder) for run, ms in runs.items()}
+    except (OSError, tarfile.TarError, EOFError) as exc:
+        raise HarnessError(f"{path}: not a readable archive ({getattr(exc, 'strerror', None) or exc})") from None
+    for run, folder in staged.items():
+        old = into / run
+        if old.is_dir():
+            aside = Path(tempfile.mkdtemp(dir=into, prefix=f".{run}.old-"))
+            os.replace(old, aside / run)
+            os.replace(folder, old)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(folder, old)
+    return list(staged)
+
+
+def _member_run(path: Path, m: tarfile.TarInfo) -> str:
+    """The run a member of an archive belongs to; HarnessError for one :func:`unpack` refuses."""
+    from pathlib import PurePosixPath
+
+    parts = PurePosixPath(m.name).parts
+    if m.name.startswith("/") or not parts or any(p in ("..", ".", "") for p in parts) or "\\" in m.name:
+        raise HarnessError(f"{path}: member {m.name[:200]!r}: an absolute path or one with '..'; expected "
+                           f"RUN/... paths only")
+    if not (m.isfile() or m.isdir()):
+        what = "a symbolic link" if m.issym() else "a hard link" if m.islnk() else "not a regular file"
+        raise HarnessError(f"{path}: member {m.name[:200]!r} is {what}; an archive of runs holds regular files "
+                           f"and folders only")
+    if parts[0].startswith(".") or not re.fullmatch(r"[\w.+-]+", parts[0]):
+        raise HarnessError(f"{path}: member {m.name[:200]!r}: expected a run's plain folder name first")
+    return parts[0]
+
+
+def _stage(tar, path: Path, into: Path, run: str, members, read_folder) -> Path:
+    """One run's members written into a new folder beside its target, and checked as a run."""
+    from pathlib import PurePosixPath
+
+    folder = Path(tempfile.mkdtemp(dir=into, prefix=f".{run}.new-"))
+    try:
+        for m in members:
+            target = folder.joinpath(*PurePosixPath(m.name).parts[1:])
+            if m.isdir():
+                writes.make_folder(target, below=folder)
+            else:
+                writes.write_file(target, tar.extractfile(m).read(), below=folder, run=folder)
+        read_folder(folder)  # the one rule for a run: run.json and tables that are this run's
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder
