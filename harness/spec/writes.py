@@ -289,7 +289,9 @@ def foreign_entries(folder) -> list[str]:
         for entry in sorted(dirs + files):
             full = Path(root) / entry
             mode = os.lstat(full).st_mode
-            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            if stat.S_ISLNK(mode):
+                found.append(f"{full.relative_to(folder).as_posix()} (a symbolic link to {_cut(os.readlink(full), 100)})")
+            elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
                 found.append(f"{full.relative_to(folder).as_posix()} ({kind_of(mode)})")
         dirs[:] = [d for d in dirs if not os.path.islink(Path(root) / d)]
     return found
@@ -301,7 +303,7 @@ def check_only_files(folder, option: str | None = None) -> None:
     found = foreign_entries(folder)
     if found:
         more = f" and {len(found) - 3} more" if len(found) > 3 else ""
-        raise HarnessError(f"{_name(Path(folder), option)}: holds {', '.join(_cut(f, 100) for f in found[:3])}{more}; "
+        raise HarnessError(f"{_name(Path(folder), option)}: holds {', '.join(_cut(f, 300) for f in found[:3])}{more}; "
                            f"{ALLOWED}, and never through a link: remove them")
 
 
