@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from harness.worker import lifeline, measure
-from harness.spec import environments
+from harness.spec import environments, writes
 # the folders and the recipe type live in the spec layer, where backends read them
 from harness.spec.environments import MARKER, THREAD_VARS, Recipe, current_env, env_dir, env_python, home  # noqa: F401
 from harness.spec.environments import damaged_reason, marker as _marker
@@ -305,7 +305,7 @@ def create_env(name: str, force: bool = False, progress=None) -> Path:
             versions = _installed_versions(py, recipe)
             if recipe.blas_probe:
                 blas_choice = _probe_blas(name, recipe, target, py, say)
-                (target / blas.CHOICE_FILE).write_text(json.dumps(blas_choice, indent=2))
+                writes.write_file(target / blas.CHOICE_FILE, json.dumps(blas_choice, indent=2), below=target)
         except (_StageError, OSError) as exc:
             shutil.rmtree(target, ignore_errors=True)
             _FAILED[target] = f"could not create environment {name!r}: {exc}"
@@ -314,9 +314,7 @@ def create_env(name: str, force: bool = False, progress=None) -> Path:
         marker = {"name": name, "packages": versions, "recipe": list(recipe.packages), "python": str(py),
                   "created_s": round(time.monotonic() - started, 1)}
         # written whole or not at all: a marker cut short would read as a damaged environment
-        tmp = target / f".{MARKER}.tmp"
-        tmp.write_text(json.dumps(marker, indent=2))
-        os.replace(tmp, target / MARKER)
+        writes.write_file(target / MARKER, json.dumps(marker, indent=2), below=target)
         say(f"ready in {marker['created_s']:.0f} s")
         return py
 

@@ -9,7 +9,7 @@ pages and build caches.
   put it there for a reason; following it would overwrite a file the command does not own.) A folder
   a command is given (``RUN_DIR``, ``--out DIR``, ``--examples DIR``) is taken as named, a link
   included; below it the harness follows no link: one found between that folder and a target is refused.
-* Never into a run folder (a folder holding ``run.json``) other than the one the command was given
+* Never into a run folder (a folder holding ``run.json`` and ``timings.parquet``) other than the one the command was given
   for that purpose: an export, archive, page or multi-run report whose path falls inside a run is refused.
 * Output paths are checked (:func:`check_file`, :func:`check_folder`) before any work starts; each
   write checks its target again just before the rename.
@@ -28,8 +28,8 @@ from typing import Callable, Union
 
 from harness.spec.errors import HarnessError
 
-#: what makes a folder a run folder
-RUN_FILE = "run.json"
+#: what makes a folder a run folder: a run writes both with its first save (a lone run.json may be an export)
+RUN_FILES = ("run.json", "timings.parquet")
 #: what a refused target is told it may be instead
 ALLOWED = "the harness writes only onto an absent path or a regular file"
 
@@ -115,7 +115,7 @@ def check_no_links(below, path, option: str | None = None) -> None:
 
 
 def run_folder_of(path) -> Path | None:
-    """The run folder (one holding ``run.json``) that ``path`` is or lies in, resolved; None where there is none."""
+    """The run folder (one holding :data:`RUN_FILES`) that ``path`` is or lies in, resolved; None where there is none."""
     path = Path(path)
     try:
         real = Path(os.path.realpath(path.parent)) / path.name
@@ -123,7 +123,7 @@ def run_folder_of(path) -> Path | None:
         return None
     for folder in (real, *real.parents):
         try:
-            if (folder / RUN_FILE).is_file():
+            if all((folder / name).is_file() for name in RUN_FILES):
                 return folder
         except OSError:
             continue

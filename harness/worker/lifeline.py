@@ -28,6 +28,9 @@ import threading
 import time
 from pathlib import Path
 
+from harness.spec import writes
+from harness.spec.errors import HarnessError
+
 #: the environment variable that carries the parent's pid to a child
 PARENT_VAR = "HARNESS_PARENT_PID"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -127,14 +130,12 @@ class WorkerRecord:
 
     def _write(self) -> None:
         rows = [{"pid": pid, "start_ticks": ticks} for pid, ticks in self.live.items()]
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
             if not rows:  # none running: no file (a finished run's folder has none)
                 self.path.unlink(missing_ok=True)
                 return
-            tmp.write_text(json.dumps({"runner": os.getpid(), "workers": rows}))
-            os.replace(tmp, self.path)
-        except OSError:  # the record is a safety net; a disk that refuses it must not stop the run
+            writes.write_file(self.path, json.dumps({"runner": os.getpid(), "workers": rows}), run=self.path.parent)
+        except (OSError, HarnessError):  # the record is a safety net; a disk that refuses it must not stop the run
             pass
 
 
