@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 import harness.results.store
+import harness.spec.writes
 from harness.cli import app
 from harness.config import load_config
 from harness.spec.errors import HarnessError
@@ -315,7 +316,7 @@ def test_a_damaged_folder_is_one_line_and_exit_2_in_every_reading_command(a_run,
 
 # -- a full disk at the lock ---------------------------------------------------------------------------------
 def test_a_full_disk_at_the_folder_lock_is_the_one_line_disk_error(fake_backends, tmp_path, monkeypatch):
-    real_open = open
+    real_open = harness.spec.writes.open_private
 
     class Full:
         def __init__(self, fh):
@@ -331,7 +332,7 @@ def test_a_full_disk_at_the_folder_lock_is_the_one_line_disk_error(fake_backends
         fh = real_open(file, *args, **kwargs)
         return Full(fh) if str(file).endswith(".lock") else fh
 
-    monkeypatch.setattr(harness.results.store, "open", full_open, raising=False)
+    monkeypatch.setattr(harness.spec.writes, "open_private", full_open)
     path = tmp_path / "cfg.yaml"
     path.write_text(BASE)
     result = _invoke("run", path, "--out", tmp_path / "run", "--no-plots")

@@ -267,12 +267,12 @@ def test_a_full_or_read_only_disk_is_a_clear_error_and_keeps_finished_cells(fake
 
 
 def test_a_read_only_output_folder_is_refused_before_the_run(fake_backends, tmp_path, monkeypatch):
-    import harness.results.store as results
+    import harness.spec.writes as writes
 
     def mkstemp(*a, **k):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
-    monkeypatch.setattr(results.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(writes.tempfile, "mkstemp", mkstemp)
     path = tmp_path / "cfg.yaml"
     path.write_text(BASE + FAST_TIMING)
     result = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "out")])
