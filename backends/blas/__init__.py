@@ -73,7 +73,9 @@ def build_shim(out_dir: Path, site_dirs) -> dict:
             tail = " ".join(proc.stderr.strip().splitlines()[-3:])
             return {"ldflags": "", "library": str(library), "reason": f"building the BLAS shim failed: {tail}"}
         os.replace(tmp, target)  # atomic, so concurrent builders never load a half-written file
-        stamp.write_text(json.dumps(want))
+        from harness.spec import writes
+
+        writes.write_file(stamp, json.dumps(want))  # never through a link left in the cache
     return {"ldflags": f"-L{out_dir} -l{SHIM_NAME}", "library": str(library), "reason": ""}
 
 
