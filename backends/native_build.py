@@ -275,9 +275,10 @@ def ensure(commit: str, root: Path | None = None) -> dict:
 
 
 def _last_line(text: str, limit: int = 200) -> str:
-    """The last non-empty line of a traceback (the exception), cut to ``limit`` characters."""
+    """A traceback's exception line (``TypeError: ...``; else its last line), cut to ``limit`` characters."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    last = lines[-1] if lines else ""
+    raised = [line for line in lines if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt): ", line)]
+    last = raised[-1] if raised else lines[-1] if lines else ""
     return last if len(last) <= limit else last[:limit - 3] + "..."
 
 

@@ -109,7 +109,7 @@ def check_no_links(below, path, option: str | None = None) -> None:
         if st is None:
             return
         if stat.S_ISLNK(st.st_mode):
-            _refuse_link(step, _name(path, option))
+            _refuse_link(step, _name(path, option), "it" if step == path else "")
         if k < len(rel.parts) - 1 and not stat.S_ISDIR(st.st_mode):
             raise HarnessError(f"{_name(path, option)}: {step} is {kind_of(st.st_mode)}, not a folder")
 
