@@ -235,7 +235,7 @@ def write_file(path, data: Data, option: str | None = None, *, run=None, below=N
     the rule refuses the target or the disk refuses the write (``noun`` names what was being written)."""
     path = Path(path)
     check_file(path, option, run=run, below=below, probe=False)
-    make_folder(path.parent, below=below if below is not None and Path(below) != path else None)
+    make_folder(path.parent)  # what check_file found on the way from below is no link; what it makes is none
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:200]}.", suffix=".tmp")
     except OSError as exc:
