@@ -59,6 +59,20 @@ def test_swapped_plots_other_rows_stray_files_and_a_missing_manifest_are_caught(
     assert any("no plots.json" in p for p in plots.check_plots(run))
 
 
+def test_a_plugin_installed_or_removed_leaves_every_stamp_as_it_was(run, fake_backends, monkeypatch):
+    """The stamps depend on what the run holds: registering backends it does not hold (a plugin installed
+    after the run was drawn, the test backends here) makes neither its plots nor its report stale."""
+    monkeypatch.delenv("HARNESS_BACKENDS")
+    plots.make_plots(run)
+    write_report(run)
+    assert plots.check_plots(run) == [] and check_report(run) == []
+    monkeypatch.setenv("HARNESS_BACKENDS", "ref=fake_backends:RefBackend,bad=fake_backends:BadBackend")
+    assert plots.check_plots(run) == [] and check_report(run) == []
+    # a backend the run does hold still counts: its class's variants colour its cells
+    held = str(pd.read_parquet(run / "timings.parquet")["backend"].iloc[0])
+    assert plots.plotting_code_digest([held]) != plots.plotting_code_digest([held, "ref"])
+
+
 def test_docs_check_fails_on_a_swapped_plot_and_docs_redraws_it(run, tmp_path):
     page = tmp_path / "page.md"
     page.write_text("# results\n\n<!-- table: speedups lstm_gpu -->\n<!-- /table -->\n")

@@ -98,8 +98,10 @@ def _drawn_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix in (".png", ".svg")) if folder.is_dir() else []
 
 
-def plotting_code_digest() -> str:
-    """A hash of the plotting code and of what colours depend on (the registry's backends and their variants)."""
+def plotting_code_digest(backend_names) -> str:
+    """A hash of the plotting code and of what the colours of ``backend_names`` (a run's backends) depend on:
+    each one's hue and its class's variants. Backends the run does not hold (a plugin installed since) do not
+    enter it, so the stamp of a run's plots is the same wherever its backends are registered alike."""
     import hashlib
 
     import backends
@@ -108,20 +110,35 @@ def plotting_code_digest() -> str:
     h = hashlib.sha256()
     for rel in PLOT_CODE:
         h.update(rel.encode() + b"\0" + (root / rel).read_bytes())
-    for name in backends.registry():
+    for name in sorted(set(backend_names)):
         try:
             variants = list(backends.backend_class(name).variants)
         except Exception:
             variants = []
-        h.update(f"{name}:{','.join(map(str, variants))};".encode())
+        hue = ",".join(f"{v:.4f}" for v in _hue(name))
+        h.update(f"{name}:{hue}:{','.join(map(str, variants))};".encode())
     return h.hexdigest()
 
 
+def _run_backends(run_dir) -> set[str]:
+    """The backend names a run's tables hold (what its plots colour)."""
+    names: set[str] = set()
+    for name in PLOT_INPUTS:
+        path = Path(run_dir) / name
+        if path.exists():
+            try:
+                names.update(map(str, pd.read_parquet(path, columns=["backend"])["backend"].dropna().unique()))
+            except (OSError, ValueError, KeyError):  # a table without the column (or damaged): its bytes still count
+                pass
+    return names
+
+
 def plots_digest(run_dir) -> str:
-    """What a run's plots are drawn from: its tables' bytes and the plotting code (:func:`plotting_code_digest`)."""
+    """What a run's plots are drawn from: its tables' bytes and the plotting code (:func:`plotting_code_digest`
+    of the backends they hold)."""
     import hashlib
 
-    h = hashlib.sha256(plotting_code_digest().encode())
+    h = hashlib.sha256(plotting_code_digest(_run_backends(run_dir)).encode())
     for name in PLOT_INPUTS:
         path = Path(run_dir) / name
         h.update(name.encode() + b"\0" + (path.read_bytes() if path.exists() else b"-"))
