@@ -4,8 +4,8 @@ Bottom to top: the spec, the backends, verification, the configs, the worker sid
 (the manager's side), results, and the CLI (with ``reproduce``, ``docs``, the public
 ``harness.testing`` and ``harness.reference``) on top. A module may import its own layer
 and those below it, never one above; ``tests/test_layers.py`` holds the tree to that, and
-``python -m harness.layers docs/layers.png`` draws the picture in ``docs/architecture.md`` from
-the same graph.
+``python -m harness.layers`` draws the picture in ``docs/architecture.md`` (``docs/layers.png``;
+``--out FILE`` elsewhere) from the same graph.
 """
 
 from __future__ import annotations
@@ -155,5 +155,19 @@ def _file(module: str) -> Path:
     return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.layers [--out FILE]``: draw the picture; ``--help`` says so and draws nothing."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m harness.layers",
+                                     description="Draw the layers of harness/ and backends/ from their import graph.")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "layers.png"), metavar="FILE",
+                        help="the picture to write (PNG, SVG or PDF by its suffix; default: docs/layers.png)")
+    args = parser.parse_args(argv)
+    draw(args.out)
+    print(args.out)
+    return 0
+
+
 if __name__ == "__main__":
-    draw(sys.argv[1] if len(sys.argv) > 1 else "docs/layers.png")
+    sys.exit(main())

@@ -68,3 +68,22 @@ def test_the_worker_rule_reads_lazy_and_relative_imports(tmp_path):
     path = tmp_path / "measure.py"
     path.write_text("import os\nfrom . import stats\ndef f():\n    from scipy.stats import t\n    import torch.nn\n")
     assert imports_of("harness.worker.measure", path) == {"os", "harness.worker.stats", "scipy.stats.t", "torch.nn"}
+
+
+def test_the_picture_has_a_command_line(tmp_path):
+    """`--help` explains and writes nothing; `--out` names the picture; a stray argument is refused."""
+    import subprocess
+    import sys
+
+    from harness.layers import ROOT
+
+    run = lambda *a: subprocess.run([sys.executable, "-m", "harness.layers", *a], cwd=tmp_path,  # noqa: E731
+                                    capture_output=True, text=True, timeout=120)
+    helped = run("--help")
+    assert helped.returncode == 0 and "--out" in helped.stdout and list(tmp_path.iterdir()) == []
+    assert run("-h").returncode == 0 and list(tmp_path.iterdir()) == []
+    wrong = run("picture.png")
+    assert wrong.returncode == 2 and list(tmp_path.iterdir()) == []
+    drawn = run("--out", "layers.png")
+    assert drawn.returncode == 0 and (tmp_path / "layers.png").read_bytes()[:4] == b"\x89PNG", drawn.stderr
+    assert not list(ROOT.glob("-*.png"))  # no picture named after an option in the checkout
