@@ -1,4 +1,5 @@
-"""The small protocol every backend implements (DESIGN.md, "Backend interface").
+"""The small protocol every backend implements: docs/backends.md is the guide to it, docs/spec.md the network
+it computes.
 
 A backend never prints, reads config or times itself. Heavy libraries are
 imported inside ``availability``/``prepare``, never at module import.
@@ -15,7 +16,7 @@ from harness.spec.status import Status
 
 
 class Backend:
-    """Base class: one implementation of SPEC.md, with optional variants."""
+    """Base class: one implementation of the spec (docs/spec.md), with optional variants."""
 
     name: str = ""
     #: the variants this backend understands; the first is the default
@@ -122,18 +123,18 @@ class Backend:
     # -- the work -------------------------------------------------------------------
     def prepare(self, problem: Problem, params: dict[str, np.ndarray], device: str = "cpu", threads: int = 1) -> None:
         """Take the shared initial parameters and build whatever the step needs. Untimed."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement prepare()")
 
     def warm_up(self, batch: tuple[Any, Any]) -> None:
         """Compile / JIT for inputs shaped like ``batch = (x, y)``; timed as ``compile_s``."""
 
     def forward(self, x) -> np.ndarray:
         """Inference outputs (T, B, O): softmax probabilities, or the mse head's output."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement forward()")
 
     def loss_and_grads(self, x, y) -> tuple[float, dict[str, np.ndarray]]:
         """Reported loss and gradients of the objective, keyed like the parameters."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement loss_and_grads()")
 
     def sgd_step(self, x, y, lr: float):
         """Forward + BPTT + SGD update in place; returns the loss before the update.
@@ -141,17 +142,32 @@ class Backend:
         The loss is a float, or a 0-d array that ``float()`` converts: an asynchronous
         backend may hand back its device scalar instead of waiting for the step to finish.
         """
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement sgd_step()")
 
     def sync(self) -> None:
         """Wait for queued device work (block_until_ready, cuda synchronize)."""
 
     def get_params(self) -> dict[str, np.ndarray]:
         """Current parameters as NumPy arrays."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement get_params()")
 
     def close(self) -> None:
         """Release resources (threads, device memory)."""
+
+
+def error_text(exc: BaseException) -> str:
+    """An exception in one line, as results show it: ``Type: message``; one raised without a message (a bare
+    ``raise NotImplementedError``) names the function, file and line it was raised at instead."""
+    text = str(exc)
+    if text:
+        return f"{type(exc).__name__}: {text}"
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return f"{type(exc).__name__} (no message)"
+    last = frames[-1]
+    return f"{type(exc).__name__} (no message) raised in {last.name}() at {last.filename}:{last.lineno}"
 
 
 def unsupported(why: str) -> tuple[bool, str]:
@@ -159,9 +175,9 @@ def unsupported(why: str) -> tuple[bool, str]:
     return False, f"unsupported: {why}"
 
 
-# What the spec gained after the one-direction Elman/LSTM network the backend protocol was first
-# written for: name -> (what it is, whether a problem uses it). A backend lists the names its
-# ``supports`` knows of in ``knows``.
+# The parts of the spec a backend runs only when it declares them: name -> (what it is, whether a problem
+# uses it). A backend lists the names its ``supports`` knows of in ``knows``; a problem that uses one it
+# does not list is unsupported without asking it.
 SPEC_ADDITIONS = {
     "gru": ("the GRU cell", lambda p: p.model.kind == "gru"),
     "bidirectional": ("bidirectional layers", lambda p: p.model.bidirectional),
@@ -170,13 +186,13 @@ SPEC_ADDITIONS = {
 
 
 def supports(backend: Backend, problem: Problem) -> tuple[bool, str]:
-    """``backend.supports(problem)``, asked only about what the backend knows: a problem that uses a
-    later addition to the spec the backend does not declare in ``knows`` is unsupported (a backend
-    written before it could not tell such a problem from one it does run)."""
+    """``backend.supports(problem)``, asked only about what the backend knows: a problem that uses a part of
+    the spec (SPEC_ADDITIONS) the backend does not declare in ``knows`` is unsupported (a ``supports`` that
+    never looks at ``model.kind`` or ``bidirectional`` could not tell such a problem from one it runs)."""
     for name, (what, used) in SPEC_ADDITIONS.items():
         if name not in backend.knows and used(problem):
-            return unsupported(f"{backend.full_name} does not implement {what}, an addition to the spec after it "
-                               f"was written (a backend that does lists {name!r} in its class's `knows`)")
+            return unsupported(f"{backend.full_name} does not declare {what} (a backend that implements it lists "
+                               f"{name!r} in its class's `knows`)")
     return backend.supports(problem)
 
 

@@ -222,3 +222,43 @@ def test_check_case_skips_an_unsupported_case_with_the_reason():
     assert check_case("numpy", lstm).status == "pass"
     with pytest.raises(pytest.skip.Exception, match="batch 1 only"):
         check_case("numpy:wildml", next(c for c in conformance_cases() if c.batch == 3))
+
+
+# -- what a plugin author reads --------------------------------------------------------------------------
+def test_an_error_without_a_message_names_where_it_was_raised_and_a_missing_method_names_itself():
+    """A bare `raise NotImplementedError` in a backend shows its function, file and line, not an empty
+    `NotImplementedError: `; a protocol method the class does not implement says which."""
+    from backends.base import Backend
+    from harness.verify.check import all_cases, run_case
+
+    class Bare(Backend):
+        name = "bare"
+
+        def prepare(self, problem, params, device="cpu", threads=1):
+            self.params = params
+
+        def forward(self, x):
+            raise NotImplementedError
+
+    case = next(c for c in all_cases(quick=True) if c.cell == "elman-tanh")
+    res = run_case(Bare(), case)
+    line = Bare.forward.__code__.co_firstlineno + 1
+    assert res.status == "error" and res.reason == f"NotImplementedError (no message) raised in forward() at {__file__}:{line}"
+
+    class NoForward(Bare):
+        forward = Backend.forward
+
+    assert run_case(NoForward(), case).reason == "NotImplementedError: NoForward does not implement forward()"
+
+
+def test_a_backend_that_does_not_declare_the_gru_is_told_how_to_without_history():
+    from backends.base import Backend, supports
+    from harness.verify.check import all_cases
+
+    class ElmanOnly(Backend):
+        name = "elmanonly"
+
+    gru = next(c for c in all_cases(quick=True) if c.cell == "gru").problem()
+    ok, why = supports(ElmanOnly(), gru)
+    assert not ok and why == ("unsupported: elmanonly does not declare the GRU cell (a backend that implements it "
+                              "lists 'gru' in its class's `knows`)")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from backends.base import supports
+from backends.base import error_text, supports
 from harness.spec import reference as ref
 from harness.spec.model import REDUCED_DTYPES, ModelSpec, Problem, master_dtype
 from harness.spec.status import Status
@@ -361,7 +361,7 @@ def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
                         case.dtype, case.loss_scale)
     except Exception as exc:  # a crash is a result of the check, shown with its reason
         res.status = Status.ERROR
-        res.reason = f"{type(exc).__name__}: {exc}"
+        res.reason = error_text(exc)
         res.details = {"traceback": traceback.format_exc(limit=6)}
         return res
     finally:

@@ -318,7 +318,9 @@ def serve(inp, out) -> None:
         except DivergedError as exc:
             reply = protocol.Reply(Status.DIVERGED, error=str(exc))
         except Exception as exc:  # reported to the runner, which records the cell as an error
-            reply = protocol.Reply(Status.ERROR, error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=8))
+            from backends.base import error_text
+
+            reply = protocol.Reply(Status.ERROR, error=error_text(exc), traceback=traceback.format_exc(limit=8))
         reply.peak_rss_mb = peak_rss_mb()
         out.write(protocol.encode_reply(reply) + "\n")
         out.flush()
