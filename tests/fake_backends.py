@@ -95,3 +95,20 @@ class GateBackend(RefBackend):
             while not os.path.exists(os.path.join(gate, "open")):
                 time.sleep(0.02)
         super().prepare(problem, params, device, threads)
+
+
+class DenseElmanBackend(RefBackend):
+    """A corner of the spec, as a plugin might implement it: a one-layer Elman tanh cell on dense inputs
+    with full BPTT (biases or none, float64 or float32), like a wrapper of ``torch.nn.RNN``."""
+
+    knows = frozenset()
+    name = "dense"
+    variants = ("default",)
+
+    def supports(self, problem):
+        m = problem.model
+        if m.kind != "elman" or m.activation != "tanh" or problem.tokens or m.layers != 1 or m.bptt.mode != "full":
+            return False, "unsupported: dense implements one layer of the tanh Elman cell on dense inputs, full BPTT"
+        if problem.dtype not in ("float64", "float32"):
+            return False, f"unsupported: dense runs float64 and float32, not {problem.dtype}"
+        return self.supports_device(problem.device)

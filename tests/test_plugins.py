@@ -262,3 +262,17 @@ def test_a_backend_that_does_not_declare_the_gru_is_told_how_to_without_history(
     ok, why = supports(ElmanOnly(), gru)
     assert not ok and why == ("unsupported: elmanonly does not declare the GRU cell (a backend that implements it "
                               "lists 'gru' in its class's `knows`)")
+
+
+def test_check_finds_the_cases_a_backend_for_a_corner_of_the_spec_supports(fake_backends, monkeypatch):
+    """A backend that runs only a dense one-layer tanh Elman cell supports none of the quick subset's cases:
+    `--quick` checks it on a pairwise-covering subset of the cases it supports instead, and the whole
+    matrix has its dtype and bias variants, so both check it in float32 and float64, with and without biases."""
+    monkeypatch.setenv("HARNESS_BACKENDS", "dense=fake_backends:DenseElmanBackend")
+    for args in (["--quick"], []):
+        result = CliRunner().invoke(app, ["check", "--backends", "dense", "--json", *args])
+        assert result.exit_code == 0, result.output
+        rows = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+        passed = {(r["dtype"], "nobias" not in r["case"]) for r in rows if r["status"] == "pass"}
+        assert passed == {("float64", True), ("float64", False), ("float32", True), ("float32", False)}, args
+        assert {r["status"] for r in rows} == ({"pass"} if args else {"pass", "unsupported"})

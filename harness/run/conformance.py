@@ -105,12 +105,30 @@ def run_conformance(names: list[str] | None, quick: bool = False, device: str = 
             except HarnessError as exc:
                 results.append(CaseResult(full, "*", "*", Status.UNAVAILABLE, str(exc)))
             continue
+        picked = [cases[j] for j in indices]
+        if quick and not representative:
+            picked = _quick_fallback(full, device, match, dtype, progress) or picked
         start = measure.clock_ns()
-        for i, res in enumerate(check_backend(full, device=device, cases=[cases[j] for j in indices]), 1):
-            _report(progress, i, len(indices), res, measure.elapsed_s(start))
+        for i, res in enumerate(check_backend(full, device=device, cases=picked), 1):
+            _report(progress, i, len(picked), res, measure.elapsed_s(start))
             results.append(res)
             start = measure.clock_ns()
     return results
+
+
+def _quick_fallback(full: str, device: str, match: str | None, dtype: str | None, progress) -> list | None:
+    """The cases ``--quick`` checks ``full`` on when it supports none of the quick subset's
+    (:func:`harness.verify.check.supported_subset`), filtered as the others are; None: the quick subset."""
+    from harness.verify.check import supported_subset
+
+    subset = supported_subset(full, device)
+    picked = [c for c in subset or () if (match is None or match in c.label) and (dtype is None or c.dtype == dtype)]
+    if not picked:
+        return None
+    if progress is not None:
+        progress.print(f"  {full} supports none of the quick subset's cases: checking {len(picked)} cases of the "
+                       f"whole matrix it supports instead", highlight=False, markup=False)
+    return picked
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -127,9 +127,28 @@ class CaseResult:
 
 
 def _small(cell, head, bptt, tokens, dtype, batch, i) -> Case:
-    model = {**CELLS[cell], **HEADS[head], "hidden": 4, "bptt": BPTTS[bptt],
-             "bias": i % 3 != 2, "layers": 2 if i % 4 == 3 else 1, "clip": 0.5 if i % 5 == 4 else None}
-    return Case(cell, ModelSpec.from_mapping(model), tokens, 5, 6, 7, batch, dtype, seed=i, head=head, bptt=bptt)
+    """A case at the small shape, its options (biases, two layers, clipping) alternating with ``i``."""
+    return _case(cell, head, bptt, tokens, dtype, batch, i, i % 3 != 2, 2 if i % 4 == 3 else 1, 0.5 if i % 5 == 4 else None)
+
+
+def _case(cell, head, bptt, tokens, dtype, batch, seed, bias, layers, clip) -> Case:
+    model = {**CELLS[cell], **HEADS[head], "hidden": 4, "bptt": BPTTS[bptt], "bias": bias, "layers": layers, "clip": clip}
+    return Case(cell, ModelSpec.from_mapping(model), tokens, 5, 6, 7, batch, dtype, seed=seed, head=head, bptt=bptt)
+
+
+def _variants(cases: list[Case]) -> list[Case]:
+    """What the alternation of :func:`_small` leaves out: for each cell and input kind, a one-layer full-BPTT
+    case in each of float64 and float32 with and without biases, where ``cases`` has none (its options follow
+    the product's order, so dense float32 cases, for one, all have two layers). A backend that runs one layer
+    of a cell with full BPTT is then checked in both dtypes, with and without biases."""
+    have = {(c.cell, c.tokens, c.dtype, c.model.bias) for c in cases if c.bptt == "full" and c.model.layers == 1}
+    out = []
+    for k, (cell, tokens, dtype, bias) in enumerate(
+        itertools.product(CELLS, (True, False), ("float64", "float32"), (True, False))
+    ):
+        if (cell, tokens, dtype, bias) not in have:
+            out.append(_case(cell, list(HEADS)[k % len(HEADS)], "full", tokens, dtype, 3, 4000 + k, bias, 1, None))
+    return out
 
 
 def _realistic(dtype: str) -> list[Case]:
@@ -162,6 +181,8 @@ def all_cases(quick: bool = False) -> list[Case]:
     if quick:
         first = [c for c in cases if c.cell in FIRST_CELLS]
         cases = _pairwise_subset(first) + _cell_bptt_subset([c for c in cases if c not in first])
+    else:
+        cases += _variants(cases)
     cases += _reduced(quick)
     for dtype in ("float64", "float32"):
         cases += _realistic(dtype)
@@ -372,6 +393,34 @@ def run_case(backend, case: Case, device: str = "cpu") -> CaseResult:
         res.status = Status.FAIL
         res.reason = f"{res.worst} off by {res.worst_ratio:.3g}x the bound"
     return res
+
+
+def supported_subset(full_name: str, device: str = "cpu") -> list[Case] | None:
+    """For a backend that supports none of the quick subset's cases (one that implements a corner of the spec,
+    say a dense one-layer Elman cell): a pairwise-covering subset of the whole matrix's cases it supports (its
+    cells, heads, input kinds, dtypes, biases, in pairs), then the realistic ones it supports. None when the
+    quick subset holds a case it supports, when it supports no case at all, or when it cannot be asked here
+    (its check then says why)."""
+    import backends
+
+    from backends.base import screen_device
+
+    try:
+        backend = backends.create(full_name)
+        if screen_device(backend, device)[0] != Status.OK:
+            return None
+
+        def runs(case: Case) -> bool:
+            return supports(backend, case.problem("train_step", device))[0]
+
+        if any(runs(c) for c in all_cases(quick=True)):
+            return None
+        ok = [c for c in all_cases() if runs(c)]
+    except Exception:  # a broken backend: its check says why
+        return None
+    if not ok:
+        return None
+    return _pairwise_subset([c for c in ok if c.cell is not None]) + [c for c in ok if c.cell is None]
 
 
 def case_list(quick: bool = False, representative: bool = False) -> list[Case]:
