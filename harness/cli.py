@@ -55,7 +55,8 @@ def run_cmd(
     backends_opt: Annotated[Optional[str], typer.Option("--backends", help="Comma-separated backends overriding the config's list.")] = None,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="Finish an interrupted run in this folder.")] = None,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Apply a named profile from the config's `profiles:` (e.g. full).")] = None,
-    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip drawing plots.", metavar="")] = False,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip drawing plots (and the report, which shows them).", metavar="")] = False,
+    no_report: Annotated[bool, typer.Option("--no-report", help="Skip writing report.md and report.html beside the plots.", metavar="")] = False,
     executor_opt: Annotated[str, typer.Option("--executor", help="local (default: one group at a time here), dask (an existing cluster, --scheduler) or dask-local (a local cluster, --workers).")] = "local",
     scheduler: Annotated[Optional[str], typer.Option("--scheduler", help="Address of the Dask scheduler for --executor dask.")] = None,
     workers: Annotated[Optional[int], typer.Option("--workers", help="Worker processes of the --executor dask-local cluster (default 2), each on its own cores.")] = None,
@@ -72,6 +73,7 @@ def run_cmd(
     with stop_on_signals() as stopped:
         try:
             try:
+                configs = [_config_path(c) for c in configs]
                 _check_backend_names(backends_opt)  # a typo there is the option's, not the config file's
                 if out is not None:
                     check_out_folder(out)
@@ -118,7 +120,7 @@ def run_cmd(
                     raise typer.Exit(1)
                 _print_summary(store)
                 if not no_plots:
-                    _draw(store.path)
+                    _draw(store.path) if no_report else _draw_and_report(store.path)
         except KeyboardInterrupt:  # before any cell ran (loading, creating the folder) or while summarising
             kill_all_workers()
             err_console.print(f"interrupted ({stopped.name})", highlight=False)
@@ -196,6 +198,50 @@ def _check_backend_names(backends_opt: Optional[str]) -> None:
         except HarnessError as exc:
             if str(exc).startswith("unknown backend"):
                 raise HarnessError(f"--backends: {exc}") from None
+
+
+def _config_path(given: Path) -> Path:
+    """A config argument as a file: the file itself, else a shipped config's name (``quick`` or ``quick.yaml``:
+    ``configs/quick.yaml`` of this project); a name of neither is an error naming the nearest shipped ones."""
+    import difflib
+    import os
+
+    from harness.reproduce import PROJECT_ROOT
+
+    if given.exists():
+        return given
+    shipped = {p.stem: p for p in sorted((PROJECT_ROOT / "configs").glob("*.yaml"))}
+    stem = given.name.removesuffix(".yaml")
+    if given.parent == Path(".") and stem in shipped:
+        found = shipped[stem]
+        return Path(os.path.relpath(found)) if found.is_relative_to(Path.cwd()) else found
+    near = difflib.get_close_matches(stem, shipped, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(f'configs/{n}.yaml' for n in near)}?" if near else \
+        f"the shipped configs are {', '.join(shipped)}"
+    raise HarnessError(f"{given}: no such config file; {hint} (`harness run NAME` runs the shipped configs/NAME.yaml)")
+
+
+def _draw_and_report(path: Path) -> None:
+    """The run's plots and its report beside them (writing the report draws the plots)."""
+    import json
+
+    from harness.results.plots import MANIFEST
+    from harness.results.report import write_report
+
+    try:
+        made = write_report(path)
+    except Exception as exc:  # plots and report are views of saved results: never lose a run over one
+        err_console.print(f"warning: the report failed: {type(exc).__name__}: {exc}", markup=False)
+        return
+    try:
+        drawn = json.loads((path / "plots" / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError):
+        drawn = []
+    for name in drawn:
+        if name.endswith(".png"):
+            console.print(f"  plot: {path / 'plots' / name}", highlight=False, markup=False)
+    for p in made:
+        console.print(f"  report: {p}", highlight=False, markup=False)
 
 
 def _draw(path: Path):
