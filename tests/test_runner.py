@@ -441,3 +441,26 @@ def test_a_pass_s_workers_are_all_asked_to_quit_before_any_is_waited_for(monkeyp
     close_all(workers)
     assert [kind for kind, _ in events[:3]] == ["ask"] * 3 and ("wait", "w0") in events[3:]
     assert [w.proc.returncode for w in workers] == [0, 0, 0]
+
+
+def test_worker_variables_are_recorded_per_setting_when_a_backend_runs_at_two_thread_counts(
+        fake_backends, write_config, tmp_path):
+    """With `threads: [1, 2]` each setting keeps its own thread counts and cores: the 1-thread cells'
+    record does not read as if they ran on two cores (the last cell's variables used to stand for all)."""
+    from harness.results.report import build_report, to_markdown
+
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("needs two cores to confine a 2-thread worker to")
+    text = STEP + "threads: [1, 2]\nbackends: [ref]\n" + FAST_TIMING
+    run = _run(write_config(text), tmp_path / "run")
+    ids = {int(t): set(g["cell_id"]) for t, g in run.timings.groupby("threads")}
+    common, settings = run.meta["worker_env"]["ref"], run.meta["worker_env_settings"]["ref"]
+    assert "OMP_NUM_THREADS" not in common and "HARNESS_CPUS" not in common and common["MALLOC_TRIM_THRESHOLD_"]
+    by_threads = {s["env"]["OMP_NUM_THREADS"]: s for s in settings}
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    assert by_threads["1"]["env"]["HARNESS_CPUS"] == str(first) and set(by_threads["1"]["cells"]) == ids[1]
+    assert by_threads["2"]["env"]["HARNESS_CPUS"] == f"{first},{second}" and set(by_threads["2"]["cells"]) == ids[2]
+    title, blocks = build_report(tmp_path / "run", plots=[])
+    md = to_markdown(title, blocks, tmp_path / "run")
+    assert f"| ref | `HARNESS_CPUS={first}` (threads 1); `HARNESS_CPUS={first},{second}` (threads 2) |" in md

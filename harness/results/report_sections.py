@@ -135,13 +135,26 @@ def _versions_section(meta: dict) -> list:
 
     common = meta.get("env") or {}
     own = []
-    for backend, env in sorted((meta.get("worker_env") or {}).items()):
+    def shown(env: dict) -> str:
         extra = {k: v for k, v in env.items() if k not in THREAD_VARS and common.get(k) != v and k != "CUDA_VISIBLE_DEVICES"}
-        if extra:
-            own.append([backend, ", ".join(f"`{k}={v}`" for k, v in sorted(extra.items()))])
+        return ", ".join(f"`{k}={v}`" for k, v in sorted(extra.items()))
+
+    for backend, env in sorted((meta.get("worker_env") or {}).items()):
+        # what differs between its cells, per setting, labelled by the thread count it went with
+        settings = [s for s in (meta.get("worker_env_settings") or {}).get(backend, []) if shown(s["env"])]
+        parts = [shown(env)] * bool(shown(env)) + [
+            f"{shown(s['env'])} ({_setting_words(s)})" if len(settings) > 1 else shown(s["env"]) for s in settings]
+        if parts:
+            own.append([backend, "; ".join(parts)])
     if own:
         out.append(Table(["backend", "its own worker environment"], own))
     return out
+
+
+def _setting_words(setting: dict) -> str:
+    """A worker setting of ``run.json``'s ``worker_env_settings`` in words: its thread count, else its cells'."""
+    threads = setting["env"].get("OMP_NUM_THREADS")
+    return f"threads {threads}" if threads else f"{len(setting['cells'])} cell(s)"
 
 
 def _value(v) -> str:

@@ -97,7 +97,7 @@ def _problem_rows(outcomes: list, meta: dict, gemm_peaks: dict | None, gpu_roofs
             versions[o.cell.ref.environment_key] = o.versions
             row["backend_version"] = ran_version(o.cell.ref, o.versions) or row["backend_version"]
         if o.worker_env:
-            meta.setdefault("worker_env", {})[o.cell.backend] = o.worker_env
+            record_worker_env(meta, o.cell.backend, o.cell.cell_id, o.worker_env)
             # a config variable the backend sets itself for its workers (XLA_FLAGS, JAX_PLATFORMS, ...):
             # run.json says the worker got the backend's value, not the config's
             replaced = {k: {"config": v, "worker": o.worker_env.get(k)} for k, v in o.cell.env.items()
@@ -200,3 +200,29 @@ def conformance_entry(meta: dict, backend: str, verify: dict) -> None:
     entry["verified_cells"] += 1
     entry["mismatches"] += 0 if verify["ok"] else 1
     entry["worst_ratio"] = max(entry["worst_ratio"], verify["ratio"])
+
+
+def record_worker_env(meta: dict, backend: str, cell_id: str, env: dict) -> None:
+    """Add one cell's worker variables to ``run.json``: ``worker_env[backend]`` holds those every cell of the
+    backend got alike, and ``worker_env_settings[backend]`` each distinct setting (``threads: [1, 2]`` sets
+    other thread counts and cores) with its cells and the variables it got beyond or unlike those: a cell's
+    whole environment is its backend's ``worker_env`` updated with its setting's ``env``."""
+    common = (meta.get("worker_env") or {}).get(backend)
+    settings = (meta.get("worker_env_settings") or {}).get(backend)
+    if common is None:
+        whole: list[tuple[dict, list]] = []
+    elif settings is None:  # a run.json written before settings were recorded: one setting, its cells unknown
+        whole = [(dict(common), [])]
+    else:
+        whole = [({**common, **s["env"]}, list(s["cells"])) for s in settings]
+    for env_of, cells in whole:
+        if env_of == env:
+            if cell_id not in cells:
+                cells.append(cell_id)
+            break
+    else:
+        whole.append((dict(env), [cell_id]))
+    shared = {k: v for k, v in whole[0][0].items() if all(e.get(k) == v for e, _ in whole)}
+    meta.setdefault("worker_env", {})[backend] = shared
+    meta.setdefault("worker_env_settings", {})[backend] = [
+        {"cells": cells, "env": {k: v for k, v in e.items() if k not in shared}} for e, cells in whole]
