@@ -1,7 +1,9 @@
 """A single-layer Elman RNN in plain NumPy with full BPTT: the smallest complete backend.
 
 It implements the part of the spec it was written for and says ``unsupported: <why>`` for the
-rest (LSTM cells, stacked layers, truncated gradients), which the harness reports as such.
+rest (LSTM and GRU cells, stacked layers, truncated gradients), which the harness reports as such.
+It declares none of ``knows`` (the GRU, bidirectional layers, mixed precision): the harness refuses
+those problems for it with the reason.
 """
 
 from __future__ import annotations
