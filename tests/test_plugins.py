@@ -276,3 +276,13 @@ def test_check_finds_the_cases_a_backend_for_a_corner_of_the_spec_supports(fake_
         passed = {(r["dtype"], "nobias" not in r["case"]) for r in rows if r["status"] == "pass"}
         assert passed == {("float64", True), ("float64", False), ("float32", True), ("float32", False)}, args
         assert {r["status"] for r in rows} == ({"pass"} if args else {"pass", "unsupported"})
+
+
+def test_the_guide_quotes_the_example_backend_whole():
+    """docs/backends.md shows the example plugin's backend as it is: the two cannot drift apart."""
+    import re
+
+    guide = (ROOT / "docs" / "backends.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", guide, re.S | re.M)
+    source = (EXAMPLE / "src" / "rnn_harness_plugin_example" / "backend.py").read_text()
+    assert source in blocks
