@@ -105,7 +105,7 @@ class Backend:
         return unsupported(f"{self.full_name} runs on {where} (device {device})")
 
     def tolerance(self, problem: Problem) -> tuple[float, float, str] | None:
-        """Looser conformance bounds ``(rtol, atol_of_max, why)``, or None for SPEC.md's."""
+        """Looser conformance bounds ``(rtol, atol_of_max, why)``, or None for the spec's (docs/spec.md, "Conformance tolerances")."""
         return None
 
     @classmethod
