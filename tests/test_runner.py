@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 import harness
-from harness.worker import measure, stats
+from harness.run import stats
+from harness.worker import measure
 from harness.config import load_config
 from harness.results.store import RunStore
 from harness.run.runner import Runner, finish_meta, new_run_meta

@@ -122,6 +122,8 @@ def plotting_code_digest(backend_names) -> str:
 
 def _run_backends(run_dir) -> set[str]:
     """The backend names a run's tables hold (what its plots colour)."""
+    import pandas as pd
+
     names: set[str] = set()
     for name in PLOT_INPUTS:
         path = Path(run_dir) / name
