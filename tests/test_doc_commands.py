@@ -64,7 +64,7 @@ HOW: dict[str, object] = {
     "export PYTHONPATH=/tmp/site": ("external", GPU_VISIT),
     "python3 -m pip install --no-index --no-deps --no-build-isolation -e .": ("external", GPU_VISIT),
     "harness reproduce --budget 8 --out results/reproduce-gpu --archive runs.tgz": "parse",
-    "tar xzf runs.tgz -C results/examples": ("external", GPU_VISIT),
+    "harness unpack runs.tgz": "parse",
     "for run in $(tar tzf runs.tgz | cut -d/ -f1 | sort -u); do harness report results/examples/$run; done":
         ("external", GPU_VISIT),
     # README: notebooks
