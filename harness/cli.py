@@ -262,11 +262,14 @@ def _print_summary(store):
     from harness.results.labels import backend_label, group_label
     from harness.results.report import fmt_speedup, imprecise, precision_note, speedup_note
     from harness.results.report import spread_warnings
+    from harness.results import caveats
     import pandas as pd
 
     df = pd.DataFrame(store.timings)
     if df.empty:
         return
+    for line in caveats.lines(store.meta, store.timings):  # what shaped the run, before its figures
+        console.print(f"[bold yellow]caveat:[/] {escape(line)}", highlight=False)
     df["label"] = backend_label(df)
     table = Table(title=escape(f"{store.meta.get('name')}: median per call, speedup over {store.meta.get('baseline')}"))
     for col in ("backend", "status", "median", "speedup [95% CI]", "compile s", "note"):
@@ -282,7 +285,7 @@ def _print_summary(store):
                           f"[yellow]{escape(note)}[/]" if note else "")
             last_group = r["group"]
         med = f"{r['median_s'] * 1e3:.3g} ms" if pd.notna(r.get("median_s")) else "-"
-        sp = escape(fmt_speedup(r))
+        sp = escape(caveats.speedup_mark(r, fmt_speedup(r)))
         if imprecise(r):
             sp = f"[yellow]{sp}[/]"
         note = ""

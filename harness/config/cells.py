@@ -35,6 +35,7 @@ class Cell:
     # pair_over: the settings timed in one group with this cell, and their first listed values
     # (the setting the ratios are against), e.g. (("dtype", "float32"),)
     paired: tuple = ()
+    clean_env: bool = False  # its worker inherits none of the caller's steering variables (config clean_env)
 
     @property
     def backend(self) -> str:
@@ -220,7 +221,8 @@ class RunConfig:
                     cells.append(Cell(ref=BackendRef.parse(b), problem=prob, task=task, threads=threads,
                                       point=point["values"], train=point["train"], timing=point["timing"],
                                       baseline=baseline, env=dict(r.env), seed=r.seed,
-                                      task_sha256=point.get("task_sha256"), paired=paired))
+                                      task_sha256=point.get("task_sha256"), paired=paired,
+                                      clean_env=r.cleans(b)))
         # the same measurement asked for twice (a repeated sweep value, a document repeating another) runs
         # once; a group's cells stay together in the order their group first appears
         groups: dict[CellKey, dict[str, Cell]] = {}

@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from harness.config.cells import RunConfig
-from harness.config.schema import RawConfig, format_pydantic
+from harness.config.schema import RawConfig, clean_env_base, format_pydantic
 from harness.config.strict_yaml import parse_yaml
 from harness.config.sweeps import MAX_CELLS, check_sweep, sweep_points
 from harness.spec.dtype import DType
@@ -163,6 +163,9 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None, bas
             source["baseline"] = {d: b for d, b in named.items() if b in backends_override} or None
         elif named not in backends_override:
             source["baseline"] = backends_override[0]
+        if isinstance(source.get("clean_env"), list):  # the clean_env names of backends still in the list
+            source["clean_env"] = [n for n in source["clean_env"] if any(
+                n == b or n == clean_env_base(b) for b in backends_override)] or False
     try:
         raw = RawConfig.model_validate(source)
     except ValidationError as exc:

@@ -102,6 +102,11 @@ ENV_TOTAL_CAP = 512 * 1024  # bytes of every variable together (the kernel also 
 THREADS_CAP = 4096
 
 
+def clean_env_base(backend: str) -> str:
+    """The name a ``clean_env`` list may give a backend by: its registered name, without variant or pins."""
+    return backend.split("@", 1)[0].split(":", 1)[0]
+
+
 class RawConfig(_Strict):
     name: str = Field(..., min_length=1)
     description: str = ""
@@ -125,6 +130,32 @@ class RawConfig(_Strict):
     # settings whose values are timed in one comparison group, each cell with its ratio to the same
     # backend at the first listed value (float32, 1 thread) from rounds taken in turn
     pair_over: list[Literal["dtype", "threads"]] = Field(default_factory=list)
+    # workers without the caller's variables that steer a numerical library (OPENBLAS_CORETYPE, OMP_*,
+    # MALLOC_*, ...; harness.spec.tuning), as pyperf starts its workers: true for every backend, or the
+    # backends named; the config's own env and what the harness sets still apply
+    clean_env: Union[bool, list[str]] = False
+
+    @field_validator("clean_env")
+    @classmethod
+    def _clean_env(cls, v):
+        if isinstance(v, list) and (not v or len(set(v)) != len(v)):
+            raise ValueError(f"expected true, false or a list of backend names, each once, got {short_repr(v)}")
+        return v
+
+    @model_validator(mode="after")
+    def _clean_env_names(self):
+        if isinstance(self.clean_env, list):
+            for name in self.clean_env:
+                if not any(name == b or name == clean_env_base(b) for b in self.backends):
+                    raise ValueError(f"clean_env: expected names of configured backends ({', '.join(self.backends)}), "
+                                     f"got {short_repr(name)}")
+        return self
+
+    def cleans(self, backend: str) -> bool:
+        """True when ``backend``'s workers start without the caller's steering variables (``clean_env``)."""
+        if isinstance(self.clean_env, bool):
+            return self.clean_env
+        return backend in self.clean_env or clean_env_base(backend) in self.clean_env
 
     @field_validator("pair_over")
     @classmethod

@@ -23,6 +23,7 @@ from harness.results.report_blocks import (Bullets, Heading, Hover, Image, Para,
 from harness.results.report_sections import (_conformance_section, _devices_section, _failures_section,  # noqa: F401
                                              _labels, _machine_section, _run_section, _training_section,
                                              _versions_section, timing_summary)
+from harness.results import caveats
 from harness.results.schema import SPEEDUP_BLOCK
 from harness.spec.status import Status
 from harness.spec.writes import check_file, prepare_folder, write_file
@@ -115,7 +116,7 @@ def speedup_note(group: pd.DataFrame) -> str:
 
 
 # -- building the report -------------------------------------------------------------------------
-def _answer_section(timings: pd.DataFrame) -> list:
+def _answer_section(timings: pd.DataFrame, meta: dict | None = None) -> list:
     """The report's first table: per comparison group, the fastest backend that ran and its speedup over
     the baseline, the cells that did not run, and the speedups that missed their precision target."""
     from harness.results.labels import group_label
@@ -133,12 +134,13 @@ def _answer_section(timings: pd.DataFrame) -> list:
         else:
             best = ran.loc[ran["median_s"].idxmin()]
             fastest, speedup = f"{best['label']} ({fmt_time(best['median_s'])})", fmt_speedup(best, mark=True)
+            fastest = caveats.fastest(g, best, fastest)  # never a winner from a contended machine
         missing = g[g["status"] != Status.OK]
         not_run = ", ".join(f"{r['label']}: {r['status']}" for _, r in missing.iterrows()) or "-"
         missed = sum(imprecise(r) for r in g.to_dict("records"))
         rows.append([f"{head['workload']} · {group_label(head)}", fastest, speedup, str(missed) if missed else "-",
                      _first_line(not_run, 120)])
-    return [Heading(2, "Answer"),
+    return [Heading(2, "Answer")] + [Para(line) for line in caveats.lines(meta or {}, timings)] + [
             Para(f"Per comparison group: the fastest backend that ran (its median) and its speedup over the baseline "
                  f"with the 95% interval; {MISSED_MARK}: the interval missed its precision target. Details in "
                  "Results below."),
@@ -208,7 +210,7 @@ def build_report(run_dir, plots: list[Path] | None = None, plot_note: str = "") 
     title = f"{run.meta.get('name', run.run_id)}: benchmark report"
     if plots is None:
         plots = sorted((Path(run_dir) / "plots").glob("*.png"), key=_plot_order)
-    blocks = (_answer_section(run.timings) + _run_section(run.meta, run.timings, Path(run_dir))
+    blocks = (_answer_section(run.timings, run.meta) + _run_section(run.meta, run.timings, Path(run_dir))
               + _machine_section(run.meta) + _versions_section(run.meta)
               + _conformance_section(run.meta, run.timings) + _results_section(run.timings)
               + _devices_section(run.timings)

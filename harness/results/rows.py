@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 
-from harness.results import schema
+from harness.results import caveats, schema
 from harness.run import stats
 from harness.run.stats import Stats, paired_speedup
 from harness.worker.cpu_roofs import peak_key, roof_library
@@ -88,6 +88,8 @@ def _problem_rows(outcomes: list, meta: dict, gemm_peaks: dict | None, gpu_roofs
             row["speedup_over"] = over.cell.backend
         row.update(precision_columns(o, over, row))
         row.update(process_columns(o))
+        row.update(caveats.cell_columns(o, (meta.get("machine") or {}).get("cores")))
+        caveats.record_environment(meta, o)
         if o.verify:
             row["verified_ratio"] = o.verify["ratio"]
             conformance_entry(meta, o.cell.backend, o.verify)

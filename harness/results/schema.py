@@ -58,6 +58,12 @@ PRECISION_COLUMNS = ("speedup_precision", "speedup_half_width", "precision_met",
 # fastest, relative to the cell's median; None from one process) and, per round, the process that took it.
 PROCESS_COLUMNS = ("n_worker_processes", "process_spread", "samples_process")
 
+# What shaped a cell (harness.results.caveats): whether it was timed while other processes loaded the cores
+# and the evidence (their CPU in cores, load, steal), whether its worker ran without the caller's steering
+# variables (config clean_env), the variables that forced a kernel or a cache size in its worker with their
+# origin (OPENBLAS_CORETYPE=Haswell (caller)), and the BLAS kernels its worker ran (openblas 0.3.31 Haswell).
+GUARD_COLUMNS = ("contended", "contention", "env_clean", "env_forced", "blas_kernel")
+
 
 # Every column of ``timings.parquet``, in its order: a row (harness.results.rows) has no other.
 TIMING_COLUMNS = [
@@ -81,6 +87,7 @@ TIMING_COLUMNS = [
     *PRECISION_COLUMNS,
     *VERSION_COLUMNS,
     *PROCESS_COLUMNS,
+    *GUARD_COLUMNS,
 ]
 
 # The rows that share one baseline cell and one speedup column: a comparison group, split by the settings

@@ -21,6 +21,7 @@ from pathlib import Path
 from harness.config import memory_limit_mb
 from harness.run import envs
 from harness.worker import lifeline, protocol
+from harness.spec import tuning
 from harness.spec.status import Status
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -127,10 +128,44 @@ def worker_settings(cell_backend, device: str, dtype: str, threads: int, extra: 
     return environment, env
 
 
-def worker_environment(cell_backend: str, device: str, dtype: str, threads: int, extra: dict[str, str]) -> tuple[str | None, dict]:
-    """The isolated environment name and the full process environment for one worker."""
+def worker_environment(cell_backend: str, device: str, dtype: str, threads: int, extra: dict[str, str],
+                       clean: bool = False) -> tuple[str | None, dict]:
+    """The isolated environment name and the full process environment for one worker (``clean``: without
+    the caller's variables that steer a numerical library, :func:`process_environ`)."""
     environment, settings = worker_settings(cell_backend, device, dtype, threads, extra)
-    return environment, {**envs.worker_environ(environment), **settings}
+    return environment, process_environ(environment, settings, extra, clean)[0]
+
+
+#: where a worker's variable came from: the caller's environment, the config's ``env``, the harness
+CALLER, CONFIG, HARNESS = "caller", "config", "harness"
+
+
+def process_environ(environment: str | None, settings: dict, config_env: dict,
+                    clean: bool = False) -> tuple[dict, dict]:
+    """A worker's whole process environment and the record of its variables that steer a numerical library.
+
+    The worker inherits the caller's environment, then gets ``settings`` (:func:`worker_settings`: the
+    config's ``env`` and what the harness sets). With ``clean`` it inherits none of the caller's
+    steering variables (``OPENBLAS_CORETYPE``, ``OMP_*``, ``MALLOC_*``, ...: :mod:`harness.spec.tuning`),
+    as pyperf starts its workers: each library then picks what the CPU offers. The record maps each
+    steering variable the worker got to ``{"value", "origin"}`` (origin :data:`CALLER`, :data:`CONFIG` or
+    :data:`HARNESS`) and each one a clean environment left out to ``{"value", "origin": "caller",
+    "removed": true}``."""
+    base = envs.worker_environ(environment)
+    removed = {k: v for k, v in tuning.steering(base).items() if k not in settings} if clean else {}
+    env = {**{k: v for k, v in base.items() if k not in removed}, **settings}
+    record = {}
+    for k, v in tuning.steering(env).items():
+        if k not in settings:
+            origin = CALLER
+        elif config_env.get(k) == v:
+            origin = CONFIG
+        else:
+            origin = HARNESS
+        record[k] = {"value": v, "origin": origin}
+    for k, v in removed.items():
+        record[k] = {"value": v, "origin": CALLER, "removed": True}
+    return env, dict(sorted(record.items()))
 
 
 def _oom_kills() -> int | None:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 
 from harness.run import envs, machine, stats
 from harness.worker import measure, protocol
-from harness.run.client import WorkerFailure, WorkerProcess, close_all, worker_settings
+from harness.run.client import WorkerFailure, WorkerProcess, close_all, process_environ, worker_settings
 from harness.config import Cell, TimingConfig
 from harness.spec.errors import HarnessError
 from harness.spec.status import Status, StopReason
@@ -43,6 +44,9 @@ class Outcome:
     stop_reason: StopReason | None = None  # why the group's interleaved rounds stopped
     blocks: list | None = None  # per round, the (pass, process) block that took it (TimingConfig.round_block)
     processes: list | None = None  # per round, the fresh worker process that took it (TimingConfig.round_process)
+    steering: dict | None = None  # its worker's variables that steer a numerical library, with their origins
+    blas: list | None = None  # the BLAS libraries its worker loaded and the kernel each ran
+    conditions: list | None = None  # what the machine did while its rounds were timed, one entry per pass (guard)
 
 
 @dataclass
@@ -59,6 +63,9 @@ class GroupRun:
     passes_done: int = 0
     wants_pass: bool = False  # the stop rule asked for another pass, and a timed cell is left for it
     rule: stats.StopRule = None  # the group's one stop rule, across its passes
+    # (start, end, cell ids) on time.monotonic's clock of each stretch in which cells were timed in this
+    # process: what the busy-machine guard reads its samples over (harness.run.guard); not kept between passes
+    windows: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.rule is None:
@@ -92,7 +99,7 @@ class GroupRun:
 
     # what run.json keeps of a group between its passes, so that --resume goes on where an interrupt stopped it
     _KEPT = ("status", "error", "compile_s", "samples", "peak_rss_mb", "versions", "data_meta", "train",
-             "worker_env", "verify", "host", "stop_reason", "blocks", "processes")
+             "worker_env", "verify", "host", "stop_reason", "blocks", "processes", "steering", "blas", "conditions")
 
     # what saved() writes and restore() needs
     _SAVED = frozenset({"passes_done", "timed_s", "inner", "blocks", "timed", "rule", "outcomes"})
@@ -157,7 +164,9 @@ class GroupRun:
                         self.outcomes[cid] = screened
                         continue
                     if cell.problem.workload == "train":
+                        began = time.monotonic()
                         self.outcomes[cid] = self._train_cell(cell, describe, record)
+                        self.windows.append((began, time.monotonic(), [cid]))
                         continue
                 elif cid not in self.samples or self.outcomes[cid].status != Status.OK:
                     continue
@@ -261,6 +270,7 @@ class GroupRun:
                     fail(cid, exc)
             rule.start_pass(self.passes_done, {c: samples[c] for c in alive})
             start = measure.clock_ns()
+            began = time.monotonic()
             n_round = 0
 
             def done() -> bool:
@@ -284,6 +294,7 @@ class GroupRun:
         finally:
             if start is not None:
                 self.timed_s += measure.elapsed_s(start)
+                self.windows.append((began, time.monotonic(), list(workers)))
             for procs in alive.values():
                 for w in procs:
                     w.resume()
@@ -316,7 +327,7 @@ class GroupRun:
             environment, settings = worker_settings(cell.ref, p.device, p.dtype, cell.threads, cell.env)
             if environment and envs.env_python(environment) is None:
                 describe(f"creating isolated environment {environment!r} (first use)")
-            env = {**envs.worker_environ(environment), **settings}
+            env, outcome.steering = process_environ(environment, settings, cell.env, cell.clean_env)
             worker = WorkerProcess(environment, env, cell.backend, recorded=settings, record=record)
         except HarnessError as exc:
             outcome.status, outcome.error = Status.UNAVAILABLE, str(exc)
@@ -327,7 +338,7 @@ class GroupRun:
             describe(f"{cell.backend}: starting")
             init = worker.request(protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed,
                                                 cell.train.lr), timing.timeout_s)
-            outcome.versions, outcome.data_meta = init.body.versions, init.body.data_meta
+            outcome.versions, outcome.data_meta, outcome.blas = init.body.versions, init.body.data_meta, init.body.blas
             describe(f"{cell.backend}: compiling / warming up")
             # training must start from the shared initial parameters: compile only, no warm steps; a
             # verified cell is checked from them too (its warm steps follow), so the group's cells share

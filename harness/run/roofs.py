@@ -27,11 +27,12 @@ def gemm_peaks(cells, known: dict[str, float], say=None, record=None) -> dict[st
             libraries = cpu_roofs.LOW_PRECISION_LIBRARIES if dtype in REDUCED_DTYPES else ("numpy",)
             for library in libraries:
                 wanted.setdefault((dtype, c.threads, library), c.env)
+    clean = _clean(cells)
     for (dtype, threads, library), extra in wanted.items():
         key = cpu_roofs.peak_key(dtype, threads, library if dtype in REDUCED_DTYPES else None)
         if key in known or key in found or key in _UNAVAILABLE:
             continue
-        rate = _measure(dtype, threads, library, extra, say, record)
+        rate = _measure(dtype, threads, library, extra, say, record, clean)
         if rate is not None:
             found[key] = rate
         elif dtype in REDUCED_DTYPES:
@@ -47,9 +48,32 @@ def gemm_peaks(cells, known: dict[str, float], say=None, record=None) -> dict[st
     return found
 
 
-def _measure(dtype: str, threads: int, library: str, extra: dict, say, record) -> float | None:
+def _clean(cells) -> bool:
+    """Whether the roofs are measured without the caller's steering variables: when every CPU cell's worker is."""
+    cpu = [c for c in cells if c.problem.device == "cpu"]
+    return bool(cpu) and all(getattr(c, "clean_env", False) for c in cpu)
+
+
+def peaks_again(cells, start: dict, say=None, record=None) -> dict[str, float]:
+    """The plain (float32, float64) GEMM peaks of ``start`` measured once more, as at a run's end: a machine
+    that got busier in between shows a lower peak (:func:`harness.run.guard.peak_evidence`)."""
+    extra = {(c.problem.dtype, c.threads): c.env for c in cells if c.problem.device == "cpu"}
+    out = {}
+    for key in start:
+        parts = key.split("|")
+        if len(parts) != 2 or parts[0] in REDUCED_DTYPES:
+            continue
+        dtype, threads = parts[0], int(parts[1].split("=", 1)[1])
+        env = next((e for (d, t), e in extra.items() if t == threads), {})
+        rate = _measure(dtype, threads, "numpy", env, say, record, _clean(cells))
+        if rate is not None:
+            out[key] = rate
+    return out
+
+
+def _measure(dtype: str, threads: int, library: str, extra: dict, say, record, clean: bool = False) -> float | None:
     """One GEMM peak, in a worker with ``library``'s backend environment (its thread settings)."""
-    _, env = worker_environment(library, "cpu", dtype, threads, extra)
+    _, env = worker_environment(library, "cpu", dtype, threads, extra, clean)
     w = WorkerProcess(None, env, "gemm-peak", record=record)
     try:
         return w.request(protocol.GemmPeak(dtype, 1024, library, threads), 120).body.gflops

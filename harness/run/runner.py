@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from datetime import datetime, timezone
 
 from rich.markup import escape
 
 from harness.worker import lifeline
-from harness.run import machine, roofs
+from harness.run import guard, machine, roofs
 from harness.run.client import kill_all_workers
 from harness.config import Cell, RunConfig
 from harness.run.group import GroupRun
@@ -29,10 +30,12 @@ class Runner:
     runner only runs, and hands each finished group's outcomes to ``store.add_group``, where the
     results layer makes its rows."""
 
-    def __init__(self, config: RunConfig, store, console=None):
+    def __init__(self, config: RunConfig, store, console=None, sampler: "guard.Sampler | None" = None):
         self.config = config
         self.store = store
         self.console = console
+        # the busy-machine guard's readings through the run (harness.run.guard; a test hands in its own)
+        self.sampler = sampler if sampler is not None else guard.Sampler()
         self.gemm_peaks: dict[str, float] = dict(store.meta.get("gemm_peak_gflops", {}))
         self.gpu_roofs: dict | None = store.meta.get("gpu_roofs")
         # the workers running, listed in the results folder for a --resume after this process was killed
@@ -72,6 +75,27 @@ class Runner:
             executor.run(self, todo, progress, task_id)
             return
         task_id = progress.add_task("cells", total=sum(planned.values())) if progress else None
+        at_start = self.check_machine()
+        started = time.monotonic()
+        self.sampler.start()
+        try:
+            self._run_groups(todo, progress, task_id, planned)
+            end = roofs.peaks_again(self.config.cells(), self.gemm_peaks, self._say, self.record)
+        finally:
+            self.sampler.stop()
+        self.store.meta["conditions"] = guard.run_conditions(self.sampler, at_start, started, self.gemm_peaks, end)
+        self.store.save()
+
+    def check_machine(self) -> dict | None:
+        """A second's reading of the machine before anything runs; on a busy one, a warning that says who
+        keeps it busy (:func:`harness.run.guard.busy_warning`)."""
+        state = guard.busy_now(self.sampler)
+        warning = guard.busy_warning(state)
+        if warning:
+            self._say(f"warning: {warning}")
+        return state
+
+    def _run_groups(self, todo, progress, task_id, planned) -> None:
         self.measure_roofs(self.config.cells())
         machine.record_host(self.store.meta, machine.host_name(), self.store.meta.get("machine"), self.gemm_peaks,
                             self.gpu_roofs)
@@ -85,6 +109,7 @@ class Runner:
         while states:  # one pass over every group not yet finished, in the config's order
             for state in list(states):
                 state.run_pass(describe, self.record)
+                self.note_conditions(state)
                 if progress is not None:
                     self._count_pass(progress, task_id, state, planned, counted)
                 if not state.finished:
@@ -92,6 +117,16 @@ class Runner:
                     continue
                 states.remove(state)
                 self.store.add_group(state.ordered(), self.gemm_peaks, self.gpu_roofs)
+
+    def note_conditions(self, state: GroupRun) -> None:
+        """Keep with each cell what the machine did while it was timed in the pass just run."""
+        for began, ended, ids in state.windows:
+            seen = self.sampler.window(began, ended)
+            for cid in ids:
+                outcome = state.outcomes.get(cid)
+                if outcome is not None and seen is not None:
+                    outcome.conditions = (outcome.conditions or []) + [seen]
+        state.windows.clear()
 
     @staticmethod
     def _count_pass(progress, task_id, state, planned: dict, counted: dict) -> None:

@@ -1,4 +1,10 @@
-"""Which BLAS makes a backend's training step faster.
+"""The BLAS a worker runs, and which BLAS makes a backend's training step faster.
+
+:func:`kernels` names every BLAS (and OpenMP) library loaded in this process with the kernel it
+chose (OpenBLAS's core type, BLIS's and MKL's architecture), its version and threads: each worker
+reports it, so a run records the kernel that actually ran, not the one the CPU would suggest.
+It asks threadpoolctl where that is installed and reads the loaded libraries itself otherwise
+(an isolated environment on numpy 1.23 need not hold threadpoolctl).
 
 ``python -m harness.worker.blas_probe --backend theano --ldflags "openblas=-L... -l..."`` compiles
 the sgd_step at the WildML shape once per ``blas__ldflags`` value given, times the
@@ -15,15 +21,70 @@ import os
 import statistics
 import sys
 
+import ctypes
+import re
+
 from harness.worker import lifeline
 
-lifeline.die_with_parent()  # a probe outlives no harness that is building its environment
+# the symbols that name an OpenBLAS build's kernel, by the prefixes builds give them (NumPy's wheels ship
+# scipy_openblas with a prefix and, for 64-bit integers, a 64_ suffix)
+_CORENAME = [f"{prefix}get_corename{suffix}" for prefix in ("openblas_", "scipy_openblas_", "scipy_openblas64_")
+             for suffix in ("", "64_")]
+_CONFIG = [name.replace("corename", "config") for name in _CORENAME]
+_BLAS_FILE = re.compile(r"lib(scipy_)?openblas[^/]*\.so[^/]*$|libmkl_rt[^/]*\.so|libblis[^/]*\.so")
 
-import numpy as np  # noqa: E402
+
+def kernels() -> list:
+    """Every BLAS and OpenMP library loaded in this process: ``internal_api`` (openblas, mkl, blis, ...),
+    ``architecture`` (the kernel it runs: ``Haswell``, ``SkylakeX``, ``Zen``; None where the library does
+    not say), ``version``, ``num_threads``, ``filepath`` and ``source`` (``threadpoolctl`` or
+    ``loaded libraries``, the fallback where threadpoolctl is not installed: OpenBLAS's kernel only)."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return _loaded_openblas()
+    try:
+        found = threadpool_info()
+    except Exception as exc:  # a library threadpoolctl cannot read must not cost the cell
+        return [{"internal_api": "unknown", "architecture": None, "error": f"{type(exc).__name__}: {exc}",
+                 "source": "threadpoolctl"}]
+    keep = ("user_api", "internal_api", "architecture", "version", "num_threads", "threading_layer", "filepath")
+    return [dict({k: info.get(k) for k in keep}, source="threadpoolctl") for info in found]
+
+
+def _loaded_openblas() -> list:
+    """OpenBLAS libraries mapped into this process, each asked for its kernel through its own symbols."""
+    try:
+        with open("/proc/self/maps") as fh:
+            paths = {line.split(None, 5)[5].strip() for line in fh if len(line.split(None, 5)) == 6}
+    except OSError:
+        return []
+    out = []
+    for path in sorted(p for p in paths if _BLAS_FILE.search(p)):
+        entry = {"user_api": "blas", "internal_api": "openblas" if "openblas" in path else path.rsplit("/", 1)[-1],
+                 "architecture": None, "version": None, "num_threads": None, "threading_layer": None,
+                 "filepath": path, "source": "loaded libraries"}
+        try:
+            lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_GLOBAL)
+        except OSError:
+            out.append(entry)
+            continue
+        for names, key in ((_CORENAME, "architecture"), (_CONFIG, "version")):
+            for name in names:
+                fn = getattr(lib, name, None)
+                if fn is not None:
+                    fn.restype = ctypes.c_char_p
+                    value = fn()
+                    entry[key] = value.decode("utf-8", "replace").strip() if value else None
+                    break
+        out.append(entry)
+    return out
 
 
 def probe(full_name: str, ldflags: dict[str, str], n_steps: int = 40) -> dict:
     """Median sgd_step time (ms) per ``blas__ldflags`` value at vocab 8000, hidden 100, T 20, batch 1, float32."""
+    import numpy as np
+
     import backends
     from harness.worker import measure
     from harness.spec import reference
@@ -51,6 +112,7 @@ def probe(full_name: str, ldflags: dict[str, str], n_steps: int = 40) -> dict:
 
 def main(argv=None) -> int:
     """Entry point: print the probe's result as one JSON line."""
+    lifeline.die_with_parent()  # a probe outlives no harness that is building its environment
     ap = argparse.ArgumentParser(prog="python -m harness.worker.blas_probe")
     ap.add_argument("--backend", required=True)
     ap.add_argument("--ldflags", action="append", required=True, help="NAME=FLAGS, repeated")

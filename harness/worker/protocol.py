@@ -48,6 +48,7 @@ class InitReply:
     versions: dict  # the backend's library versions
     python: str
     data_meta: dict  # what the task's data says of itself (e.g. its loss floor)
+    blas: list = field(default_factory=list)  # the BLAS libraries loaded and the kernel each runs (blas_probe.kernels)
 
 
 @dataclass
@@ -100,6 +101,7 @@ class CheckReply:
 @dataclass
 class GemmPeakReply:
     gflops: float
+    blas: list = field(default_factory=list)  # the BLAS libraries the product ran through (blas_probe.kernels)
 
 
 @dataclass

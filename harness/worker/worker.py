@@ -269,8 +269,16 @@ def library_versions(backend) -> dict:
 
 
 def _init(cell, req: protocol.Init) -> tuple[CellState, protocol.InitReply]:
-    cell = CellState(req)
-    return cell, protocol.InitReply(library_versions(cell.backend), sys.version.split()[0], cell.data.meta)
+    from harness.worker.blas_probe import kernels
+
+    cell = CellState(req)  # its backend prepared: the libraries it calls are loaded
+    return cell, protocol.InitReply(library_versions(cell.backend), sys.version.split()[0], cell.data.meta, kernels())
+
+
+def _gemm_peak(req: protocol.GemmPeak) -> protocol.GemmPeakReply:
+    from harness.worker.blas_probe import kernels
+
+    return protocol.GemmPeakReply(_gemm_rate(req), kernels())
 
 
 def _rounds(cell: CellState, req: protocol.Rounds) -> protocol.RoundsReply:
@@ -282,7 +290,7 @@ def _rounds(cell: CellState, req: protocol.Rounds) -> protocol.RoundsReply:
 _SERVICES = {
     "init": _init,
     "quit": lambda cell, req: (cell, protocol.QuitReply()),
-    "gemm_peak": lambda cell, req: (cell, protocol.GemmPeakReply(_gemm_rate(req))),
+    "gemm_peak": lambda cell, req: (cell, _gemm_peak(req)),
     "gpu_roofs": lambda cell, req: (cell, protocol.GpuRoofsReply(_gpu_roofs(req.n))),
     "check": lambda cell, req: (cell, protocol.CheckReply(check(req))),
 }
