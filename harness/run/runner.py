@@ -38,6 +38,7 @@ class Runner:
         self.sampler = sampler if sampler is not None else guard.Sampler()
         self.gemm_peaks: dict[str, float] = dict(store.meta.get("gemm_peak_gflops", {}))
         self.gpu_roofs: dict | None = store.meta.get("gpu_roofs")
+        self.measured_peaks: dict[str, float] = {}  # the GEMM peaks this session measured (at its start)
         # the workers running, listed in the results folder for a --resume after this process was killed
         folder = getattr(store, "path", None)
         self.record = lifeline.WorkerRecord(folder) if folder is not None else None
@@ -80,10 +81,11 @@ class Runner:
         self.sampler.start()
         try:
             self._run_groups(todo, progress, task_id, planned)
-            end = roofs.peaks_again(self.config.cells(), self.gemm_peaks, self._say, self.record)
+            # the peaks this session measured at its start, measured again: the machine at the run's end
+            end = roofs.peaks_again(self.config.cells(), self.measured_peaks, self._say, self.record)
         finally:
             self.sampler.stop()
-        self.store.meta["conditions"] = guard.run_conditions(self.sampler, at_start, started, self.gemm_peaks, end)
+        self.store.meta["conditions"] = guard.run_conditions(self.sampler, at_start, started, self.measured_peaks, end)
         self.store.save()
 
     def check_machine(self) -> dict | None:
@@ -141,7 +143,8 @@ class Runner:
     def measure_roofs(self, cells: list[Cell]) -> None:
         """The roofs the cells' GFLOP/s are read against, where this run has not measured them yet:
         the CPU's GEMM peak per dtype and thread count, the GPU's GEMM rates and bandwidth."""
-        self.gemm_peaks.update(roofs.gemm_peaks(cells, self.gemm_peaks, self._say, self.record))
+        self.measured_peaks = roofs.gemm_peaks(cells, self.gemm_peaks, self._say, self.record)
+        self.gemm_peaks.update(self.measured_peaks)
         self.store.meta["gemm_peak_gflops"] = self.gemm_peaks
         if self.gpu_roofs is None:
             self.gpu_roofs = roofs.gpu_roofs(cells, self._say, self.record)
