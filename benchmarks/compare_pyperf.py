@@ -17,8 +17,18 @@ reference step before the timed ones, as a worker's verification ran it while Nu
 huge-page advice was on for it: with the raised malloc thresholds the heap kept the
 reference's huge pages for the step's buffers). The table gives the harness's time over each.
 
+The caller's variables that steer a numerical library (``OPENBLAS_CORETYPE``, ``OPENBLAS_L2_SIZE``,
+``OMP_*``, ...: :mod:`harness.spec.tuning`) decide which kernels both tools run, so each comparison is
+made in one of two set-ups, both tools alike (``--setup``): ``inherited``, where the harness's workers
+inherit them as usual and pyperf is told to pass them on (``--inherit-environ``), and ``clean``, where
+the harness runs with ``clean_env: true`` and pyperf as it starts by default, neither with them. Each
+set-up prints the variables both tools' workers got and the BLAS kernel each ran (the harness's
+``blas_kernel`` column, and the same reading in pyperf's workers, kept in its metadata), and the
+harness's own reading of the machine while it timed (other processes' CPU in cores, load average).
+
     python benchmarks/compare_pyperf.py                       # 6 processes x 5 values, CPU 0
     python benchmarks/compare_pyperf.py --repeat 2 --out /tmp/cmp
+    OPENBLAS_CORETYPE=Haswell python benchmarks/compare_pyperf.py --setup inherited,clean --pyperf-env harness
 
 Prints the load average before and after each tool: on a shared machine, read the ratios
 together with it. pyperf runs in a session of its own, as each harness worker does: with
@@ -120,21 +130,44 @@ def pyperf_main() -> None:
     runner.argparser.add_argument("--reference-first", action="store_true")
     args = runner.parse_args()
     for cell in cells(args.config):
-        runner.bench_time_func(label(cell), plain_step(cell, args.reference_first))
+        step = plain_step(cell, args.reference_first)
+        runner.bench_time_func(label(cell), step, metadata={"blas_kernel": blas_kernel()})
+
+
+def blas_kernel() -> str:
+    """The BLAS kernels loaded in this process, as the harness's ``blas_kernel`` column writes them."""
+    from harness.results.caveats import kernel_text
+    from harness.worker.blas_probe import kernels
+
+    return kernel_text(kernels()) or "unreported"
 
 
 # -- the comparison ----------------------------------------------------------------------------------
 
-def environments(config_path: str) -> dict[str, dict[str, str]]:
-    """The variables pyperf's workers get under each ``--pyperf-env`` choice (one cell stands for all:
-    every cell is NumPy with one thread)."""
+SETUPS = ("inherited", "clean")
+
+
+def environments(config_path: str, setup: str) -> dict[str, dict[str, str]]:
+    """The variables pyperf's workers get under each ``--pyperf-env`` choice in a set-up (one cell stands for
+    all: every cell is NumPy with one thread). In the ``inherited`` set-up every choice also carries the
+    caller's steering variables that the harness's workers inherit (:func:`harness.run.client.process_environ`);
+    in the ``clean`` set-up neither tool's workers get them."""
     from harness.run import envs
-    from harness.run.client import worker_settings
+    from harness.run.client import CALLER, process_environ, worker_settings
 
     cell = cells(config_path)[0]
-    _, harness_env = worker_settings(cell.backend, "cpu", cell.problem.dtype, cell.threads, cell.env)
-    harness_env = {k: v for k, v in harness_env.items() if k not in ("HARNESS_CPUS", "PYTHONUNBUFFERED")}
-    return {"harness": harness_env, "plain": {v: "1" for v in envs.THREAD_VARS}, "harness+reference": harness_env}
+    environment, settings = worker_settings(cell.backend, "cpu", cell.problem.dtype, cell.threads, cell.env)
+    _, record = process_environ(environment, settings, cell.env, clean=setup == "clean")
+    caller = {k: v["value"] for k, v in record.items() if v["origin"] == CALLER and not v.get("removed")}
+    harness_env = {k: v for k, v in settings.items() if k not in ("HARNESS_CPUS", "PYTHONUNBUFFERED")}
+    plain = {v: "1" for v in envs.THREAD_VARS}
+    return {"harness": {**caller, **harness_env}, "plain": {**caller, **plain},
+            "harness+reference": {**caller, **harness_env}}
+
+
+def config_text(setup: str) -> str:
+    """The comparison's config in a set-up: ``clean`` runs the harness's workers with ``clean_env: true``."""
+    return CONFIG.replace("baseline: numpy\n", "baseline: numpy\nclean_env: true\n") if setup == "clean" else CONFIG
 
 
 def run_pyperf(config_path: str, env: dict[str, str], out: Path, args, reference_first: bool = False) -> dict[str, dict]:
@@ -160,7 +193,8 @@ def run_pyperf(config_path: str, env: dict[str, str], out: Path, args, reference
     for bench in pyperf.BenchmarkSuite.load(str(out)).get_benchmarks():
         per_process = [statistics.median(r.values) for r in bench.get_runs() if r.values]
         found[bench.get_name()] = {"median_s": bench.median(), "n_processes": len(per_process),
-                                   "process_spread": (max(per_process) - min(per_process)) / bench.median()}
+                                   "process_spread": (max(per_process) - min(per_process)) / bench.median(),
+                                   "blas_kernel": bench.get_metadata().get("blas_kernel", "unreported")}
     return found
 
 
@@ -170,14 +204,17 @@ def run_harness(config_path: str, out: Path) -> dict[str, dict]:
 
     subprocess.run([sys.executable, "-m", "harness.cli", "run", config_path, "--out", str(out)], check=True,
                    cwd=str(ROOT), stdout=subprocess.DEVNULL)
-    t = harness.load_run(out).timings
+    run = harness.load_run(out)
     by_id = {c.cell_id: label(c) for c in cells(config_path)}
     found = {}
-    for _, row in t.iterrows():
+    for _, row in run.timings.iterrows():
         found[by_id[row["cell_id"]]] = {
             "median_s": float(row["median_s"]), "iqr_s": float(row["iqr_s"]),
             "n_processes": int(row["n_worker_processes"]),
-            "process_spread": float(row["process_spread"]) if row["process_spread"] is not None else float("nan")}
+            "process_spread": float(row["process_spread"]) if row["process_spread"] is not None else float("nan"),
+            "blas_kernel": row.get("blas_kernel") or "unreported", "contention": row.get("contention") or "unsampled"}
+    seen = (run.meta.get("conditions") or {}).get("run") or {}
+    found[None] = {"others_cores": seen.get("others_cores"), "load_max": seen.get("load_max")}
     return found
 
 
@@ -194,15 +231,29 @@ def main(argv=None) -> None:
     ap.add_argument("--pyperf-env", default="plain,harness,harness+reference",
                     help="comma-separated: plain, harness, harness+reference (see the module)")
     ap.add_argument("--repeat", type=int, default=1, help="rounds of the whole comparison, back to back")
+    ap.add_argument("--setup", default="inherited,clean",
+                    help="comma-separated: inherited (both tools' workers get the caller's steering variables), "
+                         "clean (neither does)")
     ap.add_argument("--out", type=Path, help="keep the config, pyperf's JSON and the harness's runs here")
     args = ap.parse_args(argv)
 
     out = args.out or Path(tempfile.mkdtemp(prefix="compare-pyperf-"))
     out.mkdir(parents=True, exist_ok=True)
-    config_path = str(out / "compare_pyperf.yaml")
-    Path(config_path).write_text(CONFIG)
     env_names = [e for e in args.pyperf_env.split(",") if e]
-    envs_by_name = environments(config_path)
+    for setup in [s for s in args.setup.split(",") if s]:
+        if setup not in SETUPS:
+            ap.error(f"--setup: expected {', '.join(SETUPS)}, got {setup!r}")
+        compare(setup, env_names, out / setup, args)
+
+
+def compare(setup: str, env_names: list[str], out: Path, args) -> None:
+    """One set-up's comparison: its environments stated, each repeat's table, the medians over repeats."""
+    out.mkdir(parents=True, exist_ok=True)
+    config_path = str(out / "compare_pyperf.yaml")
+    Path(config_path).write_text(config_text(setup))
+    envs_by_name = environments(config_path, setup)
+    print(f"== set-up {setup}: " + ("the caller's steering variables reach both tools' workers" if setup == "inherited"
+                                    else "neither tool's workers get the caller's steering variables"), flush=True)
     print("pyperf environments:", json.dumps({e: envs_by_name[e] for e in env_names}), flush=True)
     labels = [label(c) for c in cells(config_path)]
     history: list[tuple[dict, dict]] = []
@@ -210,14 +261,19 @@ def main(argv=None) -> None:
         results, ran = {}, {}
         order = env_names + [None]  # None: the harness; every other round in reverse, so a drift of load favours none
         for name in order if r % 2 == 0 else order[::-1]:
-            print(f"[{r + 1}] {'harness run' if name is None else f'pyperf ({name} env)'}, "
+            print(f"[{setup} {r + 1}] {'harness run' if name is None else f'pyperf ({name} env)'}, "
                   f"load {os.getloadavg()[0]:.2f}", flush=True)
             if name is None:
                 ran = run_harness(config_path, out / f"harness-{r + 1}")
             else:
                 results[name] = run_pyperf(config_path, envs_by_name[name], out / f"pyperf-{name}-{r + 1}.json", args,
                                            reference_first=name.endswith("+reference"))
-        print(f"[{r + 1}] done, load {os.getloadavg()[0]:.2f}", flush=True)
+        seen = ran[None]
+        print(f"[{setup} {r + 1}] done, load {os.getloadavg()[0]:.2f}; while the harness timed: other processes' CPU "
+              f"{seen['others_cores']} cores, load average up to {seen['load_max']}", flush=True)
+        print("BLAS kernels: harness " + "; ".join(f"{lab}: {ran[lab]['blas_kernel']}" for lab in labels) + " | "
+              + " | ".join(f"pyperf {e}: " + "; ".join(dict.fromkeys(results[e][lab]["blas_kernel"] for lab in labels))
+                           for e in env_names), flush=True)
         head = ["shape"] + [f"pyperf {e} env" for e in env_names] + ["harness"] + [f"harness / pyperf {e}" for e in env_names]
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))

@@ -414,7 +414,7 @@ backends: [numpy, jax]
 """))
     asked = []
 
-    def measure(dtype, threads, library, extra, say, record):
+    def measure(dtype, threads, library, extra, say, record, clean=False):
         asked.append((dtype, threads, library))
         return {"numpy": 100.0, "jax": 40.0, "torch": 1.5, "native": None}[library]
 
