@@ -216,6 +216,7 @@ def test_a_forced_openblas_kernel_is_named_and_the_clean_switch_runs_the_cpu_s_o
     if "openblas" not in kernels["plain"]:
         pytest.skip("NumPy here is not built on OpenBLAS")
     assert kernels["plain"].endswith("Haswell")
+    assert run.meta["machine"]["steering_env"]["OPENBLAS_CORETYPE"] == "Haswell"  # the caller's, as it was
     record = run.meta["worker_environment"]
     assert record["ref|threads=1"]["variables"]["OPENBLAS_CORETYPE"] == {"value": "Haswell", "origin": "caller"}
     clean = record["ref:slow|threads=1"]

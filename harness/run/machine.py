@@ -8,6 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from harness.spec import tuning
+
 
 def _cpu_model() -> str:
     try:
@@ -100,6 +102,8 @@ def machine_info() -> dict:
         "numpy_blas": numpy_blas(),
         "gpus": gpu_info(),
         "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        # the caller's variables that steer a numerical library: what every worker inherits unless clean_env
+        "steering_env": tuning.steering(dict(os.environ)),
     }
 
 
