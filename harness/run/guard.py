@@ -157,8 +157,8 @@ class Sampler:
             have_after = any(s.t >= end for s in self.samples)
         if not have_after:
             self.take()
-        with self._lock:
-            samples = list(self.samples)
+        with self._lock:  # in time order: the thread's samples and those taken on demand may interleave
+            samples = sorted(self.samples, key=lambda s: s.t)
         before = [s for s in samples if s.t <= start]
         inside = [s for s in samples if start < s.t < end]
         after = [s for s in samples if s.t >= end]
