@@ -233,3 +233,20 @@ def test_a_forced_openblas_kernel_is_named_and_the_clean_switch_runs_the_cpu_s_o
     summary = done.stdout
     assert "caveat: OPENBLAS_CORETYPE=Haswell" in summary
     assert summary.index("caveat: OPENBLAS_CORETYPE") < summary.index("median per call")
+
+
+def test_compare_pyperf_gives_both_tools_the_same_steering_variables(monkeypatch, tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compare_pyperf", harness.__file__.replace(
+        "harness/__init__.py", "benchmarks/compare_pyperf.py"))
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")  # this test process's own, restored after it
+    for setup in compare.SETUPS:
+        path = tmp_path / f"{setup}.yaml"
+        path.write_text(compare.config_text(setup))
+        assert all(c.clean_env == (setup == "clean") for c in compare.cells(str(path)))
+        pyperf_env = compare.environments(str(path), setup)["harness"]
+        assert pyperf_env.get("OPENBLAS_CORETYPE") == ("Haswell" if setup == "inherited" else None)
+        assert pyperf_env["OMP_NUM_THREADS"] == "1" and pyperf_env["MALLOC_TRIM_THRESHOLD_"]
