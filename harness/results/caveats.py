@@ -144,7 +144,7 @@ def _forcing_lines(meta: dict) -> list[str]:
         ran = ", ".join(sorted({k for b in backends for k in kernels.get(b, ()) if k})) or "kernel unreported"
         cpu = " This CPU has AVX-512 (avx512f), where OpenBLAS picks a SkylakeX-class kernel on its own." \
             if any(n == "OPENBLAS_CORETYPE" for n, _, _ in variables) and "avx512f" in flags else ""
-        fix = " `clean_env: true` in the config runs the workers without the caller's such variables." \
+        fix = " `clean_env: true` in the config runs the workers without the caller's steering variables." \
             if origin == "caller" else ""
         out.append(f"{names} ({words.get(origin, origin)}) forced {whats} in the workers of {', '.join(backends)}: "
                    f"they ran {ran}.{cpu}{fix}")
