@@ -79,6 +79,22 @@ SHAPES = {
                             seq_len=24, batch=64),
     "gru512-b64-t24": dict(model={"kind": "gru", "hidden": 512}, input_size=512, output_size=512, tokens=False,
                            seq_len=24, batch=64),
+    # DeepBench-class training shapes (mse head, input size = hidden): configs/deepbench.yaml's defaults,
+    # and held-out ones of T 10 whose per-step products are 16-32 rows against a 1024-2048-wide W_hh
+    "db-elman1760-b16": dict(model={"kind": "elman", "activation": "relu", "hidden": 1760, "head": "mse"},
+                             input_size=1760, output_size=1760, tokens=False, seq_len=25, batch=16),
+    "db-elman1760-b64": dict(model={"kind": "elman", "activation": "relu", "hidden": 1760, "head": "mse"},
+                             input_size=1760, output_size=1760, tokens=False, seq_len=25, batch=64),
+    "db-lstm512-b16": dict(model={"kind": "lstm", "hidden": 512, "head": "mse"}, input_size=512, output_size=512,
+                           tokens=False, seq_len=25, batch=16),
+    "db-gru512-b32": dict(model={"kind": "gru", "hidden": 512, "head": "mse"}, input_size=512, output_size=512,
+                          tokens=False, seq_len=25, batch=32),
+    "db-elman2048-b16": dict(model={"kind": "elman", "activation": "relu", "hidden": 2048, "head": "mse"},
+                             input_size=2048, output_size=2048, tokens=False, seq_len=10, batch=16),
+    "db-gru1024-b32": dict(model={"kind": "gru", "hidden": 1024, "head": "mse"}, input_size=1024, output_size=1024,
+                           tokens=False, seq_len=10, batch=32),
+    "db-lstm1024-b16": dict(model={"kind": "lstm", "hidden": 1024, "head": "mse"}, input_size=1024,
+                            output_size=1024, tokens=False, seq_len=10, batch=16),
 }
 BF16_SHAPE = "lstm512-b64"
 # --bf16: the products of one lstm512-b64 step (M, N, K, op(A) transposed, op(B) transposed)
@@ -138,7 +154,8 @@ def _make(shape: dict, dtype="float32"):
     T, B = problem.seq_len, problem.batch
     x = rng.integers(0, problem.input_size, size=(T, B)) if problem.tokens else \
         rng.normal(size=(T, B, problem.input_size)).astype(problem.master_dtype)
-    y = rng.integers(0, problem.output_size, size=(T, B))
+    y = rng.normal(size=(T, B, problem.output_size)).astype(problem.master_dtype) if spec.head == "mse" else \
+        rng.integers(0, problem.output_size, size=(T, B))
     return problem, params, x, y
 
 
@@ -209,7 +226,8 @@ def child(args) -> None:
             if getattr(b, "profiling", False):
                 b.profile(reset=True)
         samples = measure.time_interleaved({k: f for k, f in steps.items() if k != "reference"}, args.rounds)
-        samples["reference"] = measure.time_rounds(steps["reference"], n_rounds=args.ref_rounds)
+        if args.ref_rounds > 0:  # 0: no reference (its float64 steps take seconds at DeepBench's shapes)
+            samples["reference"] = measure.time_rounds(steps["reference"], n_rounds=args.ref_rounds)
         profiles = {k: _profile_summary(b.profile()) for k, b in made.items() if getattr(b, "profiling", False)}
         stats = {}
         for k, v in samples.items():
@@ -318,7 +336,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="1,2", help="comma list of thread counts")
     ap.add_argument("--contenders", default=",".join(CONTENDERS), help="backends beside the reference")
     ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--ref-rounds", type=int, default=5, help="rounds that include the (slow) reference")
+    ap.add_argument("--ref-rounds", type=int, default=5, help="rounds that include the (slow) reference (0: none)")
     ap.add_argument("--profile", action="store_true", help="print the native engine's per-phase CPU time per thread")
     ap.add_argument("--bf16", action="store_true",
                     help=f"the engine's bfloat16 GEMM and {BF16_SHAPE} step against its float32 ones (AVX512-BF16 CPUs)")
