@@ -11,10 +11,13 @@ settings of DESIGN.md, applied identically to all. GFLOP/s is
     python benchmarks/measure_native.py                     # all shapes, threads 1 and 2
     python benchmarks/measure_native.py --shapes wildml-t4 --rounds 50
     python benchmarks/measure_native.py --shapes elman512 --contenders native --profile
+    python benchmarks/measure_native.py --shapes db-lstm1024-b16 --contenders native --profile --ref-rounds 0 \
+        --f32-kernel blas   # the recurrent products through the BLAS, for comparison with the own kernel
 
 ``--profile`` switches on the native engine's counters and prints, per native
 contender, each phase's CPU milliseconds per step on every thread (robust to a
-loaded machine) and the barrier waits.
+loaded machine) and the barrier waits, and the step's GFLOP/s per CPU-second against one
+core's float32 FMA peak (the engine's own kernel, ``_native.fma_peak``).
 
 ``--bf16`` measures the engine's bfloat16 path against its float32 one instead, on a CPU
 with AVX512-BF16 (VDPBF16PS; elsewhere it stops, since the portable kernel only emulates
@@ -79,6 +82,22 @@ SHAPES = {
                             seq_len=24, batch=64),
     "gru512-b64-t24": dict(model={"kind": "gru", "hidden": 512}, input_size=512, output_size=512, tokens=False,
                            seq_len=24, batch=64),
+    # DeepBench-class training shapes (mse head, input size = hidden): configs/deepbench.yaml's defaults,
+    # and held-out ones of T 10 whose per-step products are 16-32 rows against a 1024-2048-wide W_hh
+    "db-elman1760-b16": dict(model={"kind": "elman", "activation": "relu", "hidden": 1760, "head": "mse"},
+                             input_size=1760, output_size=1760, tokens=False, seq_len=25, batch=16),
+    "db-elman1760-b64": dict(model={"kind": "elman", "activation": "relu", "hidden": 1760, "head": "mse"},
+                             input_size=1760, output_size=1760, tokens=False, seq_len=25, batch=64),
+    "db-lstm512-b16": dict(model={"kind": "lstm", "hidden": 512, "head": "mse"}, input_size=512, output_size=512,
+                           tokens=False, seq_len=25, batch=16),
+    "db-gru512-b32": dict(model={"kind": "gru", "hidden": 512, "head": "mse"}, input_size=512, output_size=512,
+                          tokens=False, seq_len=25, batch=32),
+    "db-elman2048-b16": dict(model={"kind": "elman", "activation": "relu", "hidden": 2048, "head": "mse"},
+                             input_size=2048, output_size=2048, tokens=False, seq_len=10, batch=16),
+    "db-gru1024-b32": dict(model={"kind": "gru", "hidden": 1024, "head": "mse"}, input_size=1024, output_size=1024,
+                           tokens=False, seq_len=10, batch=32),
+    "db-lstm1024-b16": dict(model={"kind": "lstm", "hidden": 1024, "head": "mse"}, input_size=1024,
+                            output_size=1024, tokens=False, seq_len=10, batch=16),
 }
 BF16_SHAPE = "lstm512-b64"
 # --bf16: the products of one lstm512-b64 step (M, N, K, op(A) transposed, op(B) transposed)
@@ -138,11 +157,12 @@ def _make(shape: dict, dtype="float32"):
     T, B = problem.seq_len, problem.batch
     x = rng.integers(0, problem.input_size, size=(T, B)) if problem.tokens else \
         rng.normal(size=(T, B, problem.input_size)).astype(problem.master_dtype)
-    y = rng.integers(0, problem.output_size, size=(T, B))
+    y = rng.normal(size=(T, B, problem.output_size)).astype(problem.master_dtype) if spec.head == "mse" else \
+        rng.integers(0, problem.output_size, size=(T, B))
     return problem, params, x, y
 
 
-def _steppers(problem, params, x, y, threads: int, names, profile: bool = False):
+def _steppers(problem, params, x, y, threads: int, names, profile: bool = False, f32_kernel: str = "auto"):
     """name -> zero-argument callable doing one timed unit; notes on skipped contenders; the backends."""
     import backends
     from harness.spec import reference as ref
@@ -168,6 +188,8 @@ def _steppers(problem, params, x, y, threads: int, names, profile: bool = False)
             continue
         if profile and hasattr(b, "profiling"):
             b.profiling = True
+        if hasattr(b, "f32_kernel"):
+            b.f32_kernel = f32_kernel
         b.prepare(problem, {k: v.copy() for k, v in params.items()}, device="cpu", threads=threads)
         b.warm_up((x, y))
         made[full] = b
@@ -202,14 +224,15 @@ def child(args) -> None:
     pinned = _numpy_blas_threads(args.threads)
     for shape_name in args.shapes.split(","):
         problem, params, x, y = _make(SHAPES[shape_name])
-        steps, notes, made = _steppers(problem, params, x, y, args.threads, names, args.profile)
+        steps, notes, made = _steppers(problem, params, x, y, args.threads, names, args.profile, args.f32_kernel)
         for f in steps.values():  # one untimed call each: first-touch and lazy set-up
             f()
         for b in made.values():
             if getattr(b, "profiling", False):
                 b.profile(reset=True)
         samples = measure.time_interleaved({k: f for k, f in steps.items() if k != "reference"}, args.rounds)
-        samples["reference"] = measure.time_rounds(steps["reference"], n_rounds=args.ref_rounds)
+        if args.ref_rounds > 0:  # 0: no reference (its float64 steps take seconds at DeepBench's shapes)
+            samples["reference"] = measure.time_rounds(steps["reference"], n_rounds=args.ref_rounds)
         profiles = {k: _profile_summary(b.profile()) for k, b in made.items() if getattr(b, "profiling", False)}
         stats = {}
         for k, v in samples.items():
@@ -219,7 +242,17 @@ def child(args) -> None:
             stats[k] = {"median_ms": med * 1e3, "iqr_ms": float(np.subtract(*np.percentile(v, [75, 25]))) * 1e3,
                         "n": int(v.size), "gflops": flops / med / 1e9}
         print(json.dumps({"shape": shape_name, "threads": args.threads, "stats": stats, "notes": notes,
-                          "numpy_blas": pinned, "loadavg": os.getloadavg(), "profiles": profiles}), flush=True)
+                          "numpy_blas": pinned, "loadavg": os.getloadavg(), "profiles": profiles,
+                          "flops": problem.flops("train_step"), "fma_peak": _fma_peak() if profiles else None}),
+              flush=True)
+
+
+def _fma_peak() -> float | None:
+    """GFLOP/s of one core's float32 FMA peak (the engine's kernel); None where the engine has none."""
+    from backends.native_backend import _load
+
+    mod = _load()
+    return mod.fma_peak("float32", 1, 0.5)["gflops"] if hasattr(mod, "fma_peak") else None
 
 
 def bf16_child(args) -> None:
@@ -298,14 +331,22 @@ def _table(results) -> str:
     return "\n".join(lines)
 
 
-def _profile_text(shape: str, threads: int, name: str, prof: dict) -> str:
-    """The profile of one native contender as comment lines: CPU ms per step per thread, by phase."""
+def _profile_text(shape: str, threads: int, name: str, prof: dict, flops: float | None = None,
+                  fma: float | None = None) -> str:
+    """The profile of one native contender as comment lines: CPU ms per step per thread, by phase, and the
+    step's rate per CPU-second of its threads against one core's FMA peak (robust to a loaded machine:
+    time off the core is not counted)."""
     def nums(v):
         return " ".join(f"{x:7.2f}" for x in v)
 
     lines = [f"# {shape} threads={threads} {name}: per thread, ms per step: CPU {nums(prof['cpu_ms'])}, "
              f"wall {nums(prof['wall_ms'])}, barriers {nums(prof['barriers'])}; "
              f"steps by team size {prof['team_sizes']} (the engine times one thread against the team)"]
+    cpu_s = sum(prof["cpu_ms"]) / 1e3
+    if flops and cpu_s > 0:
+        rate = flops / cpu_s / 1e9
+        share = f", {100 * rate / fma:.0f}% of one core's float32 FMA peak ({fma:.1f})" if fma else ""
+        lines.append(f"#   {rate:.1f} GFLOP/s per CPU-second{share}")
     for phase, d in prof["phases"].items():
         lines.append(f"#   {phase:20s} CPU {nums(d['cpu_ms'])}   barrier wait {nums(d['wait_ms'])}")
     return "\n".join(lines)
@@ -318,11 +359,13 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="1,2", help="comma list of thread counts")
     ap.add_argument("--contenders", default=",".join(CONTENDERS), help="backends beside the reference")
     ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--ref-rounds", type=int, default=5, help="rounds that include the (slow) reference")
+    ap.add_argument("--ref-rounds", type=int, default=5, help="rounds that include the (slow) reference (0: none)")
     ap.add_argument("--profile", action="store_true", help="print the native engine's per-phase CPU time per thread")
     ap.add_argument("--bf16", action="store_true",
                     help=f"the engine's bfloat16 GEMM and {BF16_SHAPE} step against its float32 ones (AVX512-BF16 CPUs)")
     ap.add_argument("--portable", action="store_true", help="with --bf16: the portable kernel (checks the script)")
+    ap.add_argument("--f32-kernel", default="auto", choices=("auto", "avx512", "avx2", "blas"),
+                    help="the native engine's float32 recurrent-product kernel (blas: every product through the BLAS)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -337,7 +380,7 @@ def main(argv=None) -> int:
         env = {**os.environ, **MALLOC_ENV, **_contender_env(names, threads)}
         cmd = [sys.executable, __file__, "--child", "--threads", str(threads), "--shapes", args.shapes,
                "--contenders", args.contenders, "--rounds", str(args.rounds), "--ref-rounds", str(args.ref_rounds)]
-        cmd += ["--profile"] if args.profile else []
+        cmd += (["--profile"] if args.profile else []) + ["--f32-kernel", args.f32_kernel]
         cmd += (["--bf16"] if args.bf16 else []) + (["--portable"] if args.portable else [])
         if args.bf16:  # native alone
             env = {**os.environ, **MALLOC_ENV, **_contender_env(["native"], threads)}
@@ -358,7 +401,8 @@ def main(argv=None) -> int:
                 print(f"# {res['shape']} threads={threads}: load average {res['loadavg']}, "
                       f"NumPy BLAS {res['numpy_blas']}", flush=True)
                 for k, prof in res["profiles"].items():
-                    print(_profile_text(res["shape"], threads, k, prof), flush=True)
+                    print(_profile_text(res["shape"], threads, k, prof, res.get("flops"), res.get("fma_peak")),
+                          flush=True)
     print(_bf16_table(results) if args.bf16 else _table(results))
     return 0
 

@@ -12,11 +12,13 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "fma_peak.hpp"
 #include "rnn.hpp"
 
 namespace nb = nanobind;
@@ -383,8 +385,13 @@ int row_stride(const Matrix& a, const char* what) {
 // c = alpha op(a) op(b) + beta c in place, by the engine's float32 product (the BLAS, gemm<float>)
 // or its bfloat16 one; `threads` > 1 splits the columns of c among OpenMP threads as the engine's
 // panels do (each thread one single-threaded call). For tests and measurements.
+//
+// `recurrent`: the product as a recurrence's per-step product runs it, `repeat` times over
+// (c accumulates when beta is 1): op(b) stays the same throughout and is packed once by each
+// thread (the engine's own float32 kernel where one is active, else the BLAS with op(b)
+// taken as cache-resident; bfloat16 keeps its packing likewise).
 void py_gemm(Matrix a, Matrix b, Matrix c, bool ta, bool tb, float alpha, float beta, const std::string& precision,
-             int threads) {
+             int threads, bool recurrent, int repeat) {
     const int M = (int)c.shape(0), N = (int)c.shape(1);
     const int K = (int)(ta ? a.shape(0) : a.shape(1));
     if ((int)(ta ? a.shape(1) : a.shape(0)) != M || (int)(tb ? b.shape(1) : b.shape(0)) != K ||
@@ -397,13 +404,21 @@ void py_gemm(Matrix a, Matrix b, Matrix c, bool ta, bool tb, float alpha, float 
     const float *A = a.data(), *B = b.data();
     float* C = c.data();
     nb::gil_scoped_release release;
+    if (repeat < 1) throw nb::value_error("gemm: repeat must be at least 1");
+    if (repeat > 1 && !recurrent) throw nb::value_error("gemm: repeat is for recurrent products");
     auto part = [&](int c0, int c1) {
         if (c0 >= c1) return;
         const float* Bc = tb ? B + (std::size_t)c0 * ldb : B + c0;
-        if (low)
-            bf16::gemm(ta, tb, M, c1 - c0, K, alpha, A, lda, Bc, ldb, beta, C + c0, ldc);
-        else
-            gemm(ta, tb, M, c1 - c0, K, alpha, A, lda, Bc, ldb, beta, C + c0, ldc);
+        bf16::ReuseScope reuse(recurrent && low);
+        f32::ReuseScope reuse32(recurrent && !low);
+        for (int r = 0; r < repeat; ++r) {
+            if (low)
+                bf16::gemm(ta, tb, M, c1 - c0, K, alpha, A, lda, Bc, ldb, beta, C + c0, ldc);
+            else if (recurrent && !ta && f32::active())
+                f32::gemm(tb, M, c1 - c0, K, alpha, A, lda, Bc, ldb, beta, C + c0, ldc);
+            else
+                gemm(ta, tb, M, c1 - c0, K, alpha, A, lda, Bc, ldb, beta, C + c0, ldc, recurrent);
+        }
     };
     if (threads <= 1) {
         part(0, N);
@@ -435,6 +450,38 @@ std::string set_bf16_kernel(const std::string& name) {
         throw nb::value_error(("unknown bfloat16 kernel " + name + " (auto, portable, avx512bf16)").c_str());
     if (!bf16::set_kernel(name)) throw nb::value_error("this CPU has no AVX512-BF16 (vdpbf16ps)");
     return before;
+}
+
+std::string set_f32_kernel(const std::string& name) {
+    const std::string before = f32::kernel_name();
+    if (name != "auto" && name != "avx512" && name != "avx2" && name != "blas")
+        throw nb::value_error(("unknown float32 kernel " + name + " (auto, avx512, avx2, blas)").c_str());
+    if (!f32::set_kernel(name)) throw nb::value_error(("this CPU cannot run the " + name + " kernel").c_str());
+    return before;
+}
+
+// GFLOP/s of the core's widest multiply-add (fma_peak.hpp) on `threads` threads, the best of
+// repeated runs over `seconds`; 0 where the CPU has no kernel for the precision.
+nb::dict fma_peak(const std::string& precision, int threads, double seconds) {
+    if (precision != "float32" && precision != "bfloat16")
+        throw nb::value_error("fma_peak: precision is float32 or bfloat16");
+    nb::dict d;
+    const std::string k = peak::kernel(precision);
+    d["kernel"] = k;
+    double best = 0.0;
+    if (!k.empty()) {
+        nb::gil_scoped_release release;
+        std::int64_t iters = 1 << 16;
+        const auto t0 = std::chrono::steady_clock::now();
+        while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
+            const auto s0 = std::chrono::steady_clock::now();
+            best = std::max(best, peak::rate(precision, iters, threads));
+            const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+            if (took < 0.02) iters *= 2;  // runs of at least 20 ms: the fork and the clock are noise
+        }
+    }
+    d["gflops"] = best;
+    return d;
 }
 
 template <class T>
@@ -472,7 +519,14 @@ NB_MODULE(_native, m) {
     m.def("set_bf16_kernel", &rnn::set_bf16_kernel, "name"_a);
     m.def("round_bf16", &rnn::round_bf16, "x"_a);
     m.def("gemm", &rnn::py_gemm, "a"_a, "b"_a, "c"_a, "ta"_a = false, "tb"_a = false, "alpha"_a = 1.0f,
-          "beta"_a = 0.0f, "precision"_a = "float32", "threads"_a = 1);
+          "beta"_a = 0.0f, "precision"_a = "float32", "threads"_a = 1, "recurrent"_a = false, "repeat"_a = 1);
+    // the engine's own float32 kernel of the recurrent products: which one runs ("avx512",
+    // "avx2", or "blas": none, the BLAS) and a switch ("auto", "avx512", "avx2", "blas")
+    m.def("f32_kernel", [] { return std::string(rnn::f32::kernel_name()); });
+    // the batch sizes whose per-step products take that kernel (the others: the BLAS)
+    m.attr("f32_own_rows") = nb::make_tuple(rnn::kOwnMinRows, rnn::kOwnMaxRows);
+    m.def("set_f32_kernel", &rnn::set_f32_kernel, "name"_a);
+    m.def("fma_peak", &rnn::fma_peak, "precision"_a, "threads"_a = 1, "seconds"_a = 0.3);
     rnn::bind_net<float>(m, "Net32");
     rnn::bind_net<double>(m, "Net64");
 }

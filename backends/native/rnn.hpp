@@ -34,6 +34,7 @@
 
 #include "blas.hpp"
 #include "gemm_bf16.hpp"
+#include "gemm_f32.hpp"
 #include "vmath.hpp"
 
 namespace rnn {
@@ -95,6 +96,10 @@ constexpr double kParRows = 1 << 16;
 // at batch 16 batch rows lead by 6-12% at H 256 and trail by 3-4% at H 512; it keeps 8.
 constexpr int kMinRows = 16;
 constexpr int kMinRowsBf16 = 8;
+// The batch sizes whose per-step float32 products go to the engine's own kernel with
+// W_hh packed once per pass (gemm_f32.hpp) instead of the BLAS; see own_recurrence.
+constexpr int kOwnMinRows = 2;
+constexpr int kOwnMaxRows = 64;
 constexpr std::size_t kAlign = 16;  // elements: 64 bytes for float
 // Fused SGD adds -lr * (A^T B) into the parameters with beta = 1. BLAS splits a deep
 // product into panels of K (OpenBLAS: 256-384) and adds each panel's partial sum to C,
@@ -712,7 +717,23 @@ class Worker {
                 return;
             }
         }
+        if constexpr (std::is_same_v<T, float>) {
+            // a per-step product of a recurrence (a ReuseScope is open: op(B) is W_hh or W_hh^T,
+            // packed once per pass), by the engine's own kernel where own_recurrence says so
+            if (!ta && f32::reusing() && f32::active()) {
+                f32::gemm(tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+                return;
+            }
+        }
         rnn::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, resident);
+    }
+
+    // Whether the per-step products of a recurrence over Bn rows run on the engine's own
+    // float32 kernel (gemm_f32.hpp) with W_hh packed once per pass, rather than the BLAS.
+    bool own_recurrence(int Bn) const {
+        if constexpr (std::is_same_v<T, float>)
+            return !cfg_.bf16 && f32::active() && Bn >= kOwnMinRows && Bn <= kOwnMaxRows;
+        return false;
     }
 
     // The block [r0, r1) x [c0, c1) of C = alpha op(A) op(B) + beta C.
@@ -763,7 +784,8 @@ class Worker {
         // A W_hh too big for L2 is repacked by every per-step product, and OpenBLAS packs
         // it 1.2-1.8x faster as a transposed operand (measured at 32 x 2048 x 512); a single
         // row goes to GEMV, which streams W_hh as it is
-        const bool transposed = !resident_ && Tn > 2 && !(Bn == 1 && has_gemv(T(0)));
+        const bool own = own_recurrence(Bn);
+        const bool transposed = !own && !resident_ && Tn > 2 && !(Bn == 1 && has_gemv(T(0)));
         {
             PhaseScope ps(tm, kInputProj);
             if (l == 0 && cfg_.tokens) {  // x_t W_xh is the row gather W_xh[x_t]
@@ -802,6 +824,7 @@ class Worker {
         PhaseScope ps(tm, kRecurFwd);
         // bfloat16: every step multiplies by the same W_hh; this thread rounds and packs it once
         bf16::ReuseScope reuse(cfg_.bf16);
+        f32::ReuseScope reuse32(own);  // float32 on the engine's kernel: W_hh packed once, likewise
         int parts;
         const Split how = recurrence_split(tm, Bn, parts);
         const T* Whh = P + sl.W_hh;
@@ -1221,6 +1244,7 @@ class Worker {
     // shared like the forward recurrence.
     void window_backward(const Team& tm, const T* P, const Batch<T>& in, int l, int d, int t0) {
         bf16::ReuseScope reuse(cfg_.bf16);  // W_hh is read, never written, until the layer's update
+        f32::ReuseScope reuse32(own_recurrence(in.B));
         if (cfg_.kind == Kind::Gru) {
             gru_window_backward(tm, P, in, l, d, t0);
             return;

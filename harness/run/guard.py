@@ -26,6 +26,9 @@ import threading
 import time
 from dataclasses import dataclass
 
+from harness.spec.errors import HarnessError
+from harness.worker.cpu_roofs import read_peak_key
+
 #: a cell is contended when other processes used more than the cores it left free by this many cores
 OTHERS_MARGIN_CORES = 0.25
 #: ... or when the hypervisor stole more than this share of the CPU time while it was timed
@@ -207,11 +210,17 @@ def peak_evidence(start: dict, end: dict | None) -> list[str]:
     out = []
     parsed = {}
     for when, peaks in (("start", start or {}), ("end", end or {})):
+        plain = {}
         for key, rate in peaks.items():
-            parts = key.split("|")
-            if len(parts) != 2 or rate is None or not parts[1].startswith("threads="):
+            try:
+                dtype, threads, library = read_peak_key(key)
+            except HarnessError:
                 continue
-            parsed[(when, parts[0], int(parts[1].split("=", 1)[1]))] = float(rate)
+            if rate is not None and library in (None, "numpy"):
+                plain.setdefault((when, dtype, threads), {})[library] = float(rate)
+        # NumPy's own product where the run keeps it apart: the plain key is the best of every library (the
+        # engine's FMA peak among them), which is not what was measured again at the end
+        parsed.update({k: rates.get("numpy", rates.get(None)) for k, rates in plain.items()})
     for (when, dtype, threads), rate in sorted(parsed.items()):
         if when == "end":
             before = parsed.get(("start", dtype, threads))

@@ -1,5 +1,6 @@
 """The roofs a cell's GFLOP/s is read against, measured in a worker of their own: the CPU's GEMM
-peak per dtype and thread count (:mod:`harness.worker.cpu_roofs`), and the GPU's GEMM rates and
+peak and its hardware FMA peak per dtype and thread count, the higher being the roof
+(:mod:`harness.worker.cpu_roofs`), and the GPU's GEMM rates and
 memory bandwidth (:mod:`harness.worker.gpu_roofs`)."""
 
 from __future__ import annotations
@@ -9,14 +10,15 @@ from harness.run.client import WorkerFailure, WorkerProcess, worker_environment
 from harness.spec.model import REDUCED_DTYPES
 
 
-_UNAVAILABLE: set[str] = set()  # the per-library mixed-precision peaks a library could not measure here
+_UNAVAILABLE: set[str] = set()  # the per-library peaks a library (or the FMA kernel) could not measure here
 
 
 def gemm_peaks(cells, known: dict[str, float], say=None, record=None) -> dict[str, float]:
-    """The GEMM peaks (GFLOP/s, keyed :func:`cpu_roofs.peak_key`) of the CPU cells' settings not in
-    ``known``: NumPy's in float32 and float64; under mixed precision the float32 one (drawn beside it)
-    and the low type's through each of :data:`cpu_roofs.LOW_PRECISION_LIBRARIES` that is installed,
-    the fastest being the cells' roof."""
+    """The roofs (GFLOP/s, keyed :func:`cpu_roofs.peak_key`) of the CPU cells' settings whose roof is not
+    in ``known``: per dtype and thread count the rate through each of :func:`cpu_roofs.roof_libraries`
+    (NumPy's GEMM in float32 and float64, each low-precision library's, and the hardware FMA peak in
+    float32 and bfloat16), each under its own key, and the highest as the cells' roof. Under mixed
+    precision the float32 roof is measured too (drawn beside it)."""
     found: dict[str, float] = {}
     wanted = {}
     for c in cells:
@@ -24,26 +26,27 @@ def gemm_peaks(cells, known: dict[str, float], say=None, record=None) -> dict[st
             continue
         p = c.problem
         for dtype in dict.fromkeys((p.master_dtype, p.dtype)):
-            libraries = cpu_roofs.LOW_PRECISION_LIBRARIES if dtype in REDUCED_DTYPES else ("numpy",)
-            for library in libraries:
+            if cpu_roofs.peak_key(dtype, c.threads) in known:  # this run's roof, measured already
+                continue
+            for library in cpu_roofs.roof_libraries(dtype):
                 wanted.setdefault((dtype, c.threads, library), c.env)
     clean = _clean(cells)
     for (dtype, threads, library), extra in wanted.items():
-        key = cpu_roofs.peak_key(dtype, threads, library if dtype in REDUCED_DTYPES else None)
+        key = cpu_roofs.peak_key(dtype, threads, library)
         if key in known or key in found or key in _UNAVAILABLE:
             continue
         rate = _measure(dtype, threads, library, extra, say, record, clean)
         if rate is not None:
             found[key] = rate
-        elif dtype in REDUCED_DTYPES:
+        elif library != "numpy":
             _UNAVAILABLE.add(key)  # asked once per process: the library lacks the type here
-    for dtype, threads in {(d, t) for d, t, _ in wanted if d in REDUCED_DTYPES}:
+    for dtype, threads in {(d, t) for d, t, _ in wanted}:
         key = cpu_roofs.peak_key(dtype, threads)
         rates = cpu_roofs.library_rates({**known, **found}, dtype, threads)
         if rates and key not in known:
             found[key] = max(rates.values())
         elif not rates and say is not None:
-            say(f"note: no {dtype} GEMM peak measured (none of {', '.join(cpu_roofs.LOW_PRECISION_LIBRARIES)} "
+            say(f"note: no {dtype} GEMM peak measured (none of {', '.join(cpu_roofs.roof_libraries(dtype))} "
                 f"has the product here): {dtype} cells show no share of a roof")
     return found
 
@@ -55,15 +58,16 @@ def _clean(cells) -> bool:
 
 
 def peaks_again(cells, start: dict, say=None, record=None) -> dict[str, float]:
-    """The plain (float32, float64) GEMM peaks of ``start`` measured once more, as at a run's end: a machine
-    that got busier in between shows a lower peak (:func:`harness.run.guard.peak_evidence`)."""
+    """NumPy's GEMM peaks (float32, float64) of ``start`` measured once more, as at a run's end, under the
+    same keys: a machine that got busier in between shows a lower peak
+    (:func:`harness.run.guard.peak_evidence`). The engine's FMA peak and the low types' libraries are not
+    measured again: one library's product, like for like, says what the machine did."""
     extra = {(c.problem.dtype, c.threads): c.env for c in cells if c.problem.device == "cpu"}
     out = {}
     for key in start:
-        parts = key.split("|")
-        if len(parts) != 2 or parts[0] in REDUCED_DTYPES:
+        dtype, threads, library = cpu_roofs.read_peak_key(key)
+        if library != "numpy" or dtype in REDUCED_DTYPES:
             continue
-        dtype, threads = parts[0], int(parts[1].split("=", 1)[1])
         env = next((e for (d, t), e in extra.items() if t == threads), {})
         rate = _measure(dtype, threads, "numpy", env, say, record, _clean(cells))
         if rate is not None:
@@ -72,13 +76,14 @@ def peaks_again(cells, start: dict, say=None, record=None) -> dict[str, float]:
 
 
 def _measure(dtype: str, threads: int, library: str, extra: dict, say, record, clean: bool = False) -> float | None:
-    """One GEMM peak, in a worker with ``library``'s backend environment (its thread settings)."""
-    _, env = worker_environment(library, "cpu", dtype, threads, extra, clean)
+    """One peak, in a worker with ``library``'s backend environment (its thread settings; the hardware
+    peak in the native backend's)."""
+    _, env = worker_environment(cpu_roofs.BACKEND_OF.get(library, library), "cpu", dtype, threads, extra, clean)
     w = WorkerProcess(None, env, "gemm-peak", record=record)
     try:
         return w.request(protocol.GemmPeak(dtype, 1024, library, threads), 120).body.gflops
     except WorkerFailure as exc:
-        quiet = dtype in REDUCED_DTYPES and "unavailable:" in str(exc)  # one of several libraries: fine
+        quiet = "unavailable:" in str(exc)  # one of several libraries (or the hardware kernel): fine
         if say is not None and not quiet:
             say(f"warning: {dtype} GEMM peak through {library} failed: {str(exc).splitlines()[0]}")
         return None
