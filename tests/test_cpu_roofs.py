@@ -22,7 +22,7 @@ def _peaks(write_config, monkeypatch, dtype, rates, known=None):
     cfg = load_config(write_config(CONFIG.format(dtype=dtype)))
     asked = []
 
-    def measure(dtype, threads, library, extra, say, record):
+    def measure(dtype, threads, library, extra, say, record, clean=False):
         asked.append((dtype, library))
         return rates.get(library)
 

@@ -58,8 +58,13 @@ def _probe(others_cores: float):
 
 def _guarded_run(config_path, out, others_cores: float, peak_start: float, peak_end: float, monkeypatch):
     """A real run of the test backends with the machine's readings and GEMM peaks injected."""
-    rates = iter([peak_start, peak_end])
-    monkeypatch.setattr(roofs, "_measure", lambda *a, **k: next(rates))
+    seen: dict = {}
+
+    def measure(dtype, threads, library, *a, **k):  # each roof's first reading at the start, its second at the end
+        seen[dtype, threads, library] = seen.get((dtype, threads, library), 0) + 1
+        return peak_start if seen[dtype, threads, library] == 1 else peak_end
+
+    monkeypatch.setattr(roofs, "_measure", measure)
     cfg = load_config(config_path)
     store = RunStore.create(out, new_run_meta(cfg))
     said = io.StringIO()
@@ -261,3 +266,11 @@ def test_compare_pyperf_gives_both_tools_the_same_steering_variables(monkeypatch
         pyperf_env = compare.environments(str(path), setup)["harness"]
         assert pyperf_env.get("OPENBLAS_CORETYPE") == ("Haswell" if setup == "inherited" else None)
         assert pyperf_env["OMP_NUM_THREADS"] == "1" and pyperf_env["MALLOC_TRIM_THRESHOLD_"]
+
+
+def test_the_peak_at_the_end_is_read_against_numpys_own_at_the_start_not_the_fma_roof():
+    # the plain key holds the best of every library (the engine's FMA kernel here); the end measures NumPy's
+    start = {"float32|threads=1": 200.0, "float32|threads=1|numpy": 100.0, "float32|threads=1|fma": 200.0}
+    assert guard.peak_evidence(start, {"float32|threads=1": 95.0}) == []
+    assert guard.peak_evidence(start, {"float32|threads=1": 60.0})[0].startswith(
+        "the float32 GEMM peak at 1 thread(s) fell from 100 GFLOP/s")

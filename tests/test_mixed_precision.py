@@ -436,11 +436,11 @@ backends: [numpy, jax]
 def test_the_roofline_draws_the_low_types_roof_beside_float32s(tmp_path, monkeypatch):
     import pandas as pd
 
-    from harness.results import plots
+    from harness.results import plot_roofline, plots
 
     drawn = []
-    save = plots._save
-    monkeypatch.setattr(plots, "_save", lambda plt, fig, *a, **k: (drawn.extend(
+    save = plot_roofline._save
+    monkeypatch.setattr(plot_roofline, "_save", lambda plt, fig, *a, **k: (drawn.extend(
         t.get_text() for ax in fig.axes for t in ax.texts), save(plt, fig, *a, **k))[1])
 
     base = {"status": "ok", "device": "cpu", "threads": 2, "model": "lstm", "batch": 64, "input_size": 512,

@@ -59,9 +59,10 @@ def _clean(cells) -> bool:
 
 def peaks_again(cells, start: dict, say=None, record=None) -> dict[str, float]:
     """NumPy's GEMM peaks (float32, float64) of ``start`` measured once more, as at a run's end, under the
-    same keys: a machine that got busier in between shows a lower peak
-    (:func:`harness.run.guard.peak_evidence`). The engine's FMA peak and the low types' libraries are not
-    measured again: one library's product, like for like, says what the machine did."""
+    plain keys (``dtype|threads=N``): a machine that got busier in between shows a lower peak
+    (:func:`harness.run.guard.peak_evidence`, which reads the start's NumPy key against these). The engine's FMA
+    peak and the low types' libraries are not measured again: one library's product, like for like, says what
+    the machine did."""
     extra = {(c.problem.dtype, c.threads): c.env for c in cells if c.problem.device == "cpu"}
     out = {}
     for key in start:
@@ -71,7 +72,7 @@ def peaks_again(cells, start: dict, say=None, record=None) -> dict[str, float]:
         env = next((e for (d, t), e in extra.items() if t == threads), {})
         rate = _measure(dtype, threads, "numpy", env, say, record, _clean(cells))
         if rate is not None:
-            out[key] = rate
+            out[cpu_roofs.peak_key(dtype, threads)] = rate
     return out
 
 
