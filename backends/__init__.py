@@ -162,21 +162,6 @@ def ref(full) -> BackendRef:
     return full if isinstance(full, BackendRef) else BackendRef.parse(str(full))
 
 
-def split_name(full: str) -> tuple[str, str | None]:
-    """``"numpy:wildml"`` -> ``("numpy", "wildml")``; ``"jax"`` -> ``("jax", None)``; the versions a name
-    pins are not part of it: ``"jax:unroll=4@0.4.38"`` -> ``("jax", "unroll=4")``, nor the revision it
-    pins: ``"native:sync@rev:4aee8db"`` -> ``("native", "sync")``."""
-    r = ref(full)
-    return r.name, r.variant
-
-
-def split_pins(full: str) -> tuple[str, str]:
-    """A backend name's two parts, ``name[:variant]`` and the versions it pins after ``@``:
-    ``"jax:unroll=4@0.4.38+jaxlib@0.4.38"`` -> ``("jax:unroll=4", "0.4.38+jaxlib@0.4.38")``; ``""`` for none."""
-    r = ref(full)
-    return r.base, r.pin_text
-
-
 def _short(full: str) -> str:
     """A backend name as messages quote it: its start and end where it is long (a runaway version)."""
     from harness.spec.model import short_repr

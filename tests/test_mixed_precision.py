@@ -293,8 +293,8 @@ REFUSING = ["numba", "theano", "pytensor", "halide", "numpy:wildml"]
 def test_backends_without_a_mixed_precision_path_refuse_it_with_their_reason(name, dtype):
     import backends as registry
 
-    cls = registry.backend_class(registry.split_name(name)[0])
-    backend = cls(registry.split_name(name)[1])
+    r = registry.BackendRef.parse(name)
+    backend = r.backend_class()(r.variant)
     problem = Problem(ModelSpec(kind="elman", hidden=8, bias=True), 5, 6, False, dtype, 1, 7, "cpu")
     ok, why = backend.supports(problem)
     assert not ok and why.startswith("unsupported: ") and dtype in why, why

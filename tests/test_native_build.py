@@ -44,7 +44,8 @@ def test_a_revision_name_resolves_to_its_commit_and_runs_in_the_main_environment
     assert canonical == f"native@rev:{head[:native_build.SHORT]}"
     assert backends.validate_name(f"native:sync@rev:{head}") == f"native:sync@rev:{head[:native_build.SHORT]}"
     assert backends.environment_of(canonical) is None  # the main environment: only the engine differs
-    assert backends.split_name("native:sync@rev:HEAD") == ("native", "sync")
+    r = backends.BackendRef.parse("native:sync@rev:HEAD")
+    assert (r.name, r.variant) == ("native", "sync")
     assert backends.revision_of("native:sync@rev:HEAD~1") == "HEAD~1"
     assert backends.revision_of("jax@0.4.38") is None and backends.revision_of("native") is None
     assert backends.pins_of(canonical) == {}

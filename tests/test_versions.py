@@ -41,16 +41,18 @@ MISSING = "numpy@0.0.1"  # no such release: pip refuses it after one look at the
 def test_names_their_canonical_spelling_and_environment(name, canonical, env):
     assert backends.validate_name(name) == canonical
     assert backends.environment_of(canonical) == env
-    assert backends.split_name(name)[0] == name.split(":")[0].split("@")[0]
+    assert backends.BackendRef.parse(name).name == name.split(":")[0].split("@")[0]
 
 
-def test_a_pinned_instance_knows_its_pins_and_split_name_ignores_them():
+def test_a_pinned_instance_knows_its_pins_and_its_ref_parts_them():
     inst = backends.create("jax:unroll=4@0.4.38+jaxlib@0.4.38")
     assert inst.variant == "unroll=4" and inst.pins == {"jax": "0.4.38", "jaxlib": "0.4.38"}
     assert inst.full_name == "jax:unroll=4@0.4.38+jaxlib@0.4.38"  # what checks and messages call it
     assert inst.environment_name == "jax@0.4.38+jaxlib@0.4.38"
-    assert backends.split_name("jax:unroll=4@0.4.38") == ("jax", "unroll=4")
-    assert backends.split_pins("jax:unroll=4@0.4.38+jaxlib@0.4.38") == ("jax:unroll=4", "0.4.38+jaxlib@0.4.38")
+    r = backends.BackendRef.parse("jax:unroll=4@0.4.38")
+    assert (r.name, r.variant) == ("jax", "unroll=4")
+    r = backends.BackendRef.parse("jax:unroll=4@0.4.38+jaxlib@0.4.38")
+    assert (r.base, r.pin_text) == ("jax:unroll=4", "0.4.38+jaxlib@0.4.38")
     assert backends.create("jax").pins == {}
 
 
@@ -133,8 +135,8 @@ def test_the_worker_refuses_a_pin_its_environment_does_not_hold():
 
 
 def _row(backend: str, version: str, cell: str = "c1", **extra) -> dict:
-    name, variant = backends.split_name(backend)
-    pins = backends.split_pins(backend)[1] or None
+    r = backends.BackendRef.parse(backend)
+    name, variant, pins = r.name, r.variant, r.pin_text or None
     return {"cell_id": f"{cell}|{backend}", "group": cell, "backend": name,
             "variant": variant or backends.default_variant(name), "pins": pins, "backend_version": version,
             "device": "cpu", "model": "elman", "task": "random", "workload": "train_step", "dtype": "float32",
