@@ -28,6 +28,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from enum import Enum
 from pathlib import Path
 
 from harness.spec import writes
@@ -488,17 +489,32 @@ def gpu_check(out: Path, record: Record, say, deadline: float | None, names: lis
         say(f"GPU check: out of its {GPU_CHECK_S:.0f} s, not checked: {', '.join(unchecked)} (the next call goes on)")
 
 
+class ExperimentStatus(str, Enum):
+    """How one experiment's run ended: ``finished`` (every cell), ``failed`` (its command failed or left
+    cells unfinished), ``stopped`` (at the end of the budget; the next call resumes it) or ``interrupted``."""
+
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    INTERRUPTED = "interrupted"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
-class Outcome:
+class ExperimentRun:
+    """One experiment's run in a call of ``harness reproduce`` (a cell's outcome is ``run.group.Outcome``)."""
+
     name: str
-    status: str  # finished | failed | stopped (over budget, resumable) | interrupted
+    status: ExperimentStatus
     seconds: float
     exit_code: int | None = None
     notes: list[str] = field(default_factory=list)
 
 
 def run_plan(decisions: list[Decision], out: Path, machine: MachineFacts, budget_s: float | None,
-             say=print, check_gpu: bool = True, clock=time.monotonic) -> list[Outcome]:
+             say=print, check_gpu: bool = True, clock=time.monotonic) -> list[ExperimentRun]:
     """Run what the plan says, in its order; re-plan the budget against the clock before each one.
 
     ``clock`` (seconds, monotonic) is what the budget is measured on."""
@@ -510,7 +526,7 @@ def run_plan(decisions: list[Decision], out: Path, machine: MachineFacts, budget
     record.save()
     t0 = clock()
     deadline = None if budget_s is None else t0 + budget_s * (1 + OVERRUN)
-    outcomes: list[Outcome] = []
+    outcomes: list[ExperimentRun] = []
     try:
         if check_gpu and machine.has_gpu:
             gpu_check(out, record, say, deadline, clock=clock)
@@ -532,12 +548,13 @@ def run_plan(decisions: list[Decision], out: Path, machine: MachineFacts, budget
                 rc, stopped = _wait(proc, deadline, clock)
             except KeyboardInterrupt:
                 rc, stopped = _wait(proc, clock(), clock)  # saves and exits (Ctrl-C reached it too)
-                outcomes.append(Outcome(d.name, "interrupted", time.monotonic() - started, rc))
+                outcomes.append(ExperimentRun(d.name, ExperimentStatus.INTERRUPTED, time.monotonic() - started, rc))
                 _keep(record, d, outcomes[-1])
                 raise
             done = _progress(out / d.name, Experiment(Path(d.config), d.profile))[0] == "done"
-            status = "stopped" if stopped else "finished" if rc == 0 and done else "failed"
-            outcomes.append(Outcome(d.name, status, time.monotonic() - started, rc))
+            status = (ExperimentStatus.STOPPED if stopped else ExperimentStatus.FINISHED if rc == 0 and done
+                      else ExperimentStatus.FAILED)
+            outcomes.append(ExperimentRun(d.name, status, time.monotonic() - started, rc))
             _keep(record, d, outcomes[-1])
             if stopped:
                 say(f"{d.name}: stopped at the end of the budget; what finished is saved, the next call resumes it")
@@ -550,7 +567,7 @@ def run_plan(decisions: list[Decision], out: Path, machine: MachineFacts, budget
     return outcomes
 
 
-def _keep(record: Record, d: Decision, o: Outcome) -> None:
+def _keep(record: Record, d: Decision, o: ExperimentRun) -> None:
     entry = record.data["experiments"].setdefault(d.name, {"config": d.config, "profile": d.profile, "seconds": 0.0})
     entry["seconds"] = round(entry.get("seconds", 0.0) + o.seconds, 1)
     entry.update({"status": o.status, "exit_code": o.exit_code, "estimate_s": round(d.estimate_s or 0, 1),
