@@ -67,7 +67,8 @@ def run_cmd(
     from harness.config import load_config
     from harness.run.client import kill_all_workers, stop_on_signals
     from harness.results.store import RunStore, check_out_folder, config_fingerprint
-    from harness.run.runner import Runner, new_run_meta
+    from harness.run.runner import new_run_meta
+    from harness.run.session import end_stale_workers, executor_for, resume_command, run_into
 
     stores = []
     with stop_on_signals() as stopped:
@@ -77,13 +78,16 @@ def run_cmd(
                 _check_backend_names(backends_opt)  # a typo there is the option's, not the config file's
                 if out is not None:
                     check_out_folder(out)
-                executor = _executor(executor_opt, scheduler, workers)
+                executor = executor_for(executor_opt, scheduler, workers)
                 if resume is not None:
                     if len(configs) > 1:
                         raise HarnessError("--resume takes one config (the one the run was started with)")
                     loaded = [load_config(configs[0], _split_csv(backends_opt), profile)]
                     stores.append(RunStore.open(resume, lock=True, fingerprint=config_fingerprint(loaded[0])))
-                    _end_stale_workers(stores[0].path)
+                    ended = end_stale_workers(stores[0].path)
+                    if ended:
+                        err_console.print(f"{stores[0].path}: {len(ended)} worker(s) of the interrupted runner were "
+                                          f"still running (pid {', '.join(map(str, ended))}); ended them", highlight=False)
                 else:
                     loaded = [load_config(c, _split_csv(backends_opt), profile) for c in configs]
                     if executor is not None:  # before any folder exists: no worker can hold these threads
@@ -105,19 +109,14 @@ def run_cmd(
                            TextColumn("eta"), TimeRemainingColumn()]
                 try:
                     with Progress(*columns, console=err_console, transient=False) as progress:
-                        Runner(cfg, store, console=err_console).run(progress, executor)
+                        run_into(cfg, store, progress, executor, console=err_console)
                 except KeyboardInterrupt:
-                    kill_all_workers()
-                    _close_run(store, interrupted=True)
                     err_console.print(f"interrupted ({stopped.name}): finished cells are saved; continue with "
-                                      f"`{_resume_command(cfg.path, store.path, profile, backends_opt)}`",
+                                      f"`{resume_command(cfg.path, store.path, profile, backends_opt)}`",
                                       highlight=False, markup=False)
                     raise typer.Exit(stopped.exit_code)
                 except HarnessError as exc:
-                    _close_run(store, interrupted=True, quiet=True)  # the disk may refuse this too: say it once
                     _fail(exc, 1)
-                if not _close_run(store):
-                    raise typer.Exit(1)
                 _print_summary(store)
                 if not no_plots:
                     _draw(store.path) if no_report else _draw_and_report(store.path)
@@ -128,64 +127,6 @@ def run_cmd(
         finally:
             for store in stores:
                 store.close()
-
-
-def _resume_command(config: str, folder: Path, profile: str | None, backends_opt: str | None) -> str:
-    """The command that finishes an interrupted run: its config and folder as they were given, with the
-    options its fingerprint holds (--profile, --backends), quoted for a shell."""
-    import shlex
-
-    args = ["harness", "run", str(config)]
-    if profile is not None:
-        args += ["--profile", profile]
-    if backends_opt is not None:
-        args += ["--backends", backends_opt]
-    return shlex.join(args + ["--resume", str(folder)])
-
-
-def _end_stale_workers(folder: Path) -> None:
-    """End the workers a killed runner of this run left running, saying so (with the kernel's
-    guarantee, Linux, there are none: each worker died with its runner)."""
-    from harness.worker.lifeline import end_stale
-
-    ended = end_stale(folder)
-    if ended:
-        err_console.print(f"{folder}: {len(ended)} worker(s) of the interrupted runner were still running "
-                          f"(pid {', '.join(map(str, ended))}); ended them", highlight=False)
-
-
-def _close_run(store, interrupted: bool = False, quiet: bool = False) -> bool:
-    """Write the run's closing metadata; False (with the reason printed unless ``quiet``) when the disk refuses it."""
-    from harness.run.runner import finish_meta
-
-    try:
-        finish_meta(store, interrupted=interrupted)
-    except HarnessError as exc:
-        if not quiet:
-            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return False
-    return True
-
-
-def _executor(kind: str, scheduler: str | None, workers: int | None):
-    """The executor object for ``--executor`` (None: the local sequential runner)."""
-    from harness.run.distributed import DaskExecutor
-
-    if kind == "local":
-        if scheduler or workers:
-            raise HarnessError("--scheduler and --workers go with --executor dask / dask-local")
-        return None
-    if kind == "dask":
-        if not scheduler:
-            raise HarnessError("--executor dask needs --scheduler ADDRESS (e.g. tcp://head-node:8786)")
-        return DaskExecutor(scheduler=scheduler)
-    if kind == "dask-local":
-        if scheduler:
-            raise HarnessError("--executor dask-local starts its own cluster; --scheduler goes with --executor dask")
-        if workers is not None and workers < 1:
-            raise HarnessError(f"--workers: expected a positive integer, got {workers}")
-        return DaskExecutor(n_workers=workers or 2)
-    raise HarnessError(f"--executor: expected local, dask or dask-local, got {kind!r}")
 
 
 def _check_backend_names(backends_opt: Optional[str]) -> None:
@@ -381,7 +322,7 @@ def reproduce_cmd(
     if skipped:
         console.print(f"out of budget: {', '.join(d.name for d in skipped)}", highlight=False)
     console.print(f"record: {out / reproduce.RECORD}", highlight=False)
-    raise typer.Exit(1 if any(o.status == "failed" for o in outcomes) else 0)
+    raise typer.Exit(1 if any(o.status == reproduce.ExperimentStatus.FAILED for o in outcomes) else 0)
 
 
 @app.command("unpack")

@@ -32,3 +32,30 @@ def write_config(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture
+def run_config(tmp_path):
+    """Run a config into a folder as ``harness run`` does (harness.run.session.run_into) and load it:
+    ``run_config(config, out=tmp_path / "run", peaks=None, executor=None)``; ``config`` is a path or a
+    loaded RunConfig, ``peaks`` GEMM peaks taken as measured (the run then times none)."""
+    from harness.config import load_config
+    from harness.config.cells import RunConfig
+    from harness.results.store import RunStore, load_run
+    from harness.run.runner import new_run_meta
+    from harness.run.session import run_into
+
+    def run(config, out: Path | None = None, peaks: dict | None = None, executor=None):
+        cfg = config if isinstance(config, RunConfig) else load_config(config)
+        out = tmp_path / "run" if out is None else Path(out)
+        meta = new_run_meta(cfg)
+        if peaks:
+            meta["gemm_peak_gflops"] = dict(peaks)
+        store = RunStore.create(out, meta)
+        try:
+            run_into(cfg, store, executor=executor)
+        finally:
+            store.close()
+        return load_run(out)
+
+    return run

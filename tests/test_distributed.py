@@ -13,7 +13,7 @@ from harness.config import load_config
 from harness.run.distributed import DaskExecutor, cpu_slices, group_resources, merge_fragment, unmet_need
 from harness.spec.errors import HarnessError
 from harness.results.store import RunStore, load_run
-from harness.run.runner import Runner, finish_meta, new_run_meta
+from harness.run.runner import Runner, new_run_meta
 
 CONFIG = """
 name: dask-small
@@ -33,13 +33,6 @@ def _config(tmp_path, min_time_s=0.05):
     path = tmp_path / "small.yaml"
     path.write_text(CONFIG.replace("MIN_TIME", str(min_time_s)))
     return load_config(path)
-
-
-def _run(cfg, out, executor=None):
-    store = RunStore.create(out, new_run_meta(cfg))
-    Runner(cfg, store).run(None, executor)
-    finish_meta(store)
-    return load_run(out)
 
 
 def test_group_resources_ask_for_cores_and_a_gpu_when_needed(tmp_path):
@@ -74,10 +67,10 @@ def test_fragments_merge_into_run_json_per_host():
 
 
 @pytest.mark.slow
-def test_dask_local_gives_the_same_run_folder_as_a_local_run(tmp_path):
+def test_dask_local_gives_the_same_run_folder_as_a_local_run(tmp_path, run_config):
     cfg = _config(tmp_path)
-    local = _run(cfg, tmp_path / "local")
-    dask = _run(cfg, tmp_path / "dask", DaskExecutor(n_workers=2))
+    local = run_config(cfg, tmp_path / "local")
+    dask = run_config(cfg, tmp_path / "dask", executor=DaskExecutor(n_workers=2))
     assert list(dask.timings.columns) == list(local.timings.columns)
     assert sorted(p.name for p in (tmp_path / "dask").iterdir()) == sorted(p.name for p in (tmp_path / "local").iterdir())
     assert list(dask.timings["cell_id"]) == list(local.timings["cell_id"])  # the config's order

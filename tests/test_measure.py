@@ -84,19 +84,8 @@ def test_screening_says_who_lacks_the_device():
     assert screen(Picky(), cpu) == ("unsupported", "unsupported: batch 3")
 
 
-def test_numpy_gpu_cells_are_unsupported_not_unavailable(write_config, tmp_path):
-    import harness
-    from harness.config import load_config
-    from harness.results.store import RunStore
-    from harness.run.runner import Runner, finish_meta, new_run_meta
-
+def test_numpy_gpu_cells_are_unsupported_not_unavailable(write_config, run_config):
     path = write_config("name: g\nmodel: {kind: elman, hidden: 4}\ntask: {kind: random, vocab: 5, seq_len: 3}\n"
                         "backends: [numpy]\ndevice: gpu\n")
-    cfg = load_config(path)
-    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
-    runner = Runner(cfg, store)
-    runner.gemm_peaks = {"float32|threads=1": 1.0}
-    runner.run()
-    finish_meta(store)
-    t = harness.load_run(tmp_path / "run").timings
+    t = run_config(path, peaks={"float32|threads=1": 1.0}).timings
     assert list(t["status"]) == ["unsupported"] and t["error"].iloc[0].startswith("unsupported:")

@@ -5,9 +5,7 @@ import numpy as np
 import pytest
 
 import harness
-from harness.results.store import RunStore
 from harness.config import load_config
-from harness.run.runner import Runner, finish_meta, new_run_meta
 
 PAIRED = """
 name: paired
@@ -62,13 +60,9 @@ def test_pair_over_takes_dtype_and_threads_once_each(fake_backends, write_config
         load_config(write_config(PAIRED.replace("[dtype]", bad)))
 
 
-def test_each_cell_gets_its_ratio_to_the_same_backend_at_the_first_setting(fake_backends, write_config, tmp_path):
+def test_each_cell_gets_its_ratio_to_the_same_backend_at_the_first_setting(fake_backends, write_config, run_config):
     text = PAIRED.replace("batch: [2, 3]", "batch: [2]").replace("threads: [1, 2]", "threads: [1]")
-    cfg = load_config(write_config(text))
-    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
-    Runner(cfg, store).run()
-    finish_meta(store)
-    t = harness.load_run(tmp_path / "run").timings
+    t = run_config(write_config(text)).timings
     t = t.set_index(t["backend"] + ":" + t["variant"] + ":" + t["dtype"])
     assert (t["status"] == "ok").all() and (t["setting_baseline"] == "dtype=float64").all()
     for name in ("ref:plain", "ref:slow"):
@@ -94,17 +88,14 @@ def test_a_widely_disagreeing_interval_stays_above_zero():
     assert 0 < lo <= point <= hi
 
 
-def test_tables_and_report_show_each_setting_with_its_paired_ratio(fake_backends, write_config, tmp_path):
+def test_tables_and_report_show_each_setting_with_its_paired_ratio(fake_backends, write_config, tmp_path, run_config):
     """The page's tables and the report split a paired group by setting (each backend once per dtype, not
     one cell written over the other) and give each later setting's ratio with its interval."""
     from harness import docs
     from harness.results.report import build_report, to_html, to_markdown
 
     text = PAIRED.replace("batch: [2, 3]", "batch: [2]").replace("threads: [1, 2]", "threads: [1]")
-    cfg = load_config(write_config(text))
-    store = RunStore.create(tmp_path / "ex" / "paired", new_run_meta(cfg))
-    Runner(cfg, store).run()
-    finish_meta(store)
+    run_config(write_config(text), tmp_path / "ex" / "paired")
     table = docs.render_table(docs.TableSpec.parse("speedups paired", 1, "page"), tmp_path / "ex")
     rows = [line for line in table[2:]]
     assert len(rows) == 2 and "float64" in rows[0] and "float32" in rows[1]  # one row per dtype

@@ -379,27 +379,16 @@ def test_tables_flag_a_speedup_that_missed_its_target(capsys):
 
 
 @pytest.mark.slow
-def test_a_run_records_precision_through_the_results_folder(fake_backends, write_config, tmp_path):
+def test_a_run_records_precision_through_the_results_folder(fake_backends, write_config, run_config):
     """Workers, stop rule and parquet together: a cell that cannot reach an impossible target is flagged."""
     import pandas as pd
-
-    import harness
-    from harness.config import load_config
-    from harness.results.store import RunStore
-    from harness.run.runner import Runner, finish_meta, new_run_meta
 
     path = write_config("name: prec\nmodel: {kind: elman, hidden: 8}\n"
                         "task: {kind: random, vocab: 20, seq_len: 6, n_sequences: 16, n_eval: 8}\n"
                         "backends: [ref, 'ref:slow']\n"
                         "timing: {warmup: 1, min_rounds: 3, min_time_s: 0.02, max_time_s: 0.4, timeout_s: 20, "
                         "round_s: 0.005, speedup_precision: 0.000001}\n")
-    cfg = load_config(path)
-    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
-    runner = Runner(cfg, store)
-    runner.gemm_peaks = {"float32|threads=1": 1.0}
-    runner.run()
-    finish_meta(store)
-    t = harness.load_run(tmp_path / "run").timings.set_index("variant")
+    t = run_config(path, peaks={"float32|threads=1": 1.0}).timings.set_index("variant")
     assert list(t["stop_reason"]) == ["cap", "cap"] and t.loc["slow", "n_samples"] >= stats.MIN_PRECISION_ROUNDS
     assert not bool(t.loc["slow", "precision_met"]) and t.loc["slow", "speedup_half_width"] > 0
     assert t.loc["slow", "speedup_precision"] == 0.000001 and t.loc["slow", "n_disturbed_one_sided"] >= 0

@@ -368,7 +368,7 @@ def test_keys_that_apply_to_some_cell_are_kept(fake_backends, tmp_path, text):
 
 
 def test_the_resume_hint_is_the_command_as_given_with_the_options_the_run_needs():
-    from harness.cli import _resume_command
+    from harness.run.session import resume_command as _resume_command
 
     assert _resume_command("../cfg/x.yaml", Path("out/x"), None, None) == "harness run ../cfg/x.yaml --resume out/x"
     assert (_resume_command("my configs/x.yaml", Path("out/x"), "gpu", "numpy,jax")

@@ -31,15 +31,7 @@ batch: [2]
 """
 
 
-def _run(path, out):
-    cfg = load_config(path)
-    store = RunStore.create(out, new_run_meta(cfg))
-    Runner(cfg, store).run()
-    finish_meta(store)
-    return harness.load_run(out)
-
-
-def test_failures_become_statuses_and_the_run_goes_on(fake_backends, write_config, monkeypatch, tmp_path):
+def test_failures_become_statuses_and_the_run_goes_on(run_config, fake_backends, write_config, monkeypatch, tmp_path):
     from harness.run.client import WorkerProcess
 
     original = WorkerProcess.request
@@ -49,7 +41,7 @@ def test_failures_become_statuses_and_the_run_goes_on(fake_backends, write_confi
 
     monkeypatch.setattr(WorkerProcess, "request", hang_times_out_soon)
     backends = "backends: [ref, 'bad:crash', 'bad:hang', 'bad:diverge', 'bad:oom', 'bad:raise', 'bad:unsupported', 'bad:wrong', 'ref:slow']\n"
-    run = _run(write_config(STEP + backends + FAST_TIMING), tmp_path / "run")
+    run = run_config(write_config(STEP + backends + FAST_TIMING), tmp_path / "run")
     t = run.timings.set_index(run.timings["backend"] + ":" + run.timings["variant"])
     assert t.loc["bad:crash", "status"] == "error" and "exited with code 3" in t.loc["bad:crash", "error"]
     assert t.loc["bad:hang", "status"] == "timeout" and "within 4 s" in t.loc["bad:hang", "error"]
@@ -72,7 +64,7 @@ def test_failures_become_statuses_and_the_run_goes_on(fake_backends, write_confi
     assert (run.path / "timings.parquet").exists() and (run.path / "run.json").exists()
 
 
-def test_training_curves_start_from_shared_params_and_reach_target(fake_backends, write_config, tmp_path):
+def test_training_curves_start_from_shared_params_and_reach_target(run_config, fake_backends, write_config, tmp_path):
     text = """
 name: curve
 seed: 3
@@ -84,7 +76,7 @@ backends: [ref, 'ref:slow']
 train: {epochs: 4, lr: 0.1, eval_every: 60, target_loss: 3.3, patience: 2, time_budget_s: 30}
 timing: {timeout_s: 60}
 """
-    run = _run(write_config(text), tmp_path / "run")
+    run = run_config(write_config(text), tmp_path / "run")
     c = run.curves
     ev = c[c["split"] == "eval"]
     start = ev[ev["examples"] == 0]
@@ -129,9 +121,9 @@ def test_resume_after_a_killed_run_redoes_nothing_finished(fake_backends, write_
         assert list(kept.loc[cid, "samples_s"]) == list(row["samples_s"])
 
 
-def test_an_unmet_target_brings_further_passes_up_to_max_passes(fake_backends, write_config, tmp_path):
+def test_an_unmet_target_brings_further_passes_up_to_max_passes(run_config, fake_backends, write_config, tmp_path):
     timing = FAST_TIMING.replace("timeout_s: 60}", "timeout_s: 60, passes: 2, max_passes: 3, speedup_precision: 0.0001}")
-    run = _run(write_config(STEP + "backends: [ref, 'ref:slow']\n" + timing), tmp_path / "run")
+    run = run_config(write_config(STEP + "backends: [ref, 'ref:slow']\n" + timing), tmp_path / "run")
     t = run.timings.set_index("variant")
     slow = t.loc["slow"]
     assert slow["n_passes"] == 3 and slow["stop_reason"] == "cap" and not slow["precision_met"]
@@ -173,10 +165,10 @@ def test_an_interrupt_between_passes_keeps_the_first_pass_for_resume(fake_backen
         assert row["status"] == "ok" and row["n_passes"] == 2 and row["compile_s"] == before["compile_s"]
 
 
-def test_load_runs_tags_each_run(fake_backends, write_config, tmp_path):
+def test_load_runs_tags_each_run(run_config, fake_backends, write_config, tmp_path):
     path = write_config(STEP + "backends: [ref]\n" + FAST_TIMING)
-    _run(path, tmp_path / "a")
-    _run(path, tmp_path / "b")
+    run_config(path, tmp_path / "a")
+    run_config(path, tmp_path / "b")
     both = harness.load_runs([tmp_path / "a", tmp_path / "b"])
     ids = [harness.load_run(tmp_path / p).run_id for p in "ab"]
     tags = ids if ids[0] != ids[1] else [f"{ids[0]} ({p})" for p in "ab"]  # started within the same second
@@ -196,8 +188,8 @@ def test_stats_and_paired_speedup():
     assert np.isnan(paired_speedup([], [1.0])[0])
 
 
-def test_run_json_summarises_cell_verification(fake_backends, write_config, tmp_path):
-    run = _run(write_config(STEP + "backends: [ref, 'bad:wrong']\n" + FAST_TIMING), tmp_path / "run")
+def test_run_json_summarises_cell_verification(run_config, fake_backends, write_config, tmp_path):
+    run = run_config(write_config(STEP + "backends: [ref, 'bad:wrong']\n" + FAST_TIMING), tmp_path / "run")
     conf = run.meta["conformance"]
     assert conf["ref"]["verified_cells"] == 1 and conf["ref"]["mismatches"] == 0 and conf["ref"]["worst_ratio"] < 1
     assert conf["bad:wrong"]["mismatches"] == 1 and conf["bad:wrong"]["worst_ratio"] > 1
@@ -217,8 +209,8 @@ def test_a_worker_runs_on_as_many_cores_as_its_threads(fake_backends):
     assert out.stdout.strip() == str([mine[-1]])
 
 
-def test_a_worker_killed_by_a_signal_is_not_called_out_of_memory(fake_backends, write_config, tmp_path):
-    run = _run(write_config(STEP + "backends: [ref, 'bad:killed']\n" + FAST_TIMING), tmp_path / "run")
+def test_a_worker_killed_by_a_signal_is_not_called_out_of_memory(run_config, fake_backends, write_config, tmp_path):
+    run = run_config(write_config(STEP + "backends: [ref, 'bad:killed']\n" + FAST_TIMING), tmp_path / "run")
     t = run.timings.set_index(run.timings["backend"] + ":" + run.timings["variant"])
     assert t.loc["bad:killed", "status"] == "error"
     assert "killed by signal 9" in t.loc["bad:killed", "error"] and "memory" not in t.loc["bad:killed", "error"]
@@ -251,13 +243,13 @@ def test_out_of_memory_needs_evidence():
     assert "signal 15 (SIGTERM)" in str(classify_exit(-signal.SIGTERM, "", None, None))
 
 
-def test_stray_output_on_the_worker_stdout_does_not_break_the_protocol(fake_backends, write_config, tmp_path, monkeypatch):
+def test_stray_output_on_the_worker_stdout_does_not_break_the_protocol(run_config, fake_backends, write_config, tmp_path, monkeypatch):
     # a sitecustomize that prints before the worker's main() has redirected file descriptor 1
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text("print('hello from sitecustomize')\nprint('{\"not\": \"a reply\"}')\n")
     monkeypatch.setenv("PYTHONPATH", str(site) + os.pathsep + os.environ["PYTHONPATH"])
-    run = _run(write_config(STEP + "backends: [ref, 'bad:crash']\n" + FAST_TIMING), tmp_path / "run")
+    run = run_config(write_config(STEP + "backends: [ref, 'bad:crash']\n" + FAST_TIMING), tmp_path / "run")
     t = run.timings.set_index(run.timings["backend"] + ":" + run.timings["variant"])
     assert t.loc["ref:plain", "status"] == "ok" and t.loc["ref:plain", "n_samples"] >= 4
     assert t.loc["bad:crash", "status"] == "error"
@@ -302,9 +294,9 @@ def test_an_interrupt_at_any_phase_leaves_no_worker_behind(fake_backends, write_
             os.kill(pid, 0)
 
 
-def test_recorded_worker_variables_are_those_the_run_sets(fake_backends, write_config, tmp_path, monkeypatch):
+def test_recorded_worker_variables_are_those_the_run_sets(run_config, fake_backends, write_config, tmp_path, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--from-the-calling-shell")  # inherited, not set by the run
-    run = _run(write_config(STEP + "backends: [ref]\nenv: {MY_SETTING: '7'}\n" + FAST_TIMING), tmp_path / "run")
+    run = run_config(write_config(STEP + "backends: [ref]\nenv: {MY_SETTING: '7'}\n" + FAST_TIMING), tmp_path / "run")
     env = run.meta["worker_env"]["ref"]
     assert env["MY_SETTING"] == "7" and env["MALLOC_TRIM_THRESHOLD_"] and env["OMP_NUM_THREADS"] == "1"
     assert env["CUDA_VISIBLE_DEVICES"] == "" and "HARNESS_CPUS" in env

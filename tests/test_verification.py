@@ -239,11 +239,8 @@ def test_float64_is_judged_by_spec_alone_and_float32_asks_for_the_low_reference_
 
 @pytest.mark.slow
 def test_failed_baseline_speedups_are_over_the_fastest_verified_backend_and_say_so(fake_backends, write_config,
-                                                                                  tmp_path):
-    import harness
+                                                                                  tmp_path, run_config):
     from harness.results.report import speedup_note, write_report
-    from harness.results.store import RunStore
-    from harness.run.runner import Runner, finish_meta, new_run_meta
 
     text = """
 name: failed-baseline
@@ -256,11 +253,7 @@ backends: ['bad:wrong', ref, 'ref:slow']
 baseline: 'bad:wrong'
 timing: {warmup: 1, min_rounds: 4, min_time_s: 0.05, max_time_s: 1, timeout_s: 60}
 """
-    cfg = load_config(write_config(text))
-    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
-    Runner(cfg, store).run()
-    finish_meta(store)
-    run = harness.load_run(tmp_path / "run")
+    run = run_config(write_config(text))
     t = run.timings.set_index(run.timings["backend"] + ":" + run.timings["variant"])
     assert t.loc["bad:wrong", "status"] == "mismatch" and np.isnan(t.loc["bad:wrong", "speedup"])
     assert (t["baseline_status"] == "mismatch").all()
