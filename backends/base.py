@@ -1,5 +1,6 @@
 """The small protocol every backend implements: docs/backends.md is the guide to it, docs/spec.md the network
-it computes.
+it computes; and the screening of a backend against a problem. Naming, pins, revisions and environments
+are the registry's (:mod:`backends.registration`), inherited, not written by a backend.
 
 A backend never prints, reads config or times itself. Heavy libraries are
 imported inside ``availability``/``prepare``, never at module import.
@@ -11,12 +12,15 @@ from typing import Any
 
 import numpy as np
 
+from backends.registration import Registration
 from harness.spec.model import Problem
 from harness.spec.status import Status
 
 
-class Backend:
-    """Base class: one implementation of the spec (docs/spec.md), with optional variants."""
+class Backend(Registration):
+    """Base class: one implementation of the spec (docs/spec.md), with optional variants. Its body is what a
+    plugin author writes: a name, its variants and devices, the cheap questions, and the work; how the
+    registry names, pins and places an instance is :class:`backends.registration.Registration`'s."""
 
     name: str = ""
     #: the variants this backend understands; the first is the default
@@ -26,64 +30,15 @@ class Backend:
     #: the additions to the spec (SPEC_ADDITIONS) this backend's ``supports`` knows of: a problem that uses
     #: one it does not know (a plugin written before that addition) is unsupported without asking it
     knows: frozenset = frozenset()
-    #: name of the isolated environment its workers run in (None: the main environment)
-    environment: str | None = None
-    #: what that environment holds (a :class:`harness.spec.environments.Recipe`); the harness builds it
-    recipe = None
-    #: the distribution whose version a name may pin (``jax@0.4.38``: jax 0.4.38 in an environment of its
-    #: own); None: this backend cannot be pinned
-    package: str | None = None
-    #: True when a name may pin a git revision of the backend's own sources, built on first use
-    #: (``native@rev:4aee8db``: the C++ engine at that commit; ``backends.native_build``)
-    revisions: bool = False
     #: True when each new graph costs seconds to compile: ``harness check`` runs a
     #: representative subset in CI (``--quick``) and the whole matrix on request
     compile_heavy: bool = False
 
     def __init__(self, variant: str | None = None):
-        self.variant = self.variant_of(variant)
+        super().__init__(variant)
         self.problem: Problem | None = None
-        #: the versions its name pins (``backends.create("jax@0.4.38")``: {"jax": "0.4.38"}), {} for none
-        self.pins: dict[str, str] = {}
-        #: the revision of its sources its name pins (``native@rev:4aee8db``: "4aee8db"), None for none
-        self.revision: str | None = None
-
-    @property
-    def full_name(self) -> str:
-        name = self.full_name_of(self.variant, self.pins)
-        return f"{name}@rev:{self.revision}" if self.revision else name
-
-    # -- naming (the one rule: a bare name means the first variant, which is written bare) ----
-    @classmethod
-    def variant_of(cls, variant: str | None) -> str:
-        """The variant a name asks for: the first one (the default) when it names none."""
-        return variant or cls.variants[0]
-
-    @classmethod
-    def full_name_of(cls, variant: str | None, pins: dict[str, str] | None = None) -> str:
-        """``name`` for the default variant, ``name:variant`` for the others; with ``pins``, then
-        ``@version`` of its package and ``+package@version`` of the others, sorted."""
-        variant = cls.variant_of(variant)
-        name = cls.name if variant == cls.variants[0] else f"{cls.name}:{variant}"
-        if not pins:
-            return name
-        return f"{name}@{pins[cls.package]}" + "".join(f"+{p}@{v}" for p, v in sorted(pins.items()) if p != cls.package)
 
     # -- cheap questions -------------------------------------------------------------
-    @property
-    def environment_name(self) -> str | None:
-        """The isolated environment this backend's workers run in: its pin set's, else its class's."""
-        from harness.spec.environments import pins_text
-
-        return pins_text(self.pins) if self.pins else self.environment
-
-    @property
-    def environment_recipe(self):
-        """What its environment holds: its pin set's recipe, else its class's (None: the main environment)."""
-        from harness.spec import environments
-
-        return environments.pinned_recipe(self.pins) if self.pins else self.recipe
-
     def availability(self) -> tuple[bool, str]:
         """Whether this backend can run here at all, and why not (no heavy import needed)."""
         return True, ""
