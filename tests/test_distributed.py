@@ -81,7 +81,7 @@ def test_dask_local_gives_the_same_run_folder_as_a_local_run(tmp_path, run_confi
     assert dask.meta["conformance"]["native"]["verified_cells"] == 3
 
 
-def test_passes_through_dask_are_tasks_of_their_own_behind_every_first_pass(tmp_path, monkeypatch):
+def test_passes_through_dask_are_tasks_of_their_own_behind_every_first_pass(tmp_path, monkeypatch, run_config):
     from harness.run import distributed as dist
 
     path = tmp_path / "passes.yaml"
@@ -104,7 +104,7 @@ def test_passes_through_dask_are_tasks_of_their_own_behind_every_first_pass(tmp_
         return submit(self, runner, groups, progress, task_id)
 
     monkeypatch.setattr(dist.DaskExecutor, "run", watched)
-    run = _run(cfg, tmp_path / "dask", DaskExecutor(n_workers=1))
+    run = run_config(cfg, tmp_path / "dask", executor=DaskExecutor(n_workers=1))
     keys = list(dict.fromkeys(k for k, _ in asked))
     assert len(keys) == 3 and asked[:3] == [(k, 0) for k in keys]  # every group's first pass is asked for first
     assert sorted(asked[3:]) == sorted((k, 1) for k in keys)  # then each one's second, as its first comes back
@@ -113,7 +113,7 @@ def test_passes_through_dask_are_tasks_of_their_own_behind_every_first_pass(tmp_
 
 
 @pytest.mark.slow
-def test_a_dask_worker_killed_mid_group_never_loses_the_group(tmp_path):
+def test_a_dask_worker_killed_mid_group_never_loses_the_group(tmp_path, run_config):
     import dask
     import distributed
 
@@ -139,7 +139,7 @@ def test_a_dask_worker_killed_mid_group_never_loses_the_group(tmp_path):
     killer = threading.Thread(target=kill_one_busy_worker)
     killer.start()
     try:
-        run = _run(cfg, tmp_path / "dask", DaskExecutor(scheduler=cluster.scheduler_address))
+        run = run_config(cfg, tmp_path / "dask", executor=DaskExecutor(scheduler=cluster.scheduler_address))
     finally:
         killer.join()
         client.close()
