@@ -24,7 +24,7 @@ from backends.base import Backend, unsupported
 from backends.numba_kernels.codes import (
     _ACT, _BIAS, _CLIP, _DIRS, _ELMAN, _GRADS, _GRU, _HEAD, _KIND, _LANES, _LAYERS, _LO, _LSTM, _MSE, _MSE_TANH,
     _N_CFG, _OUTPUTS, _PEEP, _RAFTER, _RELU, _RESET, _SIGMOID, _SOFTMAX, _STEP, _TANH, _TOKENS)
-from backends.numba_kernels.maths import _exp, _tanh  # noqa: F401  (the tests hold them to 2 ulp)
+from backends.numba_kernels.maths import _EXP_RANGE, _exp, _tanh  # noqa: F401  (the tests hold them to 2 ulp)
 from harness.spec.model import layer_suffix
 
 
