@@ -294,7 +294,8 @@ def test_backends_without_a_mixed_precision_path_refuse_it_with_their_reason(nam
     import backends as registry
 
     r = registry.BackendRef.parse(name)
-    backend = r.backend_class()(r.variant)
+    cls = r.backend_class()
+    backend = cls(r.variant)
     problem = Problem(ModelSpec(kind="elman", hidden=8, bias=True), 5, 6, False, dtype, 1, 7, "cpu")
     ok, why = backend.supports(problem)
     assert not ok and why.startswith("unsupported: ") and dtype in why, why
