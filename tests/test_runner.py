@@ -437,7 +437,7 @@ def test_a_pass_s_workers_are_all_asked_to_quit_before_any_is_waited_for(monkeyp
 
 
 def test_worker_variables_are_recorded_per_setting_when_a_backend_runs_at_two_thread_counts(
-        fake_backends, write_config, tmp_path):
+        fake_backends, write_config, tmp_path, run_config):
     """With `threads: [1, 2]` each setting keeps its own thread counts and cores: the 1-thread cells'
     record does not read as if they ran on two cores (the last cell's variables used to stand for all)."""
     from harness.results.report import build_report, to_markdown
@@ -446,7 +446,7 @@ def test_worker_variables_are_recorded_per_setting_when_a_backend_runs_at_two_th
     if cores < 2:
         pytest.skip("needs two cores to confine a 2-thread worker to")
     text = STEP + "threads: [1, 2]\nbackends: [ref]\n" + FAST_TIMING
-    run = _run(write_config(text), tmp_path / "run")
+    run = run_config(write_config(text), tmp_path / "run")
     ids = {int(t): set(g["cell_id"]) for t, g in run.timings.groupby("threads")}
     common, settings = run.meta["worker_env"]["ref"], run.meta["worker_env_settings"]["ref"]
     assert "OMP_NUM_THREADS" not in common and "HARNESS_CPUS" not in common and common["MALLOC_TRIM_THRESHOLD_"]
