@@ -56,7 +56,7 @@ def record_environment(meta: dict, outcome) -> None:
     steering variable they got (or a clean environment left out) with its origin, and their BLAS kernels."""
     if outcome.steering is None and not outcome.blas:
         return
-    key = f"{outcome.cell.backend}|threads={outcome.cell.threads}"
+    key = _record_key(outcome.cell.backend, outcome.cell.threads)
     entry = meta.setdefault("worker_environment", {}).setdefault(key, {})
     entry["clean"] = bool(getattr(outcome.cell, "clean_env", False))
     if outcome.steering is not None:
@@ -66,6 +66,17 @@ def record_environment(meta: dict, outcome) -> None:
 
 
 # -- what the answer says first -----------------------------------------------------------------------------
+def _record_key(backend: str, threads: int) -> str:
+    """A ``worker_environment`` entry's key: ``backend|threads=N`` (read back by :func:`_record_backend`)."""
+    return f"{backend}|threads={threads}"
+
+
+def _record_backend(key: str) -> str:
+    """The backend of a ``worker_environment`` key (:func:`_record_key`)."""
+    backend, sep, _ = key.rpartition("|threads=")
+    return backend if sep else key
+
+
 def _records(meta: dict) -> dict:
     return meta.get("worker_environment") or {}
 
@@ -124,7 +135,7 @@ def _forcing_lines(meta: dict) -> list[str]:
     reached: dict[tuple, list[str]] = {}  # (name, value, origin, what) -> the workers it reached
     kernels: dict[str, set] = {}  # worker -> its BLAS kernels
     for key, entry in _records(meta).items():
-        backend = key.split("|")[0]
+        backend = _record_backend(key)
         for name, v in (entry.get("variables") or {}).items():
             what = tuning.forces(name, v.get("value", ""))
             if what is not None and not v.get("removed"):
@@ -158,7 +169,7 @@ def _clean_lines(meta: dict) -> list[str]:
     for key, entry in _records(meta).items():
         if not entry.get("clean"):
             continue
-        backends.append(key.split("|")[0])
+        backends.append(_record_backend(key))
         ran.update(kernel_text([b]) for b in entry.get("blas") or [] if b.get("user_api") in (None, "blas"))
         left_out.update({k: v["value"] for k, v in (entry.get("variables") or {}).items() if v.get("removed")})
     if not backends:
