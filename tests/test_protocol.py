@@ -142,4 +142,4 @@ def test_threads_reach_the_worker_by_its_environment_alone():
     _, env = worker_settings("numpy", "cpu", "float32", 3, {})
     assert worker_threads(env) == 3 and all(env[v] == "3" for v in THREAD_VARS)
     assert worker_threads({}) == 1
-    assert "threads" not in {f.name for f in dataclasses.fields(protocol.Init)}
+    assert all("threads" not in {f.name for f in dataclasses.fields(r)} for r in (protocol.Init, protocol.GemmPeak))

@@ -82,7 +82,7 @@ def _measure(dtype: str, threads: int, library: str, extra: dict, say, record, c
     _, env = worker_environment(cpu_roofs.BACKEND_OF.get(library, library), "cpu", dtype, threads, extra, clean)
     w = WorkerProcess(None, env, "gemm-peak", record=record)
     try:
-        return w.request(protocol.GemmPeak(dtype, 1024, library, threads), 120).body.gflops
+        return w.request(protocol.GemmPeak(dtype, 1024, library), 120).body.gflops
     except WorkerFailure as exc:
         quiet = "unavailable:" in str(exc)  # one of several libraries (or the hardware kernel): fine
         if say is not None and not quiet:

@@ -206,14 +206,14 @@ class Check(Request):
 @dataclass
 class GemmPeak(Request):
     """The machine's best GFLOP/s of an ``n`` x ``n`` x ``n`` GEMM in ``dtype`` through ``library``
-    (:mod:`harness.worker.cpu_roofs`)."""
+    (:mod:`harness.worker.cpu_roofs`), on the worker's own thread count (as a cell's: the variables it was
+    started with, ``spec.environments.worker_threads``; a library that takes them per call gets that count)."""
 
     cmd: ClassVar[str] = "gemm_peak"
     Body: ClassVar[type] = GemmPeakReply
     dtype: str
     n: int
     library: str = "numpy"
-    threads: int = 1  # for a library that takes them per call (the native engine's GEMM)
 
 
 @dataclass

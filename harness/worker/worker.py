@@ -214,9 +214,10 @@ class CellState:
 
 
 def _gemm_rate(req: protocol.GemmPeak) -> float:
+    from harness.spec.environments import worker_threads
     from harness.worker.cpu_roofs import gemm_rate
 
-    return gemm_rate(req.dtype, req.library, req.n, threads=req.threads)
+    return gemm_rate(req.dtype, req.library, req.n, threads=worker_threads())
 
 
 def _gpu_roofs(n: int) -> dict:
