@@ -21,9 +21,10 @@ Any other ``key=value`` names a results column and keeps the rows whose value re
 (``model=gru``, ``batch=32``, ``bidirectional=True``).
 * ``training RUNS``: training cells ordered by time to target.
 * ``dtypes RUNS``: a row per problem and backend, a column per dtype, and each other dtype against
-  float32: ms per call for timed steps; for training runs the final loss and training seconds, and
-  the loss's relative difference (what a mixed-precision type buys, and what it costs); where the run
-  paired the dtypes (``pair_over: [dtype]``), the time ratio carries its paired 95% interval.
+  float32: ms per call for timed steps and the speedup over float32 (float32's time over this dtype's:
+  above 1, the dtype is faster, as every ratio of the harness reads); for training runs the final loss and
+  training seconds, and the loss's relative difference (what a mixed-precision type buys, and what it
+  costs); where the run paired the dtypes (``pair_over: [dtype]``), the speedup carries its paired 95% interval.
 * ``settings RUNS``: for a run that paired settings (``pair_over``), a row per problem and backend,
   a column of ms per call per setting, and each later setting's speedup over the first (the backend's
   time there over its time at this one: above 1, this setting is faster) with its paired 95% interval.
@@ -263,14 +264,14 @@ def dtypes(df: pd.DataFrame, spec: TableSpec) -> list[str]:
             elif train:
                 row.append(f"{(low['final_loss'] - ref['final_loss']) / ref['final_loss'] * 100:+.2f}%")
             elif _ok(low.get("setting_speedup")) and str(low.get("setting_baseline")).startswith("dtype=float32"):
-                # timed in one group with its float32 cell (pair_over): the paired interval, as a time ratio
+                # timed in one group with its float32 cell (pair_over): the paired interval
                 s, lo, hi = low["setting_speedup"], low["setting_speedup_lo"], low["setting_speedup_hi"]
-                row.append(f"{1 / s:.2f}x [{1 / hi:.2f}, {1 / lo:.2f}]")
-            else:
-                row.append(f"{low['median_s'] / ref['median_s']:.2f}x")
+                row.append(f"{s:.2f}x [{lo:.2f}, {hi:.2f}]" if _ok(lo) and _ok(hi) else f"{s:.2f}x")
+            else:  # timed apart: float32's median over this dtype's, without an interval
+                row.append(f"{ref['median_s'] / low['median_s']:.2f}x")
         rows.append(row)
     heads = [f"{d} final loss (train s)" if train else f"{d} ms" for d in order]
-    heads += [f"{d} loss vs float32" if train else f"{d} time / float32" for d in others]
+    heads += [f"{d} loss vs float32" if train else f"{d} speedup over float32" for d in others]
     return _table(["problem", "backend"] + heads, rows)
 
 
