@@ -84,6 +84,17 @@ def backend_colour(label: str) -> tuple[float, float, float]:
     return _shade(_hue(name), _shade_index(name, variant))
 
 
+#: a marker per variant of a backend (its place among the class's variants), so that variants whose
+#: shades lie close still read apart
+MARKERS = ["o", "s", "D", "^", "v", "P", "X", "h"]
+
+
+def backend_marker(label: str) -> str:
+    """The marker of a backend label: its variant's, the default variant a circle."""
+    name, variant, _ = _label_parts(label)
+    return MARKERS[_shade_index(name, variant) % len(MARKERS)]
+
+
 def _palette(sns, labels) -> dict:
     """A colour per backend label of one plot: each backend's fixed hue, its variants their fixed shades
     (:func:`backend_colour`); where two labels of the plot would share a colour (versions of one variant,
@@ -157,10 +168,3 @@ def _save(plt, fig, axes, n_panels: int, out: Path, **savefig) -> Path:
                    run=out.parent.parent)
     plt.close(fig)
     return out
-
-
-def _mark_untimed(ax, reasons: list[str]) -> None:
-    """The panel's first rows: its cells that have no bar, each with why (their status)."""
-    for k, why in enumerate(reasons):
-        ax.text(0.03, k, f"not timed: {why}", va="center", fontsize=8, color="#a00000", style="italic",
-                transform=ax.get_yaxis_transform())
