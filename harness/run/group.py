@@ -127,17 +127,19 @@ class GroupRun:
         state.wants_pass = True  # kept only between passes
         return state
 
-    def run_pass(self, describe=None, record=None) -> list[Outcome]:
+    def run_pass(self, describe=None, record=None, name=None) -> list[Outcome]:
         """One pass over the group: fresh warmed workers for the cells being timed, rounds in turn until
         the stop rule ends the pass; the outcomes so far, in the group's order. The first pass also
         screens the cells and runs the training ones. ``describe(text)`` hears what is under way
-        (after the label of the group and pass); ``record`` lists the workers in the run folder."""
+        (after the label of the group and pass: ``name(cells)``, or the group's own); ``record`` lists the workers
+        in the run folder."""
         group, policy = self.group, self.policy
         head = group[0]
         paired = {k for k, _ in head.paired}
         dtypes = "|".join(dict.fromkeys(c.problem.dtype for c in group)) if "dtype" in paired else head.problem.dtype
         threads = "|".join(dict.fromkeys(str(c.threads) for c in group)) if "threads" in paired else head.threads
-        label = f"{head.problem.workload} {head.problem.model.describe()} B={head.problem.batch} {dtypes} threads={threads}"
+        label = name(group) if name is not None else \
+            f"{head.problem.workload} {head.problem.model.describe()} B={head.problem.batch} {dtypes} threads={threads}"
         if policy.pass_limit > 1:
             most = policy.passes if policy.pass_limit == policy.passes else f"{policy.passes}-{policy.pass_limit}"
             label += f" · pass {self.passes_done + 1} of {most}"

@@ -30,10 +30,12 @@ class Runner:
     runner only runs, and hands each finished group's outcomes to ``store.add_group``, where the
     results layer makes its rows."""
 
-    def __init__(self, config: RunConfig, store, console=None, sampler: "guard.Sampler | None" = None):
+    def __init__(self, config: RunConfig, store, console=None, sampler: "guard.Sampler | None" = None,
+                 name_group=None):
         self.config = config
         self.store = store
         self.console = console
+        self.name_group = name_group  # how the progress line names a group (None: the group's own label)
         # the busy-machine guard's readings through the run (harness.run.guard; a test hands in its own)
         self.sampler = sampler if sampler is not None else guard.Sampler()
         self.gemm_peaks: dict[str, float] = dict(store.meta.get("gemm_peak_gflops", {}))
@@ -110,7 +112,7 @@ class Runner:
             progress.advance(task_id, sum(counted.values()))
         while states:  # one pass over every group not yet finished, in the config's order
             for state in list(states):
-                state.run_pass(describe, self.record)
+                state.run_pass(describe, self.record, name=self.name_group)
                 self.note_conditions(state)
                 if progress is not None:
                     self._count_pass(progress, task_id, state, planned, counted)
