@@ -154,3 +154,25 @@ def test_speedups_are_points_on_one_axis_centred_on_1x_in_panels_by_what_was_swe
     assert texts.count("not timed: error") == 6
     # variants of one library differ by marker as well as shade
     assert plots.backend_marker("cuda") != plots.backend_marker("cuda:persistent")
+
+
+def test_a_gpu_roofline_reads_in_tflops_and_tbs_with_a_share_axis_that_stops_at_100_percent(monkeypatch, tmp_path):
+    from harness.results import plot_roofline
+
+    drawn = {}
+
+    def keep(plt, fig, axes, n, out, **kw):
+        drawn["fig"], drawn["axes"] = fig, axes
+        return out
+
+    monkeypatch.setattr(plot_roofline, "_save", keep)
+    t = pd.read_parquet(EXAMPLE / "timings.parquet")  # an H200: roofs of tens and hundreds of TFLOP/s
+    assert plots.plot_roofline(t, tmp_path / "roofline.png") is not None
+    ax = drawn["axes"].flat[0]
+    assert ax.get_title() == "GPU · float32"  # no CPU thread count on a GPU panel
+    assert ax.get_ylabel() == "achieved TFLOP/s"
+    texts = [x.get_text() for x in ax.texts]
+    assert any("TB/s" in x for x in texts) and any("TFLOP/s" in x for x in texts)
+    assert not any("e+" in x for x in texts)
+    share = next(other for other in drawn["fig"].axes if other is not ax and other.bbox.bounds == ax.bbox.bounds)
+    assert max(share.get_yticks()) <= 100

@@ -99,6 +99,22 @@ def fmt_ratio(value, lo=None, hi=None) -> str:
     return f"{value:.3g}x [{float(lo):.3g}, {float(hi):.3g}]" if _finite(lo) and _finite(hi) else f"{value:.3g}x"
 
 
+def fmt_rate(gflops) -> str:
+    """A compute rate in GFLOP/s with a readable unit: ``202 GFLOP/s``, ``51.3 TFLOP/s``."""
+    if not _finite(gflops):
+        return "-"
+    v = float(gflops)
+    return f"{v / 1e3:.3g} TFLOP/s" if abs(v) >= 1e3 else f"{v:.3g} GFLOP/s"
+
+
+def fmt_bandwidth(gbs) -> str:
+    """A memory bandwidth in GB/s with a readable unit: ``45.2 GB/s``, ``2.93 TB/s``."""
+    if not _finite(gbs):
+        return "-"
+    v = float(gbs)
+    return f"{v / 1e3:.3g} TB/s" if abs(v) >= 1e3 else f"{v:.3g} GB/s"
+
+
 def fmt_seconds(v) -> str:
     """A duration with a readable unit: ``1.23 ms``, ``45.6 µs``, ``2.5 s``."""
     if v is None or not np.isfinite(v):
