@@ -44,8 +44,9 @@ PLOTS = (
          "(that one's time over this one's: right of the dashed 1x line, faster), from rounds taken in turn in one "
          "group: points with the paired 95% intervals."),
     Plot("loss_vs_time.png", lambda run, out: plot_loss_vs_time(run.curves, out),
-         "Evaluation loss against training wall-clock (evaluation time excluded), with the target and the task's "
-         "loss floor."),
+         "Evaluation loss against training wall-clock (evaluation time excluded); dashed red, the target where the "
+         "run set one; dotted grey, the task's loss floor where it is known. With several dtypes, a panel per backend "
+         "holds each dtype's curve."),
     Plot("scaling.png", lambda run, out: plot_scaling(run.timings, out),
          "Median time per call against each size the run varied, all else fixed."),
     Plot("roofline.png", lambda run, out: plot_roofline(run.timings, out),

@@ -64,7 +64,10 @@ def fmt_speedup(row, mark: bool = False) -> str:
 def fmt_setting_speedup(row) -> str:
     """A paired setting's ratio (pair_over): the backend's time at the first setting over its time at
     this one, ``1.85x [1.80, 1.90]``, or ``-``."""
-    return _fmt_ratio(row.get("setting_speedup"), row.get("setting_speedup_lo"), row.get("setting_speedup_hi"))
+    s, lo, hi = row.get("setting_speedup"), row.get("setting_speedup_lo"), row.get("setting_speedup_hi")
+    if _num(s) and _num(lo) and _num(hi) and lo == hi:  # the first setting's own row: no ratio to read
+        return "1x (itself)"
+    return _fmt_ratio(s, lo, hi)
 
 
 def _fmt_ratio(s, lo, hi) -> str:
@@ -148,6 +151,47 @@ def _answer_section(timings: pd.DataFrame, meta: dict | None = None) -> list:
                   right={2, 3})]
 
 
+def paired_answer(timings: pd.DataFrame) -> list:
+    """Under ``pair_over``, the question the run asks, answered first: per problem and backend, its median at
+    the first setting and at each other one, and the speedup there over the first (that setting's time over
+    this one's) with its paired 95% interval, or why a cell has none. Empty for a run without paired settings."""
+    from harness.results.labels import group_label, setting_label
+    from harness.results.schema import setting_values
+
+    if "setting_baseline" not in timings:
+        return []
+    df = timings[timings["setting_baseline"].notna() & (timings["workload"] != "train")]
+    if df.empty or df["setting_speedup"].isna().all():
+        return []
+    df = df.assign(label=_labels(df))
+    base = setting_values(str(df["setting_baseline"].iloc[0]))
+    keys = list(base)
+    first = setting_label(base, keys)
+    df = df.assign(setting=[setting_label(r, keys) for _, r in df.iterrows()],
+                   problem=[f"{r['workload']} · {group_label(r, omit=tuple(keys))}" for _, r in df.iterrows()])
+    rows = []
+    for (problem, label), g in df.groupby(["problem", "label"], sort=False):
+        at = {r["setting"]: r for _, r in g.iterrows()}
+        ref = at.get(first)
+        for setting, r in at.items():
+            if setting == first:
+                continue
+            ok = r["status"] == Status.OK
+            rows.append([problem, label, fmt_time(ref.get("median_s")) if ref is not None and ref["status"] == Status.OK
+                         else str(ref["status"]) if ref is not None else "-",
+                         fmt_time(r.get("median_s")) if ok else str(r["status"]),
+                         fmt_setting_speedup(r) if ok else "-"])
+    if not rows:
+        return []
+    others = " / ".join(dict.fromkeys(s for s in df["setting"] if s != first))
+    return [Heading(2, "Answer"),
+            Para(f"The run paired {' and '.join(keys)} (pair_over): what {others} buys each backend against its own "
+                 f"{first}, timed in turn in one group. The speedup is {first}'s median over {others}'s (above 1x, "
+                 f"{others} is faster), with its paired 95% interval."),
+            Table(["problem", "backend", f"{first} median", f"{others} median", f"speedup over {first} [95% CI]"],
+                  rows, right={2, 3, 4})]
+
+
 def _results_section(timings: pd.DataFrame) -> list:
     from harness.results.labels import group_label
 
@@ -210,7 +254,12 @@ def build_report(run_dir, plots: list[Path] | None = None, plot_note: str = "") 
     title = f"{run.meta.get('name', run.run_id)}: benchmark report"
     if plots is None:
         plots = sorted((Path(run_dir) / "plots").glob("*.png"), key=_plot_order)
-    blocks = (_answer_section(run.timings, run.meta) + _run_section(run.meta, run.timings, Path(run_dir))
+    answer, paired = _answer_section(run.timings, run.meta), paired_answer(run.timings)
+    if paired and answer:  # the caveats, the paired question, then the speedups over the baseline
+        n_caveats = sum(1 for _ in caveats.lines(run.meta, run.timings))
+        answer = (answer[:1 + n_caveats] + paired[1:] + [Heading(3, "Against the baseline")]
+                  + answer[1 + n_caveats:])
+    blocks = (answer + _run_section(run.meta, run.timings, Path(run_dir))
               + _machine_section(run.meta) + _versions_section(run.meta)
               + _conformance_section(run.meta, run.timings) + _results_section(run.timings)
               + _devices_section(run.timings)
