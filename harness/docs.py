@@ -310,13 +310,15 @@ def host(examples: Path, spec: TableSpec) -> list[str]:
     """One line per run: where and when it ran (:func:`harness.results.labels.machine_label`), and its folder."""
     import json
 
-    from harness.results.labels import machine_label
+    from harness.results.labels import gemm_peak_text, machine_label
 
     lines = []
     for name in spec.runs:
         meta = json.loads((examples / name / "run.json").read_text())
         day = str(meta.get("started", "?"))[:10]
-        lines.append(f"*Run `results/examples/{name}`: {day}, on {machine_label(meta)}.*")
+        peak = gemm_peak_text(meta)
+        lines.append(f"*Run `results/examples/{name}`: {day}, on {machine_label(meta)}"
+                     + (f"; {peak} measured at its start" if peak else "") + ".*")
     return lines
 
 

@@ -126,16 +126,22 @@ def fmt_seconds(v) -> str:
 
 
 def machine_label(meta: dict) -> str:
-    """A machine as a reader tells them apart: host, CPU model, cores, the vector flags that decide the
-    kernels (AVX-512 with or without AVX512-BF16, else AVX2), its measured float32 GEMM peak, and the GPU."""
+    """A machine as a reader tells them apart, by what does not change between its runs: host, CPU model,
+    cores, the vector flags that decide the kernels (AVX-512 with or without AVX512-BF16, else AVX2), and the
+    GPU. A measured figure (the GEMM peak at a run's start) is no name: the same VM measures 101 one day and
+    202 the next (:func:`gemm_peak_text` gives it where a reader wants it)."""
     m = meta.get("machine") or {}
     flags = set(m.get("cpu_flags") or [])
     vector = ("AVX-512" + (" + AVX512-BF16" if "avx512_bf16" in flags else "") if "avx512f" in flags
               else "AVX2" if "avx2" in flags else None)
-    peaks = [v for k, v in (meta.get("gemm_peak_gflops") or {}).items() if str(k).startswith("float32|")]
     gpus = m.get("gpus") or []
     bits = [m.get("cpu_model", "?"), f"{m.get('cores', '?')} cores"]
     bits += [vector] if vector else []
-    bits += [f"float32 GEMM {max(peaks):.0f} GFLOP/s"] if peaks else []
     bits.append(gpus[0].split(",")[0] if gpus else "no GPU")
     return f"{m.get('hostname', '?')} ({', '.join(bits)})"
+
+
+def gemm_peak_text(meta: dict) -> str:
+    """The float32 GEMM peak a run measured at its start, ``float32 GEMM 202 GFLOP/s`` ("" if none)."""
+    peaks = [v for k, v in (meta.get("gemm_peak_gflops") or {}).items() if str(k).startswith("float32|")]
+    return f"float32 GEMM {fmt_rate(max(peaks))}" if peaks else ""

@@ -10,8 +10,8 @@ import pandas as pd
 
 from harness.results.labels import backend_label, group_label, setting_label
 from harness.spec.status import Status
-from harness.results.plot_style import _grid, _number_axis, _palette, _save, _seconds_axis
-from harness.results.schema import cell_key, setting_values
+from harness.results.plot_style import _number_axis, _palette, _save
+from harness.results.schema import setting_values
 
 
 #: the keys a sweep varies that lay out a figure's panels, in the order a row's name gives them
@@ -101,7 +101,9 @@ def _draw_points(items: pd.DataFrame, out: Path, xlabel: str, title: str, row_ke
     order = {n: i for i, n in enumerate(list(rank.index) + sorted(set(items["name"]) - set(rank.index)))}
     cells = sorted(set(zip(items["facet_row"], items["facet_col"])))
     n_rows = int(items.groupby(["facet_row", "facet_col"]).size().max())
-    fig, axes, where = _layout(plt, cells, row_keys, col_keys, 4.8, 0.36 * n_rows + 1.25)
+    # a panel's plotting area keeps its width whatever the length of its rows' names beside it
+    width = 3.7 + 0.062 * max(len(str(n)) for n in items["name"])
+    fig, axes, where = _layout(plt, cells, row_keys, col_keys, width, 0.36 * n_rows + 1.25)
     # symmetric about 1x: the same distance stands for the same factor faster or slower, in every panel
     ends = np.concatenate([timed[c].dropna().to_numpy(dtype=float) for c in ("value", "lo", "hi")])
     ends = ends[np.isfinite(ends) & (ends > 0)]
@@ -199,42 +201,19 @@ def plot_settings(timings: pd.DataFrame, out: Path):
     return _draw_points(items, out, xlabel, title, row_keys, col_keys)
 
 
-def plot_runs(timings: pd.DataFrame, out: Path):
-    """Several runs' common cells: each later run's median time against the first run's, log-log, a point
-    per cell in its backend's colour, the diagonal where the two agree (below it: faster in the later run).
-    ``timings`` holds every run's rows with ``run_id`` and ``machine`` columns, the first run's first."""
-    ok = timings[(timings["status"] == Status.OK) & timings["median_s"].notna() & (timings["workload"] != "train")]
-    runs = list(dict.fromkeys(timings["run_id"]))
-    if len(runs) < 2 or ok.empty:
+def plot_runs(pairs: pd.DataFrame, keys: dict[str, str], out: Path):
+    """Several runs' common cells: each later run's speedup over the first per cell (the first's median over
+    the later one's, :func:`harness.results.multi.run_pairs`), as points with their 95% intervals on one log
+    axis centred on 1x, a panel per later run, each point labelled with its value and named on its row.
+    ``keys``: each run's short name (A, B, ...)."""
+    if pairs is None or pairs.empty or pairs["ratio"].isna().all():
         return None
-    ok = ok.assign(label=backend_label(ok))
-    key = cell_key(ok.columns)
-    first = ok[ok["run_id"] == runs[0]].drop_duplicates(key).set_index(key)["median_s"]
-    pairs = []
-    for run in runs[1:]:
-        other = ok[ok["run_id"] == run].drop_duplicates(key).set_index(key)["median_s"]
-        both = first.index.intersection(other.index)
-        if len(both):
-            pairs.append((run, pd.DataFrame({"a": first.loc[both], "b": other.loc[both]}).reset_index()))
-    if not pairs:
-        return None
-    plt, sns, fig, axes = _grid(len(pairs), 3, 5.0, 4.6)
-    machine = dict(zip(timings["run_id"], timings["machine"]))
-    palette = _palette(sns, pd.concat([d["label"] for _, d in pairs]))
-    for ax, (run, d) in zip(axes.flat, pairs):
-        for label, g in d.groupby("label", sort=True):
-            ax.scatter(g["a"], g["b"], s=28, color=palette[label], label=label, edgecolor="white", linewidth=0.5)
-        lo, hi = float(min(d["a"].min(), d["b"].min())) / 1.5, float(max(d["a"].max(), d["b"].max())) * 1.5
-        ax.plot([lo, hi], [lo, hi], color="black", lw=1, ls="--")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        _seconds_axis(ax.xaxis)
-        _seconds_axis(ax.yaxis)
-        ax.set_xlabel(textwrap.fill(f"{runs[0]} ({machine[runs[0]]})", 60), fontsize=8)
-        ax.set_ylabel(textwrap.fill(f"{run} ({machine[run]})", 50), fontsize=8)
-        ax.set_title(f"median time per call, {len(d)} cells in common\nbelow the line: faster in the later run",
-                     fontsize=9)
-        ax.legend(fontsize=7, loc="upper left")
-    return _save(plt, fig, axes, len(pairs), out)
+    first = next(iter(keys))
+    items = pairs.assign(facet_row=[(list(keys).index(r),) for r in pairs["run_id"]], facet_col=[(0,)] * len(pairs),
+                         row_name=[f"{keys[r]} against {keys[first]}" for r in pairs["run_id"]], col_name="",
+                         name=pairs["label"] + " · " + pairs["problem"], value=pairs["ratio"], lo=pairs["ratio_lo"],
+                         hi=pairs["ratio_hi"],
+                         why=[b if a == Status.OK else a for a, b in zip(pairs["status_a"], pairs["status_b"])])
+    rows = sorted(set(items["facet_row"]))
+    return _draw_points(items, out, f"speedup over run {keys[first]} (its median / this run's; 95% CI)",
+                        "each later run against the first, per cell both have", rows, [(0,)])
