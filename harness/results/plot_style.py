@@ -151,6 +151,8 @@ def _grid(n_panels: int, max_cols: int, panel_w: float, panel_h: float):
     return plt, sns, fig, axes
 
 
+#: the resolution of every PNG plot (a report shows it at the size it was drawn in inches from this)
+PLOT_DPI = 144
 #: the salt of an SVG's element ids (clip paths, glyphs): fixed, so that a redrawing changes no byte
 SVG_SALT = "harness-plot"
 
@@ -161,7 +163,7 @@ def _save(plt, fig, axes, n_panels: int, out: Path, **savefig) -> Path:
         ax.set_visible(False)
     fig.tight_layout()
     # by the one write rule: a plot belongs to the run whose plots/ holds it, and no link there is followed
-    write_file(out, lambda tmp: fig.savefig(tmp, format="png", dpi=144, **savefig), run=out.parent.parent)
+    write_file(out, lambda tmp: fig.savefig(tmp, format="png", dpi=PLOT_DPI, **savefig), run=out.parent.parent)
     # the same drawing writes the same SVG: no date in its metadata, element ids from a fixed salt (not uuid4)
     with plt.rc_context({"svg.hashsalt": SVG_SALT}):
         write_file(out.with_suffix(".svg"), lambda tmp: fig.savefig(tmp, format="svg", metadata={"Date": None}, **savefig),

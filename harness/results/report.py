@@ -334,8 +334,9 @@ tr.st-unsupported td, tr.st-unavailable td { background: #f6f6f6; color: #555; }
 code { background: #f1f3f6; padding: 0 3px; border-radius: 3px; font-size: 0.92em; }
 pre { background: #f6f8fa; border: 1px solid #e1e4e8; padding: 8px; overflow-x: auto; font-size: 0.82em; }
 figure { margin: 1em 0 2em; }
-figure img { max-width: 100%; border: 1px solid #e1e4e8; cursor: zoom-in; }
-figure img.full { max-width: none; cursor: zoom-out; }
+figure { overflow-x: auto; }
+figure img { max-width: none; height: auto; border: 1px solid #e1e4e8; }
+p.contents { font-size: 0.9em; color: #444; }
 td[title] { text-decoration: underline dotted #8a94a6; cursor: help; }
 figcaption { color: #555; font-size: 0.9em; margin-top: 4px; }
 details summary { cursor: pointer; margin: 4px 0; }
@@ -351,14 +352,50 @@ def _td_class(table: Table, i: int) -> str:
     return f' class="{" ".join(names)}"' if names else ""
 
 
+#: a browser's pixels per inch at 100% zoom: a plot shown at its drawn size in inches has the label sizes it
+#: was drawn with
+CSS_DPI = 96
+
+
+def _css_width(png: bytes) -> int | None:
+    """The width in CSS pixels at which a plot's labels read at the size they were drawn (its PNG header's
+    width scaled from the drawing's resolution to the browser's); None for an image that is no PNG."""
+    import struct
+
+    from harness.results.plot_style import PLOT_DPI
+
+    if png[:8] != b"\x89PNG\r\n\x1a\n" or len(png) < 24:
+        return None
+    return round(struct.unpack(">I", png[16:20])[0] * CSS_DPI / PLOT_DPI)
+
+
+def _anchor(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")
+
+
+def _contents(blocks: list) -> str:
+    """A line of links to the report's sections and to each of its plots, so the plots are one click from the top."""
+    links = []
+    for b in blocks:
+        if isinstance(b, Heading) and b.level == 2:
+            links.append(f'<a href="#{_anchor(b.text)}">{html.escape(b.text)}</a>')
+        elif isinstance(b, Image):
+            links.append(f'<a href="#{_anchor("plot " + b.path.stem)}">{html.escape(b.path.stem)}</a>')
+    return " · ".join(links)
+
+
 def to_html(title: str, blocks: list) -> str:
     """A single HTML file: styles inline, images as base64 data URIs, nothing fetched from elsewhere."""
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f"<title>{html.escape(title)}</title>", f"<style>{CSS}</style>", "</head><body>",
            f"<h1>{html.escape(title)}</h1>"]
+    contents = _contents(blocks)
+    if contents:
+        out.append(f'<p class="contents">{contents}</p>')
     for b in blocks:
         if isinstance(b, Heading):
-            out.append(f"<h{b.level}>{_inline(b.text)}</h{b.level}>")
+            anchor = f' id="{_anchor(b.text)}"' if b.level == 2 else ""
+            out.append(f"<h{b.level}{anchor}>{_inline(b.text)}</h{b.level}>")
         elif isinstance(b, Para):
             out.append(f"<p>{_inline(b.text)}</p>")
         elif isinstance(b, Table):
@@ -375,9 +412,12 @@ def to_html(title: str, blocks: list) -> str:
         elif isinstance(b, Bullets):
             out.append("<ul>" + "".join(f"<li>{_inline(item)}</li>" for item in b.items) + "</ul>")
         elif isinstance(b, Image):
-            data = base64.b64encode(b.path.read_bytes()).decode("ascii")
-            out.append(f'<figure><img alt="{html.escape(b.path.stem)}" src="data:image/png;base64,{data}" '
-                       'title="click: full size" onclick="this.classList.toggle(\'full\')">'
+            raw = b.path.read_bytes()
+            data = base64.b64encode(raw).decode("ascii")
+            width = _css_width(raw)
+            size = f' width="{width}"' if width else ""
+            out.append(f'<figure id="{_anchor("plot " + b.path.stem)}"><img alt="{html.escape(b.path.stem)}"{size} '
+                       f'src="data:image/png;base64,{data}">'
                        f"<figcaption>{_inline(b.caption)}</figcaption></figure>")
         elif isinstance(b, Pre):
             pre = f"<pre>{html.escape(b.text)}</pre>"
