@@ -188,7 +188,7 @@ def test_a_dtypes_table_sets_each_problem_and_backend_across_dtypes(tmp_path):
     assert lines[0] == "| problem | backend | float32 ms | bfloat16 ms | bfloat16 speedup over float32 |"
     assert "| lstm D=512 H=512 T=25 B=64 2 thr | numpy | 200 | 300 | 0.67x |" in lines
     assert "| lstm D=512 H=512 T=25 B=64 2 thr | jax | 100 | 125 | 0.80x |" in lines
-    assert "| lstm D=512 H=512 T=25 B=64 2 thr | native | 80 | unsupported |  |" in lines
+    assert "| lstm D=512 H=512 T=25 B=64 2 thr | native | 80 | unsupported | - |" in lines  # no cell left blank
     assert "| problem | backend | float32 final loss (train s) | bfloat16 final loss (train s) | bfloat16 loss vs float32 |" in lines
     assert "| lstm D=512 H=512 T=25 B=64 2 thr | numpy | 4.0000 (2.0 s) | 4.0400 (2.0 s) | +1.00% |" in lines
     assert "| lstm D=512 H=512 T=25 B=64 2 thr | jax | 4.0000 (2.0 s) | 3.9800 (2.0 s) | -0.50% |" in lines
