@@ -271,3 +271,28 @@ def test_mixed_precision_curves_share_one_axis_per_backend(monkeypatch, tmp_path
     assert len(native.get_lines()) >= 2  # float32's curve and bfloat16's on one axis
     assert {t.get_text() for t in native.get_legend().get_texts()} >= {"float32", "bfloat16"}
     assert not any("float32" in ax.get_title() or "bfloat16" in ax.get_title() for ax in axes)
+
+
+def test_a_run_s_commit_is_clean_when_only_outputs_and_untracked_files_differ(tmp_path):
+    from harness.results.report_sections import _run_section
+    from harness.run.machine import git_changes, git_commit
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "results" / "examples" / "quick").mkdir(parents=True)
+    (tmp_path / "results" / "examples" / "quick" / "timings.txt").write_text("old\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "start")
+    # a run rewrote its committed folder, and left a new file: the code is still the commit's
+    (tmp_path / "results" / "examples" / "quick" / "timings.txt").write_text("new\n")
+    (tmp_path / "scratch.txt").write_text("untracked\n")
+    assert git_changes(tmp_path) == [] and not git_commit(tmp_path).endswith("-dirty")
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_changes(tmp_path) == ["code.py"] and git_commit(tmp_path).endswith("-dirty")
+    meta = {"git_commit": git_commit(tmp_path), "git_changed": git_changes(tmp_path)}
+    rows = _run_section(meta, pd.DataFrame(), tmp_path)[1].rows
+    assert any(r[0] == "git commit" and "-dirty` (changed: `code.py`)" in r[1] for r in rows)

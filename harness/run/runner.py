@@ -162,7 +162,8 @@ def new_run_meta(config: RunConfig) -> dict:
         "run_id": run_id, "name": config.name, "config_path": config.path,
         "config": [raw.model_dump() for raw, _ in config.parts],
         "config_source": config.source, "baseline": config.baseline, "machine": machine.machine_info(),
-        "git_commit": machine.git_commit(), "started": now.isoformat(), "finished": None,
+        "git_commit": machine.git_commit(), "git_changed": machine.git_changes(),
+        "started": now.isoformat(), "finished": None,
         "env": dict(config.raw.env), "cpu_times_start": machine.cpu_times(), "harness_python": sys.version.split()[0],
         "task_files": config.task_files, "backend_sources": backend_sources(config.backends),
     }
