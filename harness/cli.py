@@ -258,7 +258,7 @@ def _print_summary(store):
     from harness.results.labels import backend_label
     from harness.results.report import precision_note, spread_warnings
     from harness.results import caveats
-    from harness.results.terminal import print_summary
+    from harness.results.terminal import MISSED_MARK, print_summary
     import pandas as pd
 
     df = pd.DataFrame(store.timings)
@@ -269,7 +269,7 @@ def _print_summary(store):
     print_summary(df, store.meta, console)
     df["label"] = backend_label(df)
     _print_device_ratios(df)
-    note = precision_note(df)
+    note = precision_note(df, MISSED_MARK)
     if note:
         err_console.print(f"[yellow]loose:[/] {escape(note)}", highlight=False)
     for w in spread_warnings(store.timings):

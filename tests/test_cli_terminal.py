@@ -165,7 +165,8 @@ def test_without_a_terminal_each_finished_pass_is_a_plain_line():
 
 def test_the_header_counts_what_the_bar_counts(fake_backends, write_config, tmp_path):
     from harness.config import load_config
-    from harness.results.terminal import group_name, header, planned_passes
+    from harness.results.terminal import group_name, header
+    from harness.run.runner import planned_steps
 
     cfg = load_config(write_config("""
 name: bar
@@ -177,6 +178,10 @@ batch: [1, 2]
 backends: [ref, 'ref:slow']
 timing: {warmup: 1, min_rounds: 3, min_time_s: 0.01, max_time_s: 0.5, timeout_s: 30, passes: 2}
 """))
-    assert planned_passes(cfg.groups()) == 8
+    assert planned_steps(cfg.groups()) == 8
+    from types import SimpleNamespace as NS
+
+    trains = [NS(problem=NS(workload="train"), timing=NS(passes=3))] * 3
+    assert planned_steps([trains]) == 3  # a training group runs once, whatever its passes: the bar ends where it began
     assert "4 cells x passes = 8 steps" in header(cfg.name, cfg.groups(), tmp_path)
     assert group_name(cfg.groups()[0]) == "train_step elman D=3 H=4 T=4 B=1 float32"

@@ -14,6 +14,10 @@ from harness.results.schema import setting_values
 from harness.spec.status import Status
 
 
+#: a speedup whose interval missed its precision target, in the summary (its legend: the "loose:" line under it)
+MISSED_MARK = "*"
+
+
 def group_name(cells) -> str:
     """A comparison group's name on the progress line: its workload and :func:`group_label`, the paired
     keys' values joined (``float32|bfloat16``), as the summary table names the group."""
@@ -28,15 +32,12 @@ def group_name(cells) -> str:
     return text
 
 
-def planned_passes(groups) -> int:
-    """What the progress bar counts for these comparison groups: a step per cell and pass."""
-    return sum(len(g) * max(1, g[0].timing.passes) for g in groups)
-
-
 def header(name: str, groups, folder) -> str:
     """The line that opens a run: its cells and the count the bar will show, in one number."""
+    from harness.run.runner import planned_steps
+
     n_cells = sum(len(g) for g in groups)
-    steps = planned_passes(groups)
+    steps = planned_steps(groups)
     count = f"{n_cells} cells" if steps == n_cells else f"{n_cells} cells x passes = {steps} steps"
     return f"[bold]{escape(name)}[/]: {count} -> {escape(str(folder))}"
 
@@ -113,7 +114,7 @@ def summary_tables(timings: pd.DataFrame, meta: dict) -> list:
         rows, reasons = [], []
         for _, r in g.iterrows():
             ok = r["status"] == Status.OK
-            sp = escape(_ratio(r, "speedup"))
+            sp = escape(_ratio(r, "speedup") + (f" {MISSED_MARK}" if imprecise(r) else ""))
             row = {"backend": escape(r["label"]),
                    "median": escape(fmt_seconds(r.get("median_s")) if ok and pd.notna(r.get("median_s"))
                                     else str(r["status"]) if not ok else "-"),
@@ -180,7 +181,6 @@ def print_summary(timings: pd.DataFrame, meta: dict, console) -> None:
     if timings.empty:
         return
     console.print(f"[bold]{escape(str(meta.get('name')))}[/]: median per call; speedup over "
-                  f"{escape(str(meta.get('baseline')))} (its time over each backend's: above 1x, faster)",
-                  highlight=False)
+                  f"{escape(str(meta.get('baseline')))}: its time / the backend's", highlight=False)
     for table in summary_tables(timings, meta):
         console.print(table)

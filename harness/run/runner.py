@@ -72,7 +72,7 @@ class Runner:
     def _run(self, progress, executor, groups) -> None:
         todo = self.pending_groups() if groups is None else groups
         # the bar counts passes over cells: a group of passes 3 moves it three times, not once at its end
-        planned = {id(g): len(g) * max(1, g[0].timing.passes) for g in todo}
+        planned = {id(g): planned_steps([g]) for g in todo}
         if executor is not None:  # it counts each group once, when it comes back
             task_id = progress.add_task("cells", total=sum(len(g) for g in todo)) if progress else None
             executor.run(self, todo, progress, task_id)
@@ -152,6 +152,12 @@ class Runner:
             self.gpu_roofs = roofs.gpu_roofs(cells, self._say, self.record)
             if self.gpu_roofs is not None:
                 self.store.meta["gpu_roofs"] = self.gpu_roofs
+
+
+def planned_steps(groups) -> int:
+    """What the progress bar counts for these comparison groups: a step per cell and planned pass (a training
+    group runs once); the bar's total grows when the precision target asks for more passes."""
+    return sum(len(g) * (1 if g[0].problem.workload == "train" else max(1, g[0].timing.passes)) for g in groups)
 
 
 def new_run_meta(config: RunConfig) -> dict:
