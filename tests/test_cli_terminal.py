@@ -160,7 +160,7 @@ def test_without_a_terminal_each_finished_pass_is_a_plain_line():
         bar.advance(task, 2)
     lines = console.export_text().splitlines()
     assert len(lines) == 2 and lines[0].startswith("[2/4 ") and lines[1].startswith("[4/4 ")
-    assert "train_step elman D=3 H=4 T=4 B=1 float32" in lines[1]
+    assert lines[1].endswith("done: train_step elman D=3 H=4 T=4 B=1 float32")  # the group, not its last phase
 
 
 def test_the_header_counts_what_the_bar_counts(fake_backends, write_config, tmp_path):

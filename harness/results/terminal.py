@@ -88,8 +88,10 @@ class PlainProgress:
         self.completed += n
         seconds = int(time.monotonic() - self.started)
         when = f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-        self.console.print(f"[{self.completed:.0f}/{self.total:.0f} {when}] done: {self.description}",
-                           highlight=False, soft_wrap=True, markup=False)
+        # the group and pass that finished, without the phase it was last in ("round 5 (numpy, jax) · ...")
+        done = self.description.partition(" · ")[2] or self.description
+        self.console.print(f"[{self.completed:.0f}/{self.total:.0f} {when}] done: {done}", highlight=False,
+                           soft_wrap=True, markup=False)
 
 
 def summary_tables(timings: pd.DataFrame, meta: dict) -> list:
