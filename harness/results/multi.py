@@ -73,7 +73,7 @@ def run_pairs(timings: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
     ``problem``, ``label`` (backend), both medians, and the later run's speedup over the first (the first's
     median over the later one's: above 1, faster in the later run) with a 95% interval from resampling each
     run's rounds on its own (they were not timed in turn); cells that did not run in both have no ratio."""
-    from harness.results.compare import ratio_interval
+    from harness.run.stats import ratio_interval
     from harness.results.labels import backend_label, group_label
 
     df = timings[timings["workload"] != "train"]
