@@ -185,3 +185,27 @@ timing: {warmup: 1, min_rounds: 3, min_time_s: 0.01, max_time_s: 0.5, timeout_s:
     assert planned_steps([trains]) == 3  # a training group runs once, whatever its passes: the bar ends where it began
     assert "4 cells x passes = 8 steps" in header(cfg.name, cfg.groups(), tmp_path)
     assert group_name(cfg.groups()[0]) == "train_step elman D=3 H=4 T=4 B=1 float32"
+
+
+def test_the_runner_names_groups_on_the_bar_as_the_tables_do(fake_backends, write_config, tmp_path):
+    from harness.config import load_config
+    from harness.results.store import RunStore
+    from harness.results.terminal import group_name
+    from harness.run.runner import Runner, finish_meta, new_run_meta
+
+    cfg = load_config(write_config("""
+name: bar
+seed: 1
+model: {kind: elman, hidden: 4}
+task: {kind: random, input_size: 3, output_size: 2, seq_len: 4, n_sequences: 8}
+workloads: [train_step]
+batch: [2]
+backends: [ref]
+timing: {warmup: 1, min_rounds: 3, min_time_s: 0.01, max_time_s: 0.5, timeout_s: 30}
+"""))
+    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+    bar = _Bar()
+    Runner(cfg, store, name_group=group_name).run(bar)
+    finish_meta(store)
+    named = [d for d in bar.descriptions if " · " in d]
+    assert named and all(d.split(" · ", 1)[1].startswith("train_step elman D=3 H=4 T=4 B=2 float32") for d in named)

@@ -104,6 +104,8 @@ class Runner:
         machine.record_host(self.store.meta, machine.host_name(), self.store.meta.get("machine"), self.gemm_peaks,
                             self.gpu_roofs)
         states = [GroupRun.restore(g, self.store.unfinished(g[0].key)) for g in todo]
+        for state in states:
+            state.name = self.name_group
         if any(s.passes_done for s in states):
             self._say(f"resuming: {sum(1 for s in states if s.passes_done)} comparison group(s) go on at their next pass")
         describe = _describer(progress, task_id)
@@ -112,7 +114,7 @@ class Runner:
             progress.advance(task_id, sum(counted.values()))
         while states:  # one pass over every group not yet finished, in the config's order
             for state in list(states):
-                state.run_pass(describe, self.record, name=self.name_group)
+                state.run_pass(describe, self.record)
                 self.note_conditions(state)
                 if progress is not None:
                     self._count_pass(progress, task_id, state, planned, counted)
