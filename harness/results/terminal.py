@@ -103,6 +103,7 @@ def summary_tables(timings: pd.DataFrame, meta: dict) -> list:
     run, cut to the window (the report has it whole). Intervals never wrap."""
     from rich import box
     from rich.table import Table
+    from harness.results import caveats
     from harness.results.report import imprecise, speedup_note
 
     df = timings.assign(label=backend_label(timings))
@@ -116,7 +117,8 @@ def summary_tables(timings: pd.DataFrame, meta: dict) -> list:
         rows, reasons = [], []
         for _, r in g.iterrows():
             ok = r["status"] == Status.OK
-            sp = escape(_ratio(r, "speedup") + (f" {MISSED_MARK}" if imprecise(r) else ""))
+            # marked where it missed its precision target, and where a contended machine timed it
+            sp = escape(caveats.speedup_mark(r, _ratio(r, "speedup") + (f" {MISSED_MARK}" if imprecise(r) else "")))
             row = {"backend": escape(r["label"]),
                    "median": escape(fmt_seconds(r.get("median_s")) if ok and pd.notna(r.get("median_s"))
                                     else str(r["status"]) if not ok else "-"),
