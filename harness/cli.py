@@ -62,9 +62,8 @@ def run_cmd(
     workers: Annotated[Optional[int], typer.Option("--workers", help="Worker processes of the --executor dask-local cluster (default 2), each on its own cores.")] = None,
 ):
     """Run configs: every cell in fresh workers, results and plots in a folder per config."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from harness.config import load_config
+    from harness.results import terminal
     from harness.run.client import kill_all_workers, stop_on_signals
     from harness.results.store import RunStore, check_out_folder, config_fingerprint
     from harness.run.runner import new_run_meta
@@ -103,13 +102,10 @@ def run_cmd(
                 _fail(exc, 2)
 
             for cfg, store in zip(loaded, stores):
-                console.print(f"[bold]{escape(cfg.name)}[/]: {len(cfg.cells())} cells -> {escape(str(store.path))}",
-                              highlight=False)
-                columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                           TextColumn("eta"), TimeRemainingColumn()]
+                console.print(terminal.header(cfg.name, cfg.groups(), store.path), highlight=False)
                 try:
-                    with Progress(*columns, console=err_console, transient=False) as progress:
-                        run_into(cfg, store, progress, executor, console=err_console)
+                    with terminal.progress(err_console) as progress:
+                        run_into(cfg, store, progress, executor, console=err_console, name_group=terminal.group_name)
                 except KeyboardInterrupt:
                     err_console.print(f"interrupted ({stopped.name}): finished cells are saved; continue with "
                                       f"`{resume_command(cfg.path, store.path, profile, backends_opt)}`",
@@ -200,10 +196,10 @@ def _draw(path: Path):
 
 
 def _print_summary(store):
-    from harness.results.labels import backend_label, group_label
-    from harness.results.report import fmt_speedup, imprecise, precision_note, speedup_note
-    from harness.results.report import spread_warnings
+    from harness.results.labels import backend_label
+    from harness.results.report import precision_note, spread_warnings
     from harness.results import caveats
+    from harness.results.terminal import MISSED_MARK, print_summary
     import pandas as pd
 
     df = pd.DataFrame(store.timings)
@@ -211,35 +207,10 @@ def _print_summary(store):
         return
     for line in caveats.lines(store.meta, store.timings):  # what shaped the run, before its figures
         console.print(f"[bold yellow]caveat:[/] {escape(line)}", highlight=False)
+    print_summary(df, store.meta, console)
     df["label"] = backend_label(df)
-    table = Table(title=escape(f"{store.meta.get('name')}: median per call, speedup over {store.meta.get('baseline')}"))
-    for col in ("backend", "status", "median", "speedup [95% CI]", "compile s", "note"):
-        table.add_column(col, justify="right" if col in ("median", "compile s") else "left",
-                         overflow="fold" if col == "note" else "ellipsis", ratio=1 if col == "note" else None)
-    last_group = None
-    for _, r in df.iterrows():
-        if r["group"] != last_group:
-            if last_group is not None:
-                table.add_section()
-            note = speedup_note(df[df["group"] == r["group"]])  # a failed baseline: what speedups are over
-            table.add_row(f"[bold]{escape(r['workload'] + ' ' + group_label(r))}[/]", "", "", "", "",
-                          f"[yellow]{escape(note)}[/]" if note else "")
-            last_group = r["group"]
-        med = f"{r['median_s'] * 1e3:.3g} ms" if pd.notna(r.get("median_s")) else "-"
-        sp = escape(caveats.speedup_mark(r, fmt_speedup(r)))
-        if imprecise(r):
-            sp = f"[yellow]{sp}[/]"
-        note = ""
-        if r["status"] != Status.OK:
-            note = str(r.get("error") or "").splitlines()[0] if r.get("error") else ""  # whole: the table wraps it
-        elif r["workload"] == "train":
-            ttt = r.get("time_to_target_s")
-            note = f"final loss {r['final_loss']:.3f}" + (f", target at {ttt:.2f} s" if pd.notna(ttt) else "")
-        comp = f"{r['compile_s']:.2f}" if pd.notna(r.get("compile_s")) else "-"
-        table.add_row("  " + escape(r["label"]), escape(str(r["status"])), med, sp, comp, escape(note))
-    console.print(table)
     _print_device_ratios(df)
-    note = precision_note(df)
+    note = precision_note(df, MISSED_MARK)
     if note:
         err_console.print(f"[yellow]loose:[/] {escape(note)}", highlight=False)
     for w in spread_warnings(store.timings):

@@ -12,7 +12,8 @@ The opening marker names the kind of table, the run folder(s) it reads (comma-se
 
 * ``speedups RUNS [device=cpu|gpu] [workload=W] [threads=column]``: a row per comparison group, a
   column per backend; the baseline's cell is ``1 (its median)``, the others the speedup with its
-  95% interval, ``*`` where the interval missed its precision target, or the cell's status.
+  95% interval, ``*`` where the interval missed its precision target, the cell's status, or
+  ``not in config`` where the row's group had no such backend.
 * ``ms RUNS``: like ``speedups``, with each cell's milliseconds per call instead of its speedup
   (for comparing problems with one another on one backend: a GRU's step against an LSTM's).
 * ``steps RUNS``: a row per cell: ms per step, compile seconds, speedup.
@@ -21,9 +22,10 @@ Any other ``key=value`` names a results column and keeps the rows whose value re
 (``model=gru``, ``batch=32``, ``bidirectional=True``).
 * ``training RUNS``: training cells ordered by time to target.
 * ``dtypes RUNS``: a row per problem and backend, a column per dtype, and each other dtype against
-  float32: ms per call for timed steps; for training runs the final loss and training seconds, and
-  the loss's relative difference (what a mixed-precision type buys, and what it costs); where the run
-  paired the dtypes (``pair_over: [dtype]``), the time ratio carries its paired 95% interval.
+  float32: ms per call for timed steps and the speedup over float32 (float32's time over this dtype's:
+  above 1, the dtype is faster, as every ratio of the harness reads); for training runs the final loss and
+  training seconds, and the loss's relative difference (what a mixed-precision type buys, and what it
+  costs); where the run paired the dtypes (``pair_over: [dtype]``), the speedup carries its paired 95% interval.
 * ``settings RUNS``: for a run that paired settings (``pair_over``), a row per problem and backend,
   a column of ms per call per setting, and each later setting's speedup over the first (the backend's
   time there over its time at this one: above 1, this setting is faster) with its paired 95% interval.
@@ -170,6 +172,10 @@ def _ms(r) -> str:
     return f"{r['median_s'] * 1e3:.3g}" if r["status"] == Status.OK and _ok(r.get("median_s")) else str(r["status"])
 
 
+#: a table's cell for a backend its row's comparison group did not have: said, never left blank
+ABSENT = "not in config"
+
+
 def speedups(df: pd.DataFrame, spec: TableSpec, cell=_cell) -> list[str]:
     df = _filter(df, spec, default_workloads=("forward", "train_step"))
     by_threads = spec.options.get("threads") == "column"
@@ -182,7 +188,7 @@ def speedups(df: pd.DataFrame, spec: TableSpec, cell=_cell) -> list[str]:
         if by_threads:
             row.append(str(head["threads"]))
         cells = {r["label"]: cell(r) for _, r in g.iterrows()}
-        rows.append(row + [cells.get(label, "") for label in labels])
+        rows.append(row + [cells.get(label, ABSENT) for label in labels])
     heads = labels if cell is _cell else [f"{label} ms" for label in labels]
     return _table(["problem"] + (["threads"] if by_threads else []) + heads, rows)
 
@@ -193,7 +199,7 @@ def steps(df: pd.DataFrame, spec: TableSpec) -> list[str]:
     rows = []
     for _, r in df.iterrows():
         if r["status"] != Status.OK:
-            rows.append([_problem(r, several), r["label"], r["status"], "", ""])
+            rows.append([_problem(r, several), r["label"], r["status"], "-", "-"])
             continue
         sp = "1" if _is_baseline(r) else _speedup(r) if _ok(r.get("speedup")) else "-"
         rows.append([_problem(r, several), r["label"], f"{r['median_s'] * 1e3:.2f}", f"{r['compile_s']:.1f}", sp])
@@ -223,7 +229,7 @@ def epochs(df: pd.DataFrame, spec: TableSpec) -> list[str]:
     rows = []
     for batch, g in df.groupby("batch", sort=True):
         cells = {(r["label"], int(r["threads"])): f"{r['train_s']:.2f} s, {r['final_loss']:.2f}" for _, r in g.iterrows()}
-        rows.append([str(batch)] + [cells.get(c, "") for c in columns])
+        rows.append([str(batch)] + [cells.get(c, ABSENT) for c in columns])
     heads = [f"{label}, {t} thread" + ("s" if t != 1 else "") for label, t in columns]
     return _table(["batch"] + heads, rows)
 
@@ -251,7 +257,7 @@ def dtypes(df: pd.DataFrame, spec: TableSpec) -> list[str]:
         for d in order:
             r = by_dtype.get(d)
             if r is None:
-                row.append("")
+                row.append(ABSENT)
             elif not ok(r):
                 row.append(str(r["status"]))
             else:
@@ -259,18 +265,18 @@ def dtypes(df: pd.DataFrame, spec: TableSpec) -> list[str]:
         for d in others:
             low, ref = by_dtype.get(d), by_dtype.get(DType.FLOAT32)
             if not (ok(low) and ok(ref)):
-                row.append("")
+                row.append("-")  # no ratio without both cells
             elif train:
                 row.append(f"{(low['final_loss'] - ref['final_loss']) / ref['final_loss'] * 100:+.2f}%")
             elif _ok(low.get("setting_speedup")) and str(low.get("setting_baseline")).startswith("dtype=float32"):
-                # timed in one group with its float32 cell (pair_over): the paired interval, as a time ratio
+                # timed in one group with its float32 cell (pair_over): the paired interval
                 s, lo, hi = low["setting_speedup"], low["setting_speedup_lo"], low["setting_speedup_hi"]
-                row.append(f"{1 / s:.2f}x [{1 / hi:.2f}, {1 / lo:.2f}]")
-            else:
-                row.append(f"{low['median_s'] / ref['median_s']:.2f}x")
+                row.append(f"{s:.2f}x [{lo:.2f}, {hi:.2f}]" if _ok(lo) and _ok(hi) else f"{s:.2f}x")
+            else:  # timed apart: float32's median over this dtype's, without an interval
+                row.append(f"{ref['median_s'] / low['median_s']:.2f}x")
         rows.append(row)
     heads = [f"{d} final loss (train s)" if train else f"{d} ms" for d in order]
-    heads += [f"{d} loss vs float32" if train else f"{d} time / float32" for d in others]
+    heads += [f"{d} loss vs float32" if train else f"{d} speedup over float32" for d in others]
     return _table(["problem", "backend"] + heads, rows)
 
 
@@ -292,11 +298,11 @@ def settings(df: pd.DataFrame, spec: TableSpec) -> list[str]:
         problems.setdefault((_problem(r, several, omit=tuple(keys)), r["label"]), {})[setting_label(r, keys)] = r
     rows = []
     for (problem, label), at in problems.items():
-        row = [problem, label] + [_ms(at[o]) if o in at else "" for o in order]
+        row = [problem, label] + [_ms(at[o]) if o in at else ABSENT for o in order]
         for o in order[1:]:
             r = at.get(o)
             if r is None or r["status"] != Status.OK or not _ok(r.get("setting_speedup")):
-                row.append("")
+                row.append("-")
                 continue
             s, lo, hi = r["setting_speedup"], r.get("setting_speedup_lo"), r.get("setting_speedup_hi")
             row.append(f"{s:.2f}x [{lo:.2f}, {hi:.2f}]" if _ok(lo) and _ok(hi) else f"{s:.2f}x")
@@ -309,13 +315,15 @@ def host(examples: Path, spec: TableSpec) -> list[str]:
     """One line per run: where and when it ran (:func:`harness.results.labels.machine_label`), and its folder."""
     import json
 
-    from harness.results.labels import machine_label
+    from harness.results.labels import gemm_peak_text, machine_label
 
     lines = []
     for name in spec.runs:
         meta = json.loads((examples / name / "run.json").read_text())
         day = str(meta.get("started", "?"))[:10]
-        lines.append(f"*Run `results/examples/{name}`: {day}, on {machine_label(meta)}.*")
+        peak = gemm_peak_text(meta)
+        lines.append(f"*Run `results/examples/{name}`: {day}, on {machine_label(meta)}"
+                     + (f"; {peak} measured at its start" if peak else "") + ".*")
     return lines
 
 

@@ -84,3 +84,128 @@ timing: {warmup: 1, min_rounds: 3, min_time_s: 0.01, max_time_s: 0.5, timeout_s:
     assert bar.moves == [2, 4, 6, 8]  # each pass of each group, not each group at its end
     assert all(d.startswith(("ref", "round")) for d in bar.descriptions), bar.descriptions[:5]
     assert len(harness.load_run(tmp_path / "run").timings) == 4
+
+
+EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[1] / "results" / "examples"
+
+
+def _render(renderables, width=80):
+    from rich.console import Console
+
+    console = Console(width=width, record=True, force_terminal=False, color_system=None)
+    for r in renderables:
+        console.print(r)
+    return console.export_text()
+
+
+def test_the_summary_fits_80_columns_with_every_interval_on_one_line():
+    import re
+
+    import pandas as pd
+
+    from harness.results.terminal import summary_tables
+
+    t = pd.read_parquet(EXAMPLES / "quick" / "timings.parquet")
+    text = _render(summary_tables(t, {"name": "quick", "baseline": "numpy"}))
+    assert max(len(line) for line in text.splitlines()) <= 80
+    intervals = re.findall(r"\d[\d.]*x \[[\d.]+, [\d.]+\]", text)
+    timed = t[(t["status"] == "ok") & t["speedup_lo"].notna() & (t["speedup_lo"] != t["speedup_hi"])]
+    assert len(intervals) == len(timed)
+    # groups named as the tables name them (V= for a token input, T= for the sequence)
+    assert "train_step elman V=2000 H=100 T=20 B=1 float32" in text
+
+
+def test_under_pair_over_the_summary_gives_the_paired_speedup_first():
+    import pandas as pd
+
+    from harness.results.terminal import summary_tables
+
+    t = pd.read_parquet(EXAMPLES / "mixed_precision" / "timings.parquet")
+    text = _render(summary_tables(t, {"name": "mixed_precision", "baseline": "numpy"}))
+    head = next(line for line in text.splitlines() if "backend" in line)
+    assert head.index("over float32 [95% CI]") < head.index("speedup [95% CI]")
+    native = next(line for line in text.splitlines() if line.strip().startswith("native") and "1.9" in line)
+    assert "1.9" in native.split("]")[0]  # bfloat16's speedup over float32 comes before the one over numpy
+
+
+def test_the_progress_line_puts_count_and_time_left_first_and_cuts_the_name_last():
+    from rich.console import Console
+
+    from harness.results.terminal import progress
+
+    console = Console(width=80, record=True, force_terminal=True, color_system=None)
+    name = "numpy: compiling / warming up · train_step elman V=2000 H=100 T=20 B=16 float32 · pass 1 of 3"
+    with progress(console) as bar:
+        task = bar.add_task(name, total=24)
+        bar.update(task, advance=3)
+        shown = bar.make_tasks_table(bar.tasks)
+    lines = [line for line in _render([shown]).splitlines() if line.strip()]
+    assert lines and all(len(line) <= 80 for line in lines)
+    assert lines[-1].lstrip().startswith("3/24") and "eta" in lines[-1]
+    assert "numpy: compiling" in lines[-1] and "…" in lines[-1]
+
+
+def test_without_a_terminal_each_finished_pass_is_a_plain_line():
+    from rich.console import Console
+
+    from harness.results.terminal import PlainProgress, progress
+
+    console = Console(width=80, record=True, force_terminal=False, color_system=None)
+    bar = progress(console)
+    assert isinstance(bar, PlainProgress)
+    with bar:
+        task = bar.add_task("cells", total=4)
+        bar.update(task, description="round 3 (numpy, jax) · train_step elman D=3 H=4 T=4 B=1 float32")
+        bar.update(task, advance=2)
+        bar.advance(task, 2)
+    lines = console.export_text().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("[2/4 ") and lines[1].startswith("[4/4 ")
+    assert lines[1].endswith("done: train_step elman D=3 H=4 T=4 B=1 float32")  # the group, not its last phase
+
+
+def test_the_header_counts_what_the_bar_counts(fake_backends, write_config, tmp_path):
+    from harness.config import load_config
+    from harness.results.terminal import group_name, header
+    from harness.run.runner import planned_steps
+
+    cfg = load_config(write_config("""
+name: bar
+seed: 1
+model: {kind: elman, hidden: 4}
+task: {kind: random, input_size: 3, output_size: 2, seq_len: 4, n_sequences: 8}
+workloads: [train_step]
+batch: [1, 2]
+backends: [ref, 'ref:slow']
+timing: {warmup: 1, min_rounds: 3, min_time_s: 0.01, max_time_s: 0.5, timeout_s: 30, passes: 2}
+"""))
+    assert planned_steps(cfg.groups()) == 8
+    from types import SimpleNamespace as NS
+
+    trains = [NS(problem=NS(workload="train"), timing=NS(passes=3))] * 3
+    assert planned_steps([trains]) == 3  # a training group runs once, whatever its passes: the bar ends where it began
+    assert "4 cells x passes = 8 steps" in header(cfg.name, cfg.groups(), tmp_path)
+    assert group_name(cfg.groups()[0]) == "train_step elman D=3 H=4 T=4 B=1 float32"
+
+
+def test_the_runner_names_groups_on_the_bar_as_the_tables_do(fake_backends, write_config, tmp_path):
+    from harness.config import load_config
+    from harness.results.store import RunStore
+    from harness.results.terminal import group_name
+    from harness.run.runner import Runner, finish_meta, new_run_meta
+
+    cfg = load_config(write_config("""
+name: bar
+seed: 1
+model: {kind: elman, hidden: 4}
+task: {kind: random, input_size: 3, output_size: 2, seq_len: 4, n_sequences: 8}
+workloads: [train_step]
+batch: [2]
+backends: [ref]
+timing: {warmup: 1, min_rounds: 3, min_time_s: 0.01, max_time_s: 0.5, timeout_s: 30}
+"""))
+    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+    bar = _Bar()
+    Runner(cfg, store, name_group=group_name).run(bar)
+    finish_meta(store)
+    named = [d for d in bar.descriptions if " · " in d]
+    assert named and all(d.split(" · ", 1)[1].startswith("train_step elman D=3 H=4 T=4 B=2 float32") for d in named)

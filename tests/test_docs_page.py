@@ -74,12 +74,36 @@ def test_report_over_runs_of_two_machines_draws_the_crossover_from_both(tmp_path
     assert result.exit_code == 0, result.output
     md = (out / "report.md").read_text()
     assert "| problem | machine | device | backend |" in md
-    # the machine as a reader tells hosts apart: CPU, cores, the vector flags, the measured GEMM peak, the GPU
-    assert "gpu-box (Intel(R) Xeon(R) Processor, 16 cores, AVX-512 + AVX512-BF16, float32 GEMM 317 GFLOP/s, NVIDIA H100)" in md
+    # the machine as a reader tells hosts apart, by stable facts (CPU, cores, the vector flags, the GPU; not
+    # the GEMM peak a run measured), described once under a short key
+    described = "gpu-box (Intel(R) Xeon(R) Processor, 16 cores, AVX-512 + AVX512-BF16, NVIDIA H100)"
+    assert f"| m2 | {described} |" in md and md.count(described) == 2  # its key's row, and the crossover's caption
+    assert md.index("## Answer") < md.index("## Runs")
     assert (out / "plots" / "crossover.png").exists()
     assert "CPU cells from lstm-cpu-gpu-20261122-161700 (vm (" in md and "GPU cells from lstm-cpu-gpu-gpu (gpu-box" in md
     result = CliRunner().invoke(app, ["report", str(EXAMPLES / "lstm_cpu_gpu"), str(gpu)])
     assert result.exit_code == 2 and "needs --out" in result.output
+
+
+def test_two_runs_of_one_machine_share_its_key_and_b_against_a_carries_its_interval(tmp_path):
+    again = tmp_path / "again"
+    shutil.copytree(EXAMPLES / "quick", again)
+    meta = json.loads((again / "run.json").read_text())
+    meta["run_id"] = "quick-again"
+    meta["gemm_peak_gflops"] = {k: v * 1.6 for k, v in meta["gemm_peak_gflops"].items()}  # the same VM, a busier day
+    (again / "run.json").write_text(json.dumps(meta))
+    out = tmp_path / "report"
+    result = CliRunner().invoke(app, ["report", str(EXAMPLES / "quick"), str(again), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    md = (out / "report.md").read_text()
+    runs = md.split("## Runs", 1)[1].split("## Cells by run", 1)[0]
+    assert runs.count("| m1 |") == 3 and "m2" not in runs  # both runs on m1, described once
+    assert runs.count("vm (AMD EPYC, 2 cores, AVX-512 + AVX512-BF16, no GPU)") == 1
+    answer = md.split("## Answer", 1)[1].split("## Runs", 1)[0]
+    assert "| B against A | same machine | 19 | 1x | 0 | 0 | 19 |" in answer.replace("  ", " ")
+    cells = md.split("## Cells by run", 1)[1]
+    assert "B against A [95% CI]" in cells and "| 1x [" in cells  # the same rounds: 1x, with an interval around it
+    assert (out / "plots" / "runs.png").exists()
 
 
 def test_a_backend_has_one_colour_whatever_else_a_plot_shows():
@@ -160,10 +184,11 @@ def test_a_dtypes_table_sets_each_problem_and_backend_across_dtypes(tmp_path):
                     "<!-- table: dtypes mp workload=train -->\n<!-- /table -->\n")
     docs.write_page(page, tmp_path)
     lines = [line for line in page.read_text().splitlines() if line.startswith("| ")]
-    assert lines[0] == "| problem | backend | float32 ms | bfloat16 ms | bfloat16 time / float32 |"
-    assert "| lstm D=512 H=512 T=25 B=64 2 thr | numpy | 200 | 300 | 1.50x |" in lines
-    assert "| lstm D=512 H=512 T=25 B=64 2 thr | jax | 100 | 125 | 1.25x |" in lines
-    assert "| lstm D=512 H=512 T=25 B=64 2 thr | native | 80 | unsupported |  |" in lines
+    # bfloat16's speedup over float32, the one convention of the harness: float32's time over bfloat16's
+    assert lines[0] == "| problem | backend | float32 ms | bfloat16 ms | bfloat16 speedup over float32 |"
+    assert "| lstm D=512 H=512 T=25 B=64 2 thr | numpy | 200 | 300 | 0.67x |" in lines
+    assert "| lstm D=512 H=512 T=25 B=64 2 thr | jax | 100 | 125 | 0.80x |" in lines
+    assert "| lstm D=512 H=512 T=25 B=64 2 thr | native | 80 | unsupported | - |" in lines  # no cell left blank
     assert "| problem | backend | float32 final loss (train s) | bfloat16 final loss (train s) | bfloat16 loss vs float32 |" in lines
     assert "| lstm D=512 H=512 T=25 B=64 2 thr | numpy | 4.0000 (2.0 s) | 4.0400 (2.0 s) | +1.00% |" in lines
     assert "| lstm D=512 H=512 T=25 B=64 2 thr | jax | 4.0000 (2.0 s) | 3.9800 (2.0 s) | -0.50% |" in lines

@@ -121,5 +121,10 @@ def test_a_speedup_that_missed_its_target_is_marked_with_the_figures_on_hover(tm
     html = to_html("t", [Table(["speedup"], [[cell]])])
     assert 'title="±14.0%, target ±2.0% not met"' in html
     assert fmt_speedup({**row, "precision_met": True}, mark=True) == "1.5x [1.3, 1.71]"
-    (tmp_path / "p.png").write_bytes(b"\x89PNG")
-    assert "onclick" in to_html("t", [Image(tmp_path / "p.png", "a plot")])  # opens full size on a click
+    from PIL import Image as PilImage
+
+    PilImage.new("RGB", (1440, 720)).save(tmp_path / "p.png")
+    page = to_html("t", [Image(tmp_path / "p.png", "a plot")])
+    # shown at the size it was drawn (1440 px at 144 dpi: 10 inches, 960 CSS pixels), never scaled to the column;
+    # a contents line at the top links to it
+    assert 'width="960"' in page and 'href="#plot-p"' in page and 'id="plot-p"' in page

@@ -125,3 +125,54 @@ def test_drawing_twice_writes_the_same_bytes_svg_included(run):
     assert any(name.endswith(".svg") for name in before)
     assert before == after
     assert all(b"<dc:date>" not in v for name, v in after.items() if name.endswith(".svg"))
+
+
+def test_speedups_are_points_on_one_axis_centred_on_1x_in_panels_by_what_was_swept(monkeypatch, tmp_path):
+    from harness.results import plot_speedup
+
+    drawn = {}
+
+    def keep(plt, fig, axes, n, out, **kw):
+        drawn["axes"] = axes
+        return out
+
+    monkeypatch.setattr(plot_speedup, "_save", keep)
+    t = pd.read_parquet(EXAMPLE / "timings.parquet")  # forward and train_step at batch 1, 16 and 64
+    assert plots.plot_speedup(t, tmp_path / "speedup.png") is not None
+    axes = drawn["axes"]
+    # rows by workload, columns by batch in its order (the run listed them 64, 1, 16)
+    assert [[ax.get_title() for ax in row] for row in axes] == [
+        ["forward · B=1", "forward · B=16", "forward · B=64"],
+        ["train_step · B=1", "train_step · B=16", "train_step · B=64"]]
+    limits = {ax.get_xlim() for ax in axes.flat}
+    assert len(limits) == 1  # one axis for every panel
+    lo, hi = limits.pop()
+    assert lo * hi == pytest.approx(1.0) and hi > 1 / 0.0266  # centred on 1x, wide enough for the slowest
+    assert all(not ax.patches for ax in axes.flat)  # points, not bars from an arbitrary edge
+    # failures keep their rows, with why
+    texts = [t.get_text() for t in axes[1, 2].texts]
+    assert texts.count("not timed: error") == 6
+    # variants of one library differ by marker as well as shade
+    assert plots.backend_marker("cuda") != plots.backend_marker("cuda:persistent")
+
+
+def test_a_gpu_roofline_reads_in_tflops_and_tbs_with_a_share_axis_that_stops_at_100_percent(monkeypatch, tmp_path):
+    from harness.results import plot_roofline
+
+    drawn = {}
+
+    def keep(plt, fig, axes, n, out, **kw):
+        drawn["fig"], drawn["axes"] = fig, axes
+        return out
+
+    monkeypatch.setattr(plot_roofline, "_save", keep)
+    t = pd.read_parquet(EXAMPLE / "timings.parquet")  # an H200: roofs of tens and hundreds of TFLOP/s
+    assert plots.plot_roofline(t, tmp_path / "roofline.png") is not None
+    ax = drawn["axes"].flat[0]
+    assert ax.get_title() == "GPU · float32"  # no CPU thread count on a GPU panel
+    assert ax.get_ylabel() == "achieved TFLOP/s"
+    texts = [x.get_text() for x in ax.texts]
+    assert any("TB/s" in x for x in texts) and any("TFLOP/s" in x for x in texts)
+    assert not any("e+" in x for x in texts)
+    share = next(other for other in drawn["fig"].axes if other is not ax and other.bbox.bounds == ax.bbox.bounds)
+    assert max(share.get_yticks()) <= 100

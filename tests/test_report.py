@@ -236,3 +236,63 @@ def test_report_renders_in_a_headless_browser(sweep_run, tmp_path):
     inked = (pixels.min(axis=2) < 0.9).mean()
     assert len(colours) > 100, "the page rendered (nearly) blank"
     assert inked > 0.02
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "results" / "examples"
+
+
+def test_a_paired_run_s_answer_answers_the_paired_question_first():
+    title, blocks = build_report(EXAMPLES / "mixed_precision", plots=[])
+    md = to_markdown(title, blocks, EXAMPLES / "mixed_precision")
+    answer = md.split("## Answer", 1)[1].split("## Run", 1)[0]
+    paired, baseline = answer.split("### Against the baseline")
+    assert "speedup over float32 [95% CI]" in paired
+    assert "| train_step · lstm D=512 H=512 T=25 B=64 2 thr | native | 116 ms | 60.7 ms | 1.9x [1.84, 1.95] |" in paired
+    assert "| train_step · lstm D=512 H=512 T=25 B=64 2 thr | torch | 148 ms | unsupported | - |" in paired
+    assert "fastest" in baseline
+    # the first setting's own rows say so, not "1x [1, 1]"
+    assert "1x [1, 1]" not in md.split("## Results", 1)[1].split("## ", 1)[0]
+
+
+def test_mixed_precision_curves_share_one_axis_per_backend(monkeypatch, tmp_path):
+    from harness.results import plot_training
+
+    drawn = {}
+
+    def keep(plt, fig, axes, n, out, **kw):
+        drawn["axes"] = axes
+        return out
+
+    monkeypatch.setattr(plot_training, "_save", keep)
+    curves = harness.load_run(EXAMPLES / "mixed_precision").curves
+    assert plot_training.plot_loss_vs_time(curves, tmp_path / "loss.png") is not None
+    axes = [ax for ax in drawn["axes"].flat if ax.get_visible()]
+    native = next(ax for ax in axes if ax.get_title().startswith("native ·"))
+    assert len(native.get_lines()) >= 2  # float32's curve and bfloat16's on one axis
+    assert {t.get_text() for t in native.get_legend().get_texts()} >= {"float32", "bfloat16"}
+    assert not any("float32" in ax.get_title() or "bfloat16" in ax.get_title() for ax in axes)
+
+
+def test_a_run_s_commit_is_clean_when_only_outputs_and_untracked_files_differ(tmp_path):
+    from harness.results.report_sections import _run_section
+    from harness.run.machine import git_changes, git_commit
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "results" / "examples" / "quick").mkdir(parents=True)
+    (tmp_path / "results" / "examples" / "quick" / "timings.txt").write_text("old\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "start")
+    # a run rewrote its committed folder, and left a new file: the code is still the commit's
+    (tmp_path / "results" / "examples" / "quick" / "timings.txt").write_text("new\n")
+    (tmp_path / "scratch.txt").write_text("untracked\n")
+    assert git_changes(tmp_path) == [] and not git_commit(tmp_path).endswith("-dirty")
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_changes(tmp_path) == ["code.py"] and git_commit(tmp_path).endswith("-dirty")
+    meta = {"git_commit": git_commit(tmp_path), "git_changed": git_changes(tmp_path)}
+    rows = _run_section(meta, pd.DataFrame(), tmp_path)[1].rows
+    assert any(r[0] == "git commit" and "-dirty` (changed: `code.py`)" in r[1] for r in rows)

@@ -99,6 +99,22 @@ def fmt_ratio(value, lo=None, hi=None) -> str:
     return f"{value:.3g}x [{float(lo):.3g}, {float(hi):.3g}]" if _finite(lo) and _finite(hi) else f"{value:.3g}x"
 
 
+def fmt_rate(gflops) -> str:
+    """A compute rate in GFLOP/s with a readable unit: ``202 GFLOP/s``, ``51.3 TFLOP/s``."""
+    if not _finite(gflops):
+        return "-"
+    v = float(gflops)
+    return f"{v / 1e3:.3g} TFLOP/s" if abs(v) >= 1e3 else f"{v:.3g} GFLOP/s"
+
+
+def fmt_bandwidth(gbs) -> str:
+    """A memory bandwidth in GB/s with a readable unit: ``45.2 GB/s``, ``2.93 TB/s``."""
+    if not _finite(gbs):
+        return "-"
+    v = float(gbs)
+    return f"{v / 1e3:.3g} TB/s" if abs(v) >= 1e3 else f"{v:.3g} GB/s"
+
+
 def fmt_seconds(v) -> str:
     """A duration with a readable unit: ``1.23 ms``, ``45.6 µs``, ``2.5 s``."""
     if v is None or not np.isfinite(v):
@@ -110,16 +126,22 @@ def fmt_seconds(v) -> str:
 
 
 def machine_label(meta: dict) -> str:
-    """A machine as a reader tells them apart: host, CPU model, cores, the vector flags that decide the
-    kernels (AVX-512 with or without AVX512-BF16, else AVX2), its measured float32 GEMM peak, and the GPU."""
+    """A machine as a reader tells them apart, by what does not change between its runs: host, CPU model,
+    cores, the vector flags that decide the kernels (AVX-512 with or without AVX512-BF16, else AVX2), and the
+    GPU. A measured figure (the GEMM peak at a run's start) is no name: the same VM measures 101 one day and
+    202 the next (:func:`gemm_peak_text` gives it where a reader wants it)."""
     m = meta.get("machine") or {}
     flags = set(m.get("cpu_flags") or [])
     vector = ("AVX-512" + (" + AVX512-BF16" if "avx512_bf16" in flags else "") if "avx512f" in flags
               else "AVX2" if "avx2" in flags else None)
-    peaks = [v for k, v in (meta.get("gemm_peak_gflops") or {}).items() if str(k).startswith("float32|")]
     gpus = m.get("gpus") or []
     bits = [m.get("cpu_model", "?"), f"{m.get('cores', '?')} cores"]
     bits += [vector] if vector else []
-    bits += [f"float32 GEMM {max(peaks):.0f} GFLOP/s"] if peaks else []
     bits.append(gpus[0].split(",")[0] if gpus else "no GPU")
     return f"{m.get('hostname', '?')} ({', '.join(bits)})"
+
+
+def gemm_peak_text(meta: dict) -> str:
+    """The float32 GEMM peak a run measured at its start, ``float32 GEMM 202 GFLOP/s`` ("" if none)."""
+    peaks = [v for k, v in (meta.get("gemm_peak_gflops") or {}).items() if str(k).startswith("float32|")]
+    return f"float32 GEMM {fmt_rate(max(peaks))}" if peaks else ""

@@ -18,7 +18,7 @@ from harness.spec.status import Status
 from harness.results.schema import cell_key
 
 
-from harness.results.labels import machine_label  # noqa: E402  (one rule for naming a machine)
+from harness.results.labels import gemm_peak_text, machine_label  # noqa: E402  (one rule for naming a machine)
 
 
 def _runs(paths):
@@ -47,15 +47,58 @@ def _state(meta: dict) -> str:
     return "finished" if meta.get("finished") else "partial (no end recorded)"
 
 
+def machine_keys(runs) -> dict[str, str]:
+    """A short key per machine the runs ran on (``m1``, ``m2``, ...), by :func:`machine_label`'s stable facts:
+    two runs of one VM share a key whatever GEMM peak each measured; ``{description: key}``."""
+    labels = dict.fromkeys(machine_label(run.meta) for _, run in runs)
+    return {label: f"m{i + 1}" for i, label in enumerate(labels)}
+
+
 def combined_timings(runs) -> pd.DataFrame:
-    """Every run's rows with ``run_id`` and ``machine`` columns."""
+    """Every run's rows with ``run_id``, ``machine`` (its short key, :func:`machine_keys`) and
+    ``machine_text`` (what the key stands for) columns."""
+    keys = machine_keys(runs)
     frames = []
     for _, run in runs:
         t = run.timings.copy()
         t["run_id"] = run.run_id
-        t["machine"] = machine_label(run.meta)
+        t["machine_text"] = machine_label(run.meta)
+        t["machine"] = keys[t["machine_text"].iloc[0]] if len(t) else ""
         frames.append(t)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def run_pairs(timings: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
+    """Each later run's common cells against the first run's: a row per cell and later run with ``run_id``,
+    ``problem``, ``label`` (backend), both medians, and the later run's speedup over the first (the first's
+    median over the later one's: above 1, faster in the later run) with a 95% interval from resampling each
+    run's rounds on its own (they were not timed in turn); cells that did not run in both have no ratio."""
+    from harness.run.stats import ratio_interval
+    from harness.results.labels import backend_label, group_label
+
+    df = timings[timings["workload"] != "train"]
+    df = df[_in_every_run(df, len(run_ids))] if len(df) else df
+    if df.empty:
+        return pd.DataFrame()
+    df = df.assign(label=backend_label(df))
+    out = []
+    for _, g in df.groupby(cell_key(df.columns), sort=False, dropna=False):
+        at = {r["run_id"]: r for _, r in g.drop_duplicates("run_id").iterrows()}
+        a = at[run_ids[0]]
+        for run in run_ids[1:]:
+            b = at[run]
+            row = {"run_id": run, "problem": f"{a['workload']} · {group_label(a)}", "label": a["label"],
+                   "workload": a["workload"], "status_a": a["status"], "status_b": b["status"],
+                   "median_a_s": a.get("median_s"), "median_b_s": b.get("median_s"),
+                   "ratio": float("nan"), "ratio_lo": float("nan"), "ratio_hi": float("nan")}
+            if a["status"] == Status.OK and b["status"] == Status.OK:
+                sa, sb = (list(r.get("samples_s")) if r.get("samples_s") is not None else [] for r in (a, b))
+                if sa and sb:
+                    row["ratio"], row["ratio_lo"], row["ratio_hi"] = ratio_interval(sb, sa)  # median A / median B
+                elif a.get("median_s") and b.get("median_s"):
+                    row["ratio"] = float(a["median_s"]) / float(b["median_s"])
+            out.append(row)
+    return pd.DataFrame(out)
 
 
 def crossover_sources(timings: pd.DataFrame) -> dict[str, list[str]]:
@@ -76,7 +119,7 @@ def crossover_sources(timings: pd.DataFrame) -> dict[str, list[str]]:
 def _by_run_section(timings: pd.DataFrame, run_ids: list[str]) -> list:
     """The cells the runs have in common, a row each: per run its median and its speedup over that run's own
     baseline, and each later run's time against the first run's (above 1: faster in the later run)."""
-    from harness.results.labels import backend_label, group_label
+    from harness.results.labels import backend_label, fmt_ratio, group_label
     from harness.results.report import MISSED_MARK, Heading, Hover, Para, Table, fmt_speedup, fmt_time
 
     df = timings[timings["workload"] != "train"].copy()
@@ -87,6 +130,7 @@ def _by_run_section(timings: pd.DataFrame, run_ids: list[str]) -> list:
     common = df[_in_every_run(df, len(run_ids))]
     if common.empty:
         return [Heading(2, "Cells by run"), Para("The runs have no cell in common (the same problem and backend).")]
+    pairs = {(p["run_id"], p["problem"], p["label"]): p for _, p in run_pairs(timings, run_ids).iterrows()}
     rows = []
     for _, g in common.groupby(cell_key(common.columns), sort=False, dropna=False):
         at = {r["run_id"]: r for _, r in g.drop_duplicates("run_id").iterrows()}
@@ -98,20 +142,54 @@ def _by_run_section(timings: pd.DataFrame, run_ids: list[str]) -> list:
             row.append(Hover(f"{fmt_time(c.get('median_s'))} ({sp})", sp.title if isinstance(sp, Hover) else "")
                        if c["status"] == Status.OK else str(c["status"]))
         for r in run_ids[1:]:
-            later = at[r]
-            a, b = first.get("median_s"), later.get("median_s")
-            ok = first["status"] == Status.OK and later["status"] == Status.OK and a and b
-            row.append(f"{a / b:.2f}x" if ok else "-")
+            pair = pairs.get((r, f"{first['workload']} · {group_label(first)}", first["label"]))
+            row.append(fmt_ratio(pair["ratio"], pair["ratio_lo"], pair["ratio_hi"]) if pair is not None else "-")
         rows.append(row)
     heads = ["problem", "backend"] + [f"{names[r]}: median (speedup)" for r in run_ids]
-    heads += [f"{names[r]} against {names[run_ids[0]]}" for r in run_ids[1:]]
+    heads += [f"{names[r]} against {names[run_ids[0]]} [95% CI]" for r in run_ids[1:]]
     return [Heading(2, "Cells by run"),
             Para(f"The {len(rows)} cells every run has: each run's median time per call and its speedup over that "
-                 f"run's own baseline (95% interval), then each later run's time against the first run's (the first "
-                 "run's median over the later one's: above 1, faster in the later run). Medians of different runs "
-                 f"were not timed in turn: read their ratio with the machines and days in mind. {MISSED_MARK}: the "
-                 "speedup's interval missed its precision target."),
+                 f"run's own baseline (95% interval), then each later run's speedup over the first (the first run's "
+                 "median over the later one's: above 1x, faster in the later run) with a 95% interval from "
+                 "resampling each run's rounds on its own. Medians of different runs were not timed in turn: read "
+                 f"their ratio with the machines and days in mind. {MISSED_MARK}: the speedup's interval missed its "
+                 "precision target."),
             Table(heads, rows, right=set(range(2, len(heads))))]
+
+
+def _answer(timings: pd.DataFrame, run_ids: list[str], runs) -> list:
+    """The report's first table: each later run against the first, over the cells both timed: how many,
+    the median of the later run's speedups over the first, and how many intervals lie wholly above 1x
+    (faster), wholly below (slower) or hold it."""
+    import numpy as np
+
+    from harness.results.labels import fmt_ratio
+    from harness.results.report import Heading, Para, Table
+
+    keys = _run_keys(run_ids)
+    machine = {run.run_id: machine_label(run.meta) for _, run in runs}
+    pairs = run_pairs(timings, run_ids)
+    rows = []
+    for run in run_ids[1:]:
+        d = pairs[pairs["run_id"] == run] if len(pairs) else pairs
+        timed = d[d["ratio"].notna()] if len(d) else d
+        where = "same machine" if machine[run] == machine[run_ids[0]] else "another machine"
+        if timed.empty:
+            rows.append([f"{keys[run]} against {keys[run_ids[0]]}", where, str(len(d)), "-", "-", "-", "-"])
+            continue
+        spread = timed["ratio_lo"].notna()
+        faster = int((timed["ratio_lo"] > 1).sum())
+        slower = int((timed["ratio_hi"] < 1).sum())
+        middle = float(np.exp(np.median(np.log(timed["ratio"].astype(float)))))
+        rows.append([f"{keys[run]} against {keys[run_ids[0]]}", where, str(len(timed)), fmt_ratio(middle),
+                     str(faster), str(slower), str(int(spread.sum()) - faster - slower)])
+    return [Heading(2, "Answer"),
+            Para(f"Each later run against the first ({keys[run_ids[0]]}), over the cells both timed: the median of "
+                 "the later run's speedups over the first (the first's median time over the later one's: above 1x, "
+                 "faster in the later run), and how many cells' 95% intervals lie wholly above 1x, wholly below, or "
+                 "hold it. Per cell in Cells by run below."),
+            Table(["runs", "where", "cells timed in both", "median speedup", "faster", "slower", "within noise"],
+                  rows, right={2, 3, 4, 5, 6})]
 
 
 def _in_every_run(df: pd.DataFrame, n_runs: int) -> pd.Series:
@@ -134,11 +212,16 @@ def build_multi_report(paths) -> tuple[str, list, pd.DataFrame]:
     timings = combined_timings(runs)
     run_ids = [run.run_id for _, run in runs]
     keys = _run_keys(run_ids)
-    blocks: list = [Heading(2, "Runs")]
-    blocks.append(Table(["", "run", "config", "machine", "started", "cells", "state"],
+    machines = machine_keys(runs)
+    blocks: list = _answer(timings, run_ids, runs)
+    blocks.append(Heading(2, "Runs"))
+    blocks.append(Table(["", "run", "config", "machine", "its float32 GEMM at start", "started", "cells", "state"],
                         [[keys[run.run_id], f"`{run.run_id}`", f"`{run.meta.get('config_path', '?')}`",
-                          machine_label(run.meta), str(run.meta.get("started", "?"))[:19].replace("T", " "),
-                          str(len(run.timings)), _state(run.meta)] for _, run in runs]))
+                          machines[machine_label(run.meta)], gemm_peak_text(run.meta).replace("float32 GEMM ", "") or "-",
+                          str(run.meta.get("started", "?"))[:19].replace("T", " "), str(len(run.timings)),
+                          _state(run.meta)] for _, run in runs]))
+    blocks.append(Table(["machine", "what it is (host, CPU, cores, vector flags, GPU)"],
+                        [[key, text] for text, key in machines.items()]))
     unfinished = [f"{keys[run.run_id]} ({_state(run.meta)})" for _, run in runs if _state(run.meta) != "finished"]
     if unfinished:
         blocks.append(Para(f"**Not every run finished:** {', '.join(unfinished)}. Such a run holds only the cells it "
@@ -178,12 +261,14 @@ def write_multi_report(paths, out) -> list[Path]:
     title, blocks, timings = build_multi_report(paths)  # every run checked before anything is written
     writes.prepare_folder(out / "plots", below=out)
     figures: list = [Heading(2, "Plots")]
-    made = P.plot_runs(timings, out / "plots" / "runs.png")
+    made = P.plot_runs(run_pairs(timings, list(dict.fromkeys(timings["run_id"]))), _run_keys(
+        list(dict.fromkeys(timings["run_id"]))), out / "plots" / "runs.png")
     if made:
-        figures.append(Image(made, "Each later run's median time per cell against the first run's, log-log; on the "
-                                   "dashed line the two agree, below it the later run was faster."))
+        figures.append(Image(made, "Each later run's speedup over the first per cell it shares with it (the first "
+                                   "run's median over the later one's: right of the dashed 1x line, faster in the "
+                                   "later run), with its 95% interval, on one log axis."))
     for run_id, t in timings.groupby("run_id", sort=False):
-        machine = t["machine"].iloc[0]
+        machine = f"{t['machine'].iloc[0]}, {t['machine_text'].iloc[0]}"
         made = P.plot_speedup(t, out / "plots" / f"speedup-{run_id}.png")
         if made:
             figures.append(Image(made, f"Speedup over the baseline, run {run_id} on {machine}."))
@@ -191,7 +276,7 @@ def write_multi_report(paths, out) -> list[Path]:
     if sources:
         made = P.plot_crossover(timings, out / "plots" / "crossover.png")
         if made:
-            where = {dev: ", ".join(f"{r} ({timings[timings['run_id'] == r]['machine'].iloc[0]})" for r in ids)
+            where = {dev: ", ".join(f"{r} ({timings[timings['run_id'] == r]['machine_text'].iloc[0]})" for r in ids)
                      for dev, ids in sources.items()}
             figures.append(Image(made, f"CPU against GPU by batch: CPU cells from {where['cpu']}; "
                                        f"GPU cells from {where['gpu']}."))

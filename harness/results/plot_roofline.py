@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.results.labels import backend_label
+from harness.results.labels import backend_label, fmt_bandwidth, fmt_rate
 from harness.spec.status import Status
-from harness.results.plot_style import _grid, _number_axis, _palette, _save
+from harness.results.plot_style import _grid, _log_axis, _number_axis, _palette, _save
 from harness.spec.model import DTYPE_BYTES
 
 
@@ -38,7 +38,7 @@ def _gpu_roofs(ax, d: pd.DataFrame) -> None:
     tf32 = d["gpu_tf32_gflops"].dropna() if "gpu_tf32_gflops" in d else pd.Series(dtype=float)
     if len(tf32):
         ax.axhline(float(tf32.iloc[0]), color="black", lw=1, ls="--")
-        ax.text(0.01, float(tf32.iloc[0]), f" TF32 GEMM {float(tf32.iloc[0]):.3g} GFLOP/s (not used: TF32 off)",
+        ax.text(0.01, float(tf32.iloc[0]), f" TF32 GEMM {fmt_rate(tf32.iloc[0])} (not used: TF32 off)",
                 transform=ax.get_yaxis_transform(), va="bottom", ha="left", fontsize=8)
     bandwidth = d["gpu_bandwidth_gbs"].dropna() if "gpu_bandwidth_gbs" in d else pd.Series(dtype=float)
     if len(bandwidth):
@@ -47,7 +47,12 @@ def _gpu_roofs(ax, d: pd.DataFrame) -> None:
         roof = d["gemm_peak_gflops"].dropna()
         y = np.minimum(bw * x, float(roof.iloc[0])) if len(roof) else bw * x  # the roofline's sloped part
         ax.plot(x, y, color="black", lw=1, ls=":")
-        ax.text(x[0], bw * x[0], f" memory {bw:.3g} GB/s", va="bottom", ha="left", fontsize=8, rotation=20)
+        # the label above its line, along it: the angle of the slope as drawn, not a fixed one
+        x0, x1 = x[2], x[6]
+        (px0, py0), (px1, py1) = ax.transData.transform([(x0, bw * x0), (x1, bw * x1)])
+        angle = float(np.degrees(np.arctan2(py1 - py0, px1 - px0)))
+        ax.annotate(f"memory {fmt_bandwidth(bw)}", (x0, bw * x0), xytext=(0, 4), textcoords="offset points",
+                    va="bottom", ha="left", fontsize=8, rotation=angle, rotation_mode="anchor")
 
 
 _ROOF_SOURCES = {"numpy": "NumPy", "jax": "JAX, float32 sums", "torch": "PyTorch", "cublas": "cuBLAS"}
@@ -62,6 +67,17 @@ def _roof_source(d: pd.DataFrame) -> str:
                                                  "4096\u00b3" if gpu else "1024\u00b3")
 
 
+def _share_ticks(axis) -> None:
+    """The share of the peak, ticked up to 100% and no further: above the roof a share means nothing."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    lo, hi = sorted(axis.get_view_interval())
+    ticks = [c * 10.0 ** k for k in range(-6, 3) for c in (1, 3) if lo <= c * 10.0 ** k <= min(hi, 100)]
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_minor_locator(NullLocator())
+    axis.set_major_formatter(lambda v, _: f"{v:g}%")
+
+
 def plot_roofline(timings: pd.DataFrame, out: Path):
     """Achieved GFLOP/s per cell against arithmetic intensity, under the GEMM peak measured at run start."""
     df = timings[(timings["status"] == Status.OK) & timings["gflops"].notna()].copy()
@@ -69,8 +85,9 @@ def plot_roofline(timings: pd.DataFrame, out: Path):
         return None
     df["label"] = backend_label(df)
     df["intensity"] = arithmetic_intensity(df)
-    df["panel"] = df.apply(lambda r: f"{r['device'].upper()} · {r['dtype']} · {r['threads']} thread"
-                           + ("s" if r["threads"] != 1 else ""), axis=1)
+    # what is true of the whole panel: a GPU cell's CPU thread count says nothing about the GPU
+    df["panel"] = df.apply(lambda r: f"GPU · {r['dtype']}" if r["device"] == "gpu" else
+                           f"CPU · {r['dtype']} · {r['threads']} thread" + ("s" if r["threads"] != 1 else ""), axis=1)
     panels = list(dict.fromkeys(df.sort_values(["device", "dtype", "threads"])["panel"]))
     plt, sns, fig, axes = _grid(len(panels), 2, 7.5, 5.2)
     labels = sorted(df["label"].unique())
@@ -93,26 +110,27 @@ def plot_roofline(timings: pd.DataFrame, out: Path):
         ax.set_ylim(float(d["gflops"].min()) / 3, top * 2)
         ax.set_xlim(float(d["intensity"].min()) / 2, float(d["intensity"].max()) * 2)
         _number_axis(ax.xaxis)
-        _number_axis(ax.yaxis)
+        tera = top >= 1e3  # TFLOP/s where the roofs reach them: no 300000 on the axis
+        _log_axis(ax.yaxis, (lambda v: f"{v / 1e3:g}") if tera else (lambda v: f"{v:g}"))
         if gpu:
             _gpu_roofs(ax, d)
         master = d["master_peak_gflops"].dropna() if "master_peak_gflops" in d else pd.Series(dtype=float)
         if len(master):  # mixed precision: the float32 roof beside the low type's
             ax.axhline(float(master.iloc[0]), color="black", lw=1, ls="-.")
-            ax.text(0.99, float(master.iloc[0]), f"float32 GEMM peak {float(master.iloc[0]):.3g} GFLOP/s ",
+            ax.text(0.99, float(master.iloc[0]), f"float32 GEMM peak {fmt_rate(master.iloc[0])} ",
                     transform=ax.get_yaxis_transform(), va="bottom", ha="right", fontsize=8)
         if peak is not None:
             ax.axhline(peak, color="black", lw=1.3)
-            ax.text(0.01, peak, f" {d['dtype'].iloc[0]} GEMM peak {peak:.3g} GFLOP/s ({_roof_source(d)})",
+            ax.text(0.01, peak, f" {d['dtype'].iloc[0]} GEMM peak {fmt_rate(peak)} ({_roof_source(d)})",
                     transform=ax.get_yaxis_transform(), va="bottom", ha="left", fontsize=8)
             share = ax.twinx()
             share.set_yscale("log")
             share.set_ylim(*(v / peak * 100 for v in ax.get_ylim()))
             share.grid(False)
-            _number_axis(share.yaxis, "%")
-            share.set_ylabel("% of GEMM peak")
+            _share_ticks(share.yaxis)
+            share.set_ylabel(f"% of the {d['dtype'].iloc[0]} GEMM peak")
         ax.set_xlabel("arithmetic intensity of a step's matrix products (FLOP/byte, estimated)")
-        ax.set_ylabel("achieved GFLOP/s")
+        ax.set_ylabel("achieved TFLOP/s" if tera else "achieved GFLOP/s")
         ax.set_title(panel, fontsize=10)
     from matplotlib.lines import Line2D
 

@@ -10,55 +10,172 @@ import pandas as pd
 
 from harness.results.labels import backend_label, group_label, setting_label
 from harness.spec.status import Status
-from harness.results.plot_style import _grid, _mark_untimed, _number_axis, _palette, _save, _seconds_axis
-from harness.results.schema import cell_key, setting_values
+from harness.results.plot_style import _number_axis, _palette, _save
+from harness.results.schema import setting_values
+
+
+#: the keys a sweep varies that lay out a figure's panels, in the order a row's name gives them
+SWEPT = ("workload", "dtype", "threads", "batch")
+#: the swept key that becomes the columns, the first of these that varies (at most MAX_COLUMNS values)
+COLUMN_KEYS = ("batch", "threads", "dtype")
+MAX_COLUMNS = 6
+_WORKLOAD_ORDER = {"forward": 0, "train_step": 1, "train": 2}
+
+
+def _key_name(key: str, value) -> str:
+    """A swept key's value as a panel names it: ``B=16``, ``2 thr``, ``bfloat16``, ``forward``."""
+    return {"batch": f"B={value}", "threads": f"{value} thr"}.get(key, str(value))
+
+
+def _key_order(key: str, value):
+    if key == "workload":
+        return (_WORKLOAD_ORDER.get(value, 9), str(value))
+    try:
+        return (0, float(value))
+    except (TypeError, ValueError):
+        return (1, str(value))
+
+
+def facets(df: pd.DataFrame, omit: tuple[str, ...] = ()) -> tuple[pd.DataFrame, list, list, str]:
+    """Lay ``df``'s rows out as panels, rows x columns by what the run swept: a column per value of the
+    first of :data:`COLUMN_KEYS` that varies, a row per problem and every other swept key (workload, dtype,
+    threads). Returns the rows with ``facet_row`` and ``facet_col`` (sortable keys) and ``row_name`` and
+    ``col_name``; the rows' and columns' keys in order; and what every panel shares (the figure's title).
+    ``omit``: keys that are no panel's (a paired setting's, drawn inside the panels)."""
+    swept = [k for k in SWEPT if k in df and k not in omit and df[k].nunique() > 1]
+    col = next((k for k in COLUMN_KEYS if k in swept and df[k].nunique() <= MAX_COLUMNS), None)
+    hidden = tuple(k for k in ("batch", "dtype", "threads") if k in swept or k in omit)
+    problem = df.apply(lambda r: group_label(r, omit=hidden), axis=1)
+    order = {p: i for i, p in enumerate(dict.fromkeys(problem))}
+    in_row = [k for k in swept if k != col]
+    several = len(order) > 1
+    common = "" if several else str(problem.iloc[0])
+    if "workload" not in swept:
+        common = f"{common} · {df['workload'].iloc[0]}" if common else str(df["workload"].iloc[0])
+    rows, names = [], []
+    for (_, r), prob in zip(df.iterrows(), problem):
+        rows.append((order[prob] if several else 0,) + tuple(_key_order(k, r[k]) for k in in_row))
+        names.append(" · ".join(([prob] if several else []) + [_key_name(k, r[k]) for k in in_row]))
+    out = df.assign(facet_row=rows, row_name=names,
+                    facet_col=[_key_order(col, v) for v in df[col]] if col else [(0,)] * len(df),
+                    col_name=[_key_name(col, v) for v in df[col]] if col else [""] * len(df))
+    return out, sorted(set(out["facet_row"])), sorted(set(out["facet_col"])), common
+
+
+def _layout(plt, cells: list, row_keys: list, col_keys: list, panel_w: float, panel_h: float):
+    """The figure and each panel's axes, ``{(row, col): ax}``: a grid of rows x columns, or, with one column
+    or a grid mostly empty, the panels in order, at most three to a row."""
+    import math
+
+    if len(col_keys) > 1 and len(cells) >= 0.5 * len(row_keys) * len(col_keys):
+        nrow, ncol = len(row_keys), len(col_keys)
+        place = {c: (row_keys.index(c[0]), col_keys.index(c[1])) for c in cells}
+    else:
+        ncol = min(3, len(cells))
+        nrow = math.ceil(len(cells) / ncol)
+        place = {c: divmod(i, ncol) for i, c in enumerate(cells)}
+    fig, axes = plt.subplots(nrow, ncol, figsize=(panel_w * ncol, panel_h * nrow + 0.6), squeeze=False)
+    used = set(place.values())
+    for i in range(nrow):
+        for j in range(ncol):
+            if (i, j) not in used:
+                axes[i, j].set_visible(False)
+    return fig, axes, {c: axes[i, j] for c, (i, j) in place.items()}
+
+
+def _draw_points(items: pd.DataFrame, out: Path, xlabel: str, title: str, row_keys: list, col_keys: list):
+    """A figure of speedups drawn as points with their 95% intervals, a panel per facet (:func:`facets`), on one
+    log x axis centred on 1x and shared by every panel, the value beside each interval; each backend in its
+    colour and its variant's marker, named on its row; the rows without a value marked "not timed: why".
+
+    ``items``: ``facet_row``, ``facet_col``, ``row_name``, ``col_name``, ``name`` (a row's text), ``label``
+    (its backend, for colour and marker), ``value``, ``lo``, ``hi`` (NaN value: not timed) and ``why``."""
+    from harness.results.plot_style import _setup, backend_marker
+
+    plt, sns = _setup()
+    timed = items[items["value"].notna()]
+    if timed.empty:
+        return None
+    # one order of rows in every panel: the fastest overall at the top, so that panels read alike
+    rank = timed.groupby("name")["value"].median().sort_values(ascending=False)
+    order = {n: i for i, n in enumerate(list(rank.index) + sorted(set(items["name"]) - set(rank.index)))}
+    cells = sorted(set(zip(items["facet_row"], items["facet_col"])))
+    n_rows = int(items.groupby(["facet_row", "facet_col"]).size().max())
+    # a panel's plotting area keeps its width whatever the length of its rows' names beside it
+    width = 3.7 + 0.062 * max(len(str(n)) for n in items["name"])
+    fig, axes, where = _layout(plt, cells, row_keys, col_keys, width, 0.36 * n_rows + 1.25)
+    # symmetric about 1x: the same distance stands for the same factor faster or slower, in every panel
+    ends = np.concatenate([timed[c].dropna().to_numpy(dtype=float) for c in ("value", "lo", "hi")])
+    ends = ends[np.isfinite(ends) & (ends > 0)]
+    reach = max(float(np.max(np.abs(np.log10(ends)))), np.log10(1.25))
+    half = reach * 1.12 + 0.12
+    xlim = (10 ** -half, 10 ** half)
+    palette = _palette(sns, timed["label"])
+    for cell in cells:
+        ax = where[cell]
+        d = items[(items["facet_row"] == cell[0]) & (items["facet_col"] == cell[1])]
+        d = d.assign(rank=d["name"].map(order), timed=d["value"].notna())
+        d = d.sort_values(["timed", "rank"], ascending=[True, False])  # bottom up: not timed, slowest, ..., fastest
+        ax.set_xscale("log")
+        ax.set_xlim(*xlim)
+        ax.axvline(1.0, color="black", lw=1, ls="--", zorder=1)
+        for y, (_, r) in enumerate(d.iterrows()):
+            if not r["timed"]:
+                ax.annotate(f"not timed: {r['why']}", (1.0, y), xytext=(-4, 0), textcoords="offset points",
+                            va="center", ha="right", fontsize=8, color="#a00000", style="italic")
+                continue
+            v, lo, hi = float(r["value"]), r["lo"], r["hi"]
+            has = pd.notna(lo) and pd.notna(hi) and float(hi) > float(lo)
+            err = [[max(v - float(lo), 0)], [max(float(hi) - v, 0)]] if has else None
+            ax.errorbar([v], [y], xerr=err, fmt=backend_marker(r["label"]), color=palette[r["label"]], ms=7,
+                        capsize=3, elinewidth=1.6, markeredgecolor="#222222", markeredgewidth=0.6, zorder=3)
+            # the value beside its interval, on the side away from the 1x line (unless the panel's edge is there)
+            left, right = (float(lo), float(hi)) if has else (v, v)
+            span = np.log10(xlim[1] / xlim[0])
+            at_left = v < 1 and np.log10(left / xlim[0]) / span > 0.2 or np.log10(right / xlim[0]) / span > 0.8
+            ax.annotate(f"{v:.3g}x", (left if at_left else right, y), xytext=(-8 if at_left else 8, 0),
+                        textcoords="offset points", va="center", ha="right" if at_left else "left", fontsize=8)
+        ax.set_yticks(range(len(d)), list(d["name"]), fontsize=8)
+        ax.set_ylim(-0.6, max(len(d), 1) - 0.4)
+        _number_axis(ax.xaxis, "x")
+        ax.tick_params(axis="x", labelsize=8)
+        name = " · ".join(n for n in (d["row_name"].iloc[0], d["col_name"].iloc[0]) if n)
+        ax.set_title(textwrap.fill(name, 48), fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(plt, fig, axes, axes.size, out)
 
 
 def plot_speedup(timings: pd.DataFrame, out: Path):
-    """A panel per comparison group: a bar per backend with its 95% interval, the baseline at 1; the
-    group's cells that have no speedup (failed, unsupported, unavailable) listed under the bars with their status."""
+    """Each comparison group's speedups over its baseline (its time over each backend's: above 1x, faster) as
+    points with their 95% intervals, on one log axis centred on 1x; panels rows x columns by what the run
+    swept (:func:`facets`); the group's cells with no speedup (failed, unsupported, unavailable) keep a row
+    that says why."""
     timed = (timings["status"] == Status.OK) & timings["speedup"].notna()
-    df = timings[timed].copy()
-    if df.empty:
+    if not timed.any():
         return None
+    groups = set(timings.loc[timed, "group"]) if "group" in timings else None
+    df = timings[timings["group"].isin(groups)] if groups is not None else timings
+    df, row_keys, col_keys, common = facets(df.copy())
     df["label"] = backend_label(df)
-    df["panel"] = df.apply(group_label, axis=1) + " · " + df["workload"]
-    rest = timings[~timed & timings["workload"].isin(df["workload"])].copy()
-    rest["label"] = backend_label(rest)
-    rest["panel"] = (rest.apply(group_label, axis=1) + " · " + rest["workload"]) if len(rest) else pd.Series(dtype=object)
-    rest = rest[rest["panel"].isin(df["panel"])]
-    panels = list(dict.fromkeys(df["panel"]))
-    rows = max(int((df["panel"] == p).sum() + (rest["panel"] == p).sum()) for p in panels)
-    plt, sns, fig, axes = _grid(len(panels), 3, 4.9, 0.5 * rows + 1.9)
-    palette = _palette(sns, df["label"])
-    for ax, panel in zip(axes.flat, panels):
-        d = df[df["panel"] == panel].sort_values("speedup")
-        missing = rest[rest["panel"] == panel]
-        y = np.arange(len(d)) + len(missing)
-        _mark_untimed(ax, list(missing["status"]))
-        lo = (d["speedup"] - d["speedup_lo"]).clip(lower=0).fillna(0)
-        hi = (d["speedup_hi"] - d["speedup"]).clip(lower=0).fillna(0)
-        ax.barh(y, d["speedup"], xerr=[lo, hi], color=[palette[l] for l in d["label"]], capsize=3)
-        ax.set_yticks(list(range(len(missing))) + list(y), list(missing["label"]) + list(d["label"]))
-        ax.set_ylim(-0.6, len(missing) + len(d) - 0.4)
-        ax.axvline(1.0, color="black", lw=1, ls="--")
-        ax.set_xscale("log")
-        right = d["speedup_hi"].fillna(d["speedup"]).to_numpy()
-        top = float(np.nanmax(right))
-        ax.set_xlim(min(0.8, float(np.nanmin(d["speedup_lo"].fillna(d["speedup"]))) * 0.7), top * 2.2)
-        _number_axis(ax.xaxis, "x")
-        ax.set_title(textwrap.fill(panel, 40), fontsize=10)
-        over = d["speedup_over"].dropna() if "speedup_over" in d else d["baseline"]  # a failed baseline's stand-in
-        ax.set_xlabel(f"speedup over {(over if len(over) else d['baseline']).iloc[0]} (bars: 95% CI)")
-        for yi, s, r in zip(y, d["speedup"], right):
-            ax.text(max(r, s) * 1.12, yi, f"{s:.3g}x", va="center", ha="left", fontsize=9)
-    return _save(plt, fig, axes, len(panels), out)
+    ok = (df["status"] == Status.OK) & df["speedup"].notna()
+    over = df.loc[ok & df["speedup_over"].notna(), "speedup_over"] if "speedup_over" in df else df.iloc[:0]["baseline"]
+    refs = list(dict.fromkeys(over if len(over) else df.loc[ok, "baseline"]))  # a failed baseline's stand-in
+    items = df.assign(name=df["label"], value=df["speedup"].where(ok), lo=df["speedup_lo"].where(ok),
+                      hi=df["speedup_hi"].where(ok), why=df["status"].astype(str))
+    ref = refs[0] if len(refs) == 1 else "each group's baseline"
+    xlabel = f"speedup over {ref} (its time / this one's; 95% CI)"
+    title = f"{common}: speedup over {ref}" if common else f"speedup over {ref}"
+    return _draw_points(items, out, xlabel, title, row_keys, col_keys)
 
 
 def plot_settings(timings: pd.DataFrame, out: Path):
-    """Per problem, each backend's time at every paired setting against its own at the first one
-    (``setting_speedup``: above 1, this setting is the faster), with the paired 95% interval; a 1x line;
-    cells that did not run listed with their status."""
+    """Per problem, each backend's speedup at every paired setting over its own at the first one
+    (``setting_speedup``: the first setting's time over this one's, above 1x this setting is faster), as
+    points with the paired 95% interval on one log axis centred on 1x; panels rows x columns by the other
+    swept keys; cells that did not run keep a row that says why."""
     if "setting_baseline" not in timings:
         return None
     # training cells run alone, never paired: they have no setting ratio to draw
@@ -69,79 +186,34 @@ def plot_settings(timings: pd.DataFrame, out: Path):
     keys = list(base)
     df["setting"] = df.apply(lambda r: setting_label(r, keys), axis=1)
     df = df[df["setting"] != setting_label(base, keys)]  # each backend's first setting is its own 1x
-    if df.empty:
+    if df.empty or df["setting_speedup"].isna().all():
         return None
+    df, row_keys, col_keys, common = facets(df, omit=tuple(keys))
     df["label"] = backend_label(df)
-    df["panel"] = df.apply(lambda r: group_label(r, omit=tuple(keys)), axis=1) + " · " + df["workload"]
-    panels = list(dict.fromkeys(df["panel"]))
-    rows = max(int((df["panel"] == p).sum()) for p in panels)
-    plt, sns, fig, axes = _grid(len(panels), 3, 5.2, 0.5 * rows + 1.9)
-    palette = _palette(sns, df["label"])
-    against = ", ".join(f"{k}={v}" for k, v in base.items())
-    for ax, panel in zip(axes.flat, panels):
-        d = df[df["panel"] == panel]
-        timed = d[d["setting_speedup"].notna()].sort_values("setting_speedup")
-        missing = d[d["setting_speedup"].isna()]
-        y = np.arange(len(timed)) + len(missing)
-        _mark_untimed(ax, [s if s != Status.OK else f"no {against} cell" for s in missing["status"]])
-        lo = (timed["setting_speedup"] - timed["setting_speedup_lo"]).clip(lower=0)
-        hi = (timed["setting_speedup_hi"] - timed["setting_speedup"]).clip(lower=0)
-        ax.barh(y, timed["setting_speedup"], xerr=[lo, hi], color=[palette[l] for l in timed["label"]], capsize=3)
-        names = [f"{l} · {s}" for l, s in zip(missing["label"], missing["setting"])] + \
-                [f"{l} · {s}" for l, s in zip(timed["label"], timed["setting"])]
-        ax.set_yticks(list(range(len(missing))) + list(y), names)
-        ax.set_ylim(-0.6, len(names) - 0.4)
-        ax.axvline(1.0, color="black", lw=1, ls="--")
-        ax.set_xscale("log")
-        if len(timed):
-            right = timed["setting_speedup_hi"].to_numpy()
-            ax.set_xlim(min(0.8, float(timed["setting_speedup_lo"].min()) * 0.7), max(1.25, float(right.max()) * 2.2))
-            for yi, v, r in zip(y, timed["setting_speedup"], right):
-                ax.text(r * 1.12, yi, f"{v:.3g}x", va="center", ha="left", fontsize=9)
-        _number_axis(ax.xaxis, "x")
-        ax.set_title(textwrap.fill(panel, 40), fontsize=10)
-        ax.set_xlabel(textwrap.fill(f"speedup over the same backend at {against} (paired 95% CI)", 40))
-    return _save(plt, fig, axes, len(panels), out)
+    against = setting_label(base, keys)
+    several = df["setting"].nunique() > 1
+    items = df.assign(name=df["label"] + (" · " + df["setting"] if several else ""), value=df["setting_speedup"],
+                      lo=df["setting_speedup_lo"], hi=df["setting_speedup_hi"],
+                      why=[s if s != Status.OK else f"no {against} cell" for s in df["status"]])
+    setting = " · ".join(dict.fromkeys(df["setting"]))
+    xlabel = f"speedup over {against} ({against}'s time / {setting}'s; paired 95% CI)"
+    title = f"{setting} against {against}, same backend" + (f": {common}" if common else "")
+    return _draw_points(items, out, xlabel, title, row_keys, col_keys)
 
 
-
-
-def plot_runs(timings: pd.DataFrame, out: Path):
-    """Several runs' common cells: each later run's median time against the first run's, log-log, a point
-    per cell in its backend's colour, the diagonal where the two agree (below it: faster in the later run).
-    ``timings`` holds every run's rows with ``run_id`` and ``machine`` columns, the first run's first."""
-    ok = timings[(timings["status"] == Status.OK) & timings["median_s"].notna() & (timings["workload"] != "train")]
-    runs = list(dict.fromkeys(timings["run_id"]))
-    if len(runs) < 2 or ok.empty:
+def plot_runs(pairs: pd.DataFrame, keys: dict[str, str], out: Path):
+    """Several runs' common cells: each later run's speedup over the first per cell (the first's median over
+    the later one's, :func:`harness.results.multi.run_pairs`), as points with their 95% intervals on one log
+    axis centred on 1x, a panel per later run, each point labelled with its value and named on its row.
+    ``keys``: each run's short name (A, B, ...)."""
+    if pairs is None or pairs.empty or pairs["ratio"].isna().all():
         return None
-    ok = ok.assign(label=backend_label(ok))
-    key = cell_key(ok.columns)
-    first = ok[ok["run_id"] == runs[0]].drop_duplicates(key).set_index(key)["median_s"]
-    pairs = []
-    for run in runs[1:]:
-        other = ok[ok["run_id"] == run].drop_duplicates(key).set_index(key)["median_s"]
-        both = first.index.intersection(other.index)
-        if len(both):
-            pairs.append((run, pd.DataFrame({"a": first.loc[both], "b": other.loc[both]}).reset_index()))
-    if not pairs:
-        return None
-    plt, sns, fig, axes = _grid(len(pairs), 3, 5.0, 4.6)
-    machine = dict(zip(timings["run_id"], timings["machine"]))
-    palette = _palette(sns, pd.concat([d["label"] for _, d in pairs]))
-    for ax, (run, d) in zip(axes.flat, pairs):
-        for label, g in d.groupby("label", sort=True):
-            ax.scatter(g["a"], g["b"], s=28, color=palette[label], label=label, edgecolor="white", linewidth=0.5)
-        lo, hi = float(min(d["a"].min(), d["b"].min())) / 1.5, float(max(d["a"].max(), d["b"].max())) * 1.5
-        ax.plot([lo, hi], [lo, hi], color="black", lw=1, ls="--")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        _seconds_axis(ax.xaxis)
-        _seconds_axis(ax.yaxis)
-        ax.set_xlabel(textwrap.fill(f"{runs[0]} ({machine[runs[0]]})", 60), fontsize=8)
-        ax.set_ylabel(textwrap.fill(f"{run} ({machine[run]})", 50), fontsize=8)
-        ax.set_title(f"median time per call, {len(d)} cells in common\nbelow the line: faster in the later run",
-                     fontsize=9)
-        ax.legend(fontsize=7, loc="upper left")
-    return _save(plt, fig, axes, len(pairs), out)
+    first = next(iter(keys))
+    items = pairs.assign(facet_row=[(list(keys).index(r),) for r in pairs["run_id"]], facet_col=[(0,)] * len(pairs),
+                         row_name=[f"{keys[r]} against {keys[first]}" for r in pairs["run_id"]], col_name="",
+                         name=pairs["label"] + " · " + pairs["problem"], value=pairs["ratio"], lo=pairs["ratio_lo"],
+                         hi=pairs["ratio_hi"],
+                         why=[b if a == Status.OK else a for a, b in zip(pairs["status_a"], pairs["status_b"])])
+    rows = sorted(set(items["facet_row"]))
+    return _draw_points(items, out, f"speedup over run {keys[first]} (its median / this run's; 95% CI)",
+                        "each later run against the first, per cell both have", rows, [(0,)])

@@ -84,6 +84,17 @@ def backend_colour(label: str) -> tuple[float, float, float]:
     return _shade(_hue(name), _shade_index(name, variant))
 
 
+#: a marker per variant of a backend (its place among the class's variants), so that variants whose
+#: shades lie close still read apart
+MARKERS = ["o", "s", "D", "^", "v", "P", "X", "h"]
+
+
+def backend_marker(label: str) -> str:
+    """The marker of a backend label: its variant's, the default variant a circle."""
+    name, variant, _ = _label_parts(label)
+    return MARKERS[_shade_index(name, variant) % len(MARKERS)]
+
+
 def _palette(sns, labels) -> dict:
     """A colour per backend label of one plot: each backend's fixed hue, its variants their fixed shades
     (:func:`backend_colour`); where two labels of the plot would share a colour (versions of one variant,
@@ -140,6 +151,8 @@ def _grid(n_panels: int, max_cols: int, panel_w: float, panel_h: float):
     return plt, sns, fig, axes
 
 
+#: the resolution of every PNG plot (a report shows it at the size it was drawn in inches from this)
+PLOT_DPI = 144
 #: the salt of an SVG's element ids (clip paths, glyphs): fixed, so that a redrawing changes no byte
 SVG_SALT = "harness-plot"
 
@@ -150,17 +163,10 @@ def _save(plt, fig, axes, n_panels: int, out: Path, **savefig) -> Path:
         ax.set_visible(False)
     fig.tight_layout()
     # by the one write rule: a plot belongs to the run whose plots/ holds it, and no link there is followed
-    write_file(out, lambda tmp: fig.savefig(tmp, format="png", dpi=144, **savefig), run=out.parent.parent)
+    write_file(out, lambda tmp: fig.savefig(tmp, format="png", dpi=PLOT_DPI, **savefig), run=out.parent.parent)
     # the same drawing writes the same SVG: no date in its metadata, element ids from a fixed salt (not uuid4)
     with plt.rc_context({"svg.hashsalt": SVG_SALT}):
         write_file(out.with_suffix(".svg"), lambda tmp: fig.savefig(tmp, format="svg", metadata={"Date": None}, **savefig),
                    run=out.parent.parent)
     plt.close(fig)
     return out
-
-
-def _mark_untimed(ax, reasons: list[str]) -> None:
-    """The panel's first rows: its cells that have no bar, each with why (their status)."""
-    for k, why in enumerate(reasons):
-        ax.text(0.03, k, f"not timed: {why}", va="center", fontsize=8, color="#a00000", style="italic",
-                transform=ax.get_yaxis_transform())

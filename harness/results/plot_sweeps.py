@@ -10,7 +10,7 @@ import pandas as pd
 
 from harness.results.labels import backend_label, fmt_seconds, group_label, optional_text
 from harness.spec.status import Status
-from harness.results.plot_style import _grid, _measured_ticks, _palette, _save, _seconds_axis
+from harness.results.plot_style import _grid, _measured_ticks, _palette, _save, _seconds_axis, backend_marker
 from harness.results.schema import PROBLEM_COLUMNS, SIZE_COLUMNS
 
 
@@ -58,7 +58,9 @@ def plot_scaling(timings: pd.DataFrame, out: Path):
     palette = _palette(sns, df["label"])
     for ax, (col, family, d) in zip(axes.flat, panels):
         for label, line in d.sort_values(col).groupby("label", sort=False):
-            ax.plot(line[col], line["median_s"], marker="o", color=palette[label], label=label)
+            # a variant's marker as well as its shade: six shades of one hue alone do not tell cuda variants apart
+            ax.plot(line[col], line["median_s"], marker=backend_marker(label), color=palette[label], label=label,
+                    markeredgecolor="#222222", markeredgewidth=0.5)
         ax.set_xscale("log")
         ax.set_yscale("log")
         _measured_ticks(ax.xaxis, d[col])
@@ -121,8 +123,8 @@ def plot_threads(timings: pd.DataFrame, out: Path):
         for label, line in g.groupby("label", sort=True):
             line = line.groupby("threads", as_index=False)[["median_s", "iqr_s"]].median().sort_values("threads")
             half = (line["iqr_s"].fillna(0) / 2).to_numpy()
-            ax.errorbar(line["threads"], line["median_s"], yerr=half, marker="o", capsize=3, color=palette[label],
-                        label=label)
+            ax.errorbar(line["threads"], line["median_s"], yerr=half, marker=backend_marker(label), capsize=3,
+                        color=palette[label], label=label)
             if 1 in set(line["threads"]) and len(line) >= 2:
                 one = float(line.loc[line["threads"] == 1, "median_s"].iloc[0])
                 ax.plot(line["threads"], one / line["threads"], ls=":", lw=1, color=palette[label])

@@ -12,16 +12,22 @@ from harness.results.plot_style import _grid, _palette, _save, _seconds_axis
 
 
 def plot_loss_vs_time(curves: pd.DataFrame, out: Path):
-    """Evaluation loss against training wall-clock, a line per backend, with target and loss floor."""
+    """Evaluation loss against training wall-clock, a line per backend (with several dtypes, a panel per
+    backend and a line per dtype), with the target where the run set one and the loss floor where known."""
     if curves is None or curves.empty:
         return None
     df = curves[curves["split"] == "eval"].copy()
     if df.empty:
         return None
     df["label"] = backend_label(df)
-    df["panel"] = df.apply(lambda r: f"{r['model']} H={r['hidden_size']} B={r['batch']} {r['dtype']} {r['task']}"
-                           + (f" bptt {r['bptt']}" if r.get("bptt", "full") != "full" else ""), axis=1)
+    # several dtypes (mixed precision): a panel per backend with each dtype's curve on it, so that a low type's
+    # curve is read against float32's on one axis; otherwise a panel per problem, a line per backend
+    by_dtype = df["dtype"].nunique() > 1
+    df["panel"] = df.apply(lambda r: (f"{r['label']} · " if by_dtype else "")
+                           + f"{r['model']} H={r['hidden_size']} B={r['batch']}" + ("" if by_dtype else f" {r['dtype']}")
+                           + f" {r['task']}" + (f" bptt {r['bptt']}" if r.get("bptt", "full") != "full" else ""), axis=1)
     panels = list(dict.fromkeys(df["panel"]))
+    dtypes = [d for d in ("float32", "float64", "bfloat16", "float16") if d in set(df["dtype"])]
     plt, sns, fig, axes = _grid(len(panels), 2, 7, 4.5)
     palette = _palette(sns, df["label"])
     for ax, panel in zip(axes.flat, panels):
@@ -29,8 +35,12 @@ def plot_loss_vs_time(curves: pd.DataFrame, out: Path):
         if d["threads"].nunique() > 1:  # one line per backend and thread count
             d = d.assign(label=d["label"] + " " + d["threads"].astype(str) + " thr")
             palette.update(_palette(sns, d["label"]))
-        sns.lineplot(data=d, x="wall_s", y="loss", hue="label", marker="o", ax=ax, estimator=None, units="cell_id",
-                     palette=palette)
+        if by_dtype:
+            sns.lineplot(data=d, x="wall_s", y="loss", hue="label", style="dtype", style_order=dtypes, markers=True,
+                         ax=ax, estimator=None, units="cell_id", palette=palette)
+        else:
+            sns.lineplot(data=d, x="wall_s", y="loss", hue="label", marker="o", ax=ax, estimator=None,
+                         units="cell_id", palette=palette)
         target = d["target_loss"].dropna()
         if len(target):
             ax.axhline(float(target.iloc[0]), color="crimson", ls="--", lw=1, label=f"target {float(target.iloc[0]):g}")
@@ -56,7 +66,12 @@ def plot_loss_vs_time(curves: pd.DataFrame, out: Path):
         else:
             ax.set_ylabel("evaluation loss")
         ax.set_title(panel, fontsize=10)
-        ax.legend(fontsize=8)
+        if by_dtype:  # the panel names its backend: the legend tells the dtypes and the lines apart
+            handles, names = ax.get_legend_handles_labels()
+            keep = [(h, n) for h, n in zip(handles, names) if n in set(d["dtype"]) or n.startswith(("target", "loss floor"))]
+            ax.legend(*zip(*keep), fontsize=8)
+        else:
+            ax.legend(fontsize=8)
     return _save(plt, fig, axes, len(panels), out)
 
 

@@ -16,7 +16,7 @@ from typing import Callable
 from harness.results.labels import backend_label, fmt_seconds, group_label, optional_text, setting_label  # noqa: F401
 from harness.results.plot_roofline import arithmetic_intensity, plot_roofline  # noqa: F401
 from harness.results.plot_speedup import plot_runs, plot_settings, plot_speedup  # noqa: F401
-from harness.results.plot_style import _hue, _palette, _shade, backend_colour  # noqa: F401
+from harness.results.plot_style import _hue, _palette, _shade, backend_colour, backend_marker  # noqa: F401
 from harness.results.plot_sweeps import (crossover_batch, plot_crossover, plot_scaling, plot_threads,  # noqa: F401
                                          plot_threads_batch)
 from harness.results.plot_training import plot_loss_vs_time, plot_train_tradeoff  # noqa: F401
@@ -36,14 +36,17 @@ class Plot:
 # The plots, in the order the report shows them: a new plot is added here, and only here.
 PLOTS = (
     Plot("speedup.png", lambda run, out: plot_speedup(run.timings, out),
-         "Speedup over the baseline per comparison group, from rounds timed in turn; bars are the 95% intervals "
-         "of the table."),
+         "Speedup over the baseline (its time over each backend's: right of the dashed 1x line, faster) per "
+         "comparison group, from rounds timed in turn: points with the 95% intervals of the table, on one log axis "
+         "for every panel; panels in rows and columns by what the run swept."),
     Plot("settings.png", lambda run, out: plot_settings(run.timings, out),
-         "Each backend's time at a paired setting (pair_over: dtype, threads) against its own at the first "
-         "one, from rounds taken in turn in one group; bars are the paired 95% intervals, 1x the line."),
+         "Each backend's speedup at a paired setting (pair_over: dtype, threads) over its own at the first one "
+         "(that one's time over this one's: right of the dashed 1x line, faster), from rounds taken in turn in one "
+         "group: points with the paired 95% intervals."),
     Plot("loss_vs_time.png", lambda run, out: plot_loss_vs_time(run.curves, out),
-         "Evaluation loss against training wall-clock (evaluation time excluded), with the target and the task's "
-         "loss floor."),
+         "Evaluation loss against training wall-clock (evaluation time excluded); dashed red, the target where the "
+         "run set one; dotted grey, the task's loss floor where it is known. With several dtypes, a panel per backend "
+         "holds each dtype's curve."),
     Plot("scaling.png", lambda run, out: plot_scaling(run.timings, out),
          "Median time per call against each size the run varied, all else fixed."),
     Plot("roofline.png", lambda run, out: plot_roofline(run.timings, out),

@@ -64,7 +64,10 @@ def fmt_speedup(row, mark: bool = False) -> str:
 def fmt_setting_speedup(row) -> str:
     """A paired setting's ratio (pair_over): the backend's time at the first setting over its time at
     this one, ``1.85x [1.80, 1.90]``, or ``-``."""
-    return _fmt_ratio(row.get("setting_speedup"), row.get("setting_speedup_lo"), row.get("setting_speedup_hi"))
+    s, lo, hi = row.get("setting_speedup"), row.get("setting_speedup_lo"), row.get("setting_speedup_hi")
+    if _num(s) and _num(lo) and _num(hi) and lo == hi:  # the first setting's own row: no ratio to read
+        return "1x (itself)"
+    return _fmt_ratio(s, lo, hi)
 
 
 def _fmt_ratio(s, lo, hi) -> str:
@@ -148,6 +151,47 @@ def _answer_section(timings: pd.DataFrame, meta: dict | None = None) -> list:
                   right={2, 3})]
 
 
+def paired_answer(timings: pd.DataFrame) -> list:
+    """Under ``pair_over``, the question the run asks, answered first: per problem and backend, its median at
+    the first setting and at each other one, and the speedup there over the first (that setting's time over
+    this one's) with its paired 95% interval, or why a cell has none. Empty for a run without paired settings."""
+    from harness.results.labels import group_label, setting_label
+    from harness.results.schema import setting_values
+
+    if "setting_baseline" not in timings:
+        return []
+    df = timings[timings["setting_baseline"].notna() & (timings["workload"] != "train")]
+    if df.empty or df["setting_speedup"].isna().all():
+        return []
+    df = df.assign(label=_labels(df))
+    base = setting_values(str(df["setting_baseline"].iloc[0]))
+    keys = list(base)
+    first = setting_label(base, keys)
+    df = df.assign(setting=[setting_label(r, keys) for _, r in df.iterrows()],
+                   problem=[f"{r['workload']} · {group_label(r, omit=tuple(keys))}" for _, r in df.iterrows()])
+    rows = []
+    for (problem, label), g in df.groupby(["problem", "label"], sort=False):
+        at = {r["setting"]: r for _, r in g.iterrows()}
+        ref = at.get(first)
+        for setting, r in at.items():
+            if setting == first:
+                continue
+            ok = r["status"] == Status.OK
+            rows.append([problem, label, fmt_time(ref.get("median_s")) if ref is not None and ref["status"] == Status.OK
+                         else str(ref["status"]) if ref is not None else "-",
+                         fmt_time(r.get("median_s")) if ok else str(r["status"]),
+                         fmt_setting_speedup(r) if ok else "-"])
+    if not rows:
+        return []
+    others = " / ".join(dict.fromkeys(s for s in df["setting"] if s != first))
+    return [Heading(2, "Answer"),
+            Para(f"The run paired {' and '.join(keys)} (pair_over): what {others} buys each backend against its own "
+                 f"{first}, timed in turn in one group. The speedup is {first}'s median over {others}'s (above 1x, "
+                 f"{others} is faster), with its paired 95% interval."),
+            Table(["problem", "backend", f"{first} median", f"{others} median", f"speedup over {first} [95% CI]"],
+                  rows, right={2, 3, 4})]
+
+
 def _results_section(timings: pd.DataFrame) -> list:
     from harness.results.labels import group_label
 
@@ -210,7 +254,12 @@ def build_report(run_dir, plots: list[Path] | None = None, plot_note: str = "") 
     title = f"{run.meta.get('name', run.run_id)}: benchmark report"
     if plots is None:
         plots = sorted((Path(run_dir) / "plots").glob("*.png"), key=_plot_order)
-    blocks = (_answer_section(run.timings, run.meta) + _run_section(run.meta, run.timings, Path(run_dir))
+    answer, paired = _answer_section(run.timings, run.meta), paired_answer(run.timings)
+    if paired and answer:  # the caveats, the paired question, then the speedups over the baseline
+        n_caveats = sum(1 for _ in caveats.lines(run.meta, run.timings))
+        answer = (answer[:1 + n_caveats] + paired[1:] + [Heading(3, "Against the baseline")]
+                  + answer[1 + n_caveats:])
+    blocks = (answer + _run_section(run.meta, run.timings, Path(run_dir))
               + _machine_section(run.meta) + _versions_section(run.meta)
               + _conformance_section(run.meta, run.timings) + _results_section(run.timings)
               + _devices_section(run.timings)
@@ -285,8 +334,9 @@ tr.st-unsupported td, tr.st-unavailable td { background: #f6f6f6; color: #555; }
 code { background: #f1f3f6; padding: 0 3px; border-radius: 3px; font-size: 0.92em; }
 pre { background: #f6f8fa; border: 1px solid #e1e4e8; padding: 8px; overflow-x: auto; font-size: 0.82em; }
 figure { margin: 1em 0 2em; }
-figure img { max-width: 100%; border: 1px solid #e1e4e8; cursor: zoom-in; }
-figure img.full { max-width: none; cursor: zoom-out; }
+figure { overflow-x: auto; }
+figure img { max-width: none; height: auto; border: 1px solid #e1e4e8; }
+p.contents { font-size: 0.9em; color: #444; }
 td[title] { text-decoration: underline dotted #8a94a6; cursor: help; }
 figcaption { color: #555; font-size: 0.9em; margin-top: 4px; }
 details summary { cursor: pointer; margin: 4px 0; }
@@ -302,14 +352,50 @@ def _td_class(table: Table, i: int) -> str:
     return f' class="{" ".join(names)}"' if names else ""
 
 
+#: a browser's pixels per inch at 100% zoom: a plot shown at its drawn size in inches has the label sizes it
+#: was drawn with
+CSS_DPI = 96
+
+
+def _css_width(png: bytes) -> int | None:
+    """The width in CSS pixels at which a plot's labels read at the size they were drawn (its PNG header's
+    width scaled from the drawing's resolution to the browser's); None for an image that is no PNG."""
+    import struct
+
+    from harness.results.plot_style import PLOT_DPI
+
+    if png[:8] != b"\x89PNG\r\n\x1a\n" or len(png) < 24:
+        return None
+    return round(struct.unpack(">I", png[16:20])[0] * CSS_DPI / PLOT_DPI)
+
+
+def _anchor(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")
+
+
+def _contents(blocks: list) -> str:
+    """A line of links to the report's sections and to each of its plots, so the plots are one click from the top."""
+    links = []
+    for b in blocks:
+        if isinstance(b, Heading) and b.level == 2:
+            links.append(f'<a href="#{_anchor(b.text)}">{html.escape(b.text)}</a>')
+        elif isinstance(b, Image):
+            links.append(f'<a href="#{_anchor("plot " + b.path.stem)}">{html.escape(b.path.stem)}</a>')
+    return " · ".join(links)
+
+
 def to_html(title: str, blocks: list) -> str:
     """A single HTML file: styles inline, images as base64 data URIs, nothing fetched from elsewhere."""
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f"<title>{html.escape(title)}</title>", f"<style>{CSS}</style>", "</head><body>",
            f"<h1>{html.escape(title)}</h1>"]
+    contents = _contents(blocks)
+    if contents:
+        out.append(f'<p class="contents">{contents}</p>')
     for b in blocks:
         if isinstance(b, Heading):
-            out.append(f"<h{b.level}>{_inline(b.text)}</h{b.level}>")
+            anchor = f' id="{_anchor(b.text)}"' if b.level == 2 else ""
+            out.append(f"<h{b.level}{anchor}>{_inline(b.text)}</h{b.level}>")
         elif isinstance(b, Para):
             out.append(f"<p>{_inline(b.text)}</p>")
         elif isinstance(b, Table):
@@ -326,9 +412,12 @@ def to_html(title: str, blocks: list) -> str:
         elif isinstance(b, Bullets):
             out.append("<ul>" + "".join(f"<li>{_inline(item)}</li>" for item in b.items) + "</ul>")
         elif isinstance(b, Image):
-            data = base64.b64encode(b.path.read_bytes()).decode("ascii")
-            out.append(f'<figure><img alt="{html.escape(b.path.stem)}" src="data:image/png;base64,{data}" '
-                       'title="click: full size" onclick="this.classList.toggle(\'full\')">'
+            raw = b.path.read_bytes()
+            data = base64.b64encode(raw).decode("ascii")
+            width = _css_width(raw)
+            size = f' width="{width}"' if width else ""
+            out.append(f'<figure id="{_anchor("plot " + b.path.stem)}"><img alt="{html.escape(b.path.stem)}"{size} '
+                       f'src="data:image/png;base64,{data}">'
                        f"<figcaption>{_inline(b.caption)}</figcaption></figure>")
         elif isinstance(b, Pre):
             pre = f"<pre>{html.escape(b.text)}</pre>"

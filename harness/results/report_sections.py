@@ -50,7 +50,7 @@ def _run_section(meta: dict, timings: pd.DataFrame, run_dir: Path) -> list:
         ["when", when],
         ["cells", counts],
         ["baseline", f"`{meta.get('baseline', '?')}`"],
-        ["git commit", f"`{meta.get('git_commit') or 'unknown'}`"],
+        ["git commit", f"`{meta.get('git_commit') or 'unknown'}`" + _changed(meta.get("git_changed"))],
     ]
     swapped = {name: entry for name, entry in (meta.get("backend_sources") or {}).items()
                if isinstance(entry, dict) and entry.get("origin") == "HARNESS_BACKENDS"}
@@ -68,6 +68,14 @@ def _run_section(meta: dict, timings: pd.DataFrame, run_dir: Path) -> list:
     if timing:
         rows.append(["timing", timing])
     return [Heading(2, "Run"), Table(["", ""], rows)]
+
+
+def _changed(files) -> str:
+    """The files that differed from the commit, where the run recorded them (a few named, the rest counted)."""
+    if not files:
+        return ""
+    shown = ", ".join(f"`{f}`" for f in files[:6])
+    return f" (changed: {shown}" + (f" and {len(files) - 6} more" if len(files) > 6 else "") + ")"
 
 
 def timing_summary(timings: pd.DataFrame) -> str | None:

@@ -66,6 +66,7 @@ class GroupRun:
     # (start, end, cell ids) on time.monotonic's clock of each stretch in which cells were timed in this
     # process: what the busy-machine guard reads its samples over (harness.run.guard); not kept between passes
     windows: list = field(default_factory=list)
+    name: object = None  # how the progress line names the group, name(cells) (None: its own label)
 
     def __post_init__(self):
         if self.rule is None:
@@ -131,13 +132,15 @@ class GroupRun:
         """One pass over the group: fresh warmed workers for the cells being timed, rounds in turn until
         the stop rule ends the pass; the outcomes so far, in the group's order. The first pass also
         screens the cells and runs the training ones. ``describe(text)`` hears what is under way
-        (after the label of the group and pass); ``record`` lists the workers in the run folder."""
+        (after the label of the group and pass: ``self.name(cells)``, or the group's own); ``record`` lists the
+        workers in the run folder."""
         group, policy = self.group, self.policy
         head = group[0]
         paired = {k for k, _ in head.paired}
         dtypes = "|".join(dict.fromkeys(c.problem.dtype for c in group)) if "dtype" in paired else head.problem.dtype
         threads = "|".join(dict.fromkeys(str(c.threads) for c in group)) if "threads" in paired else head.threads
-        label = f"{head.problem.workload} {head.problem.model.describe()} B={head.problem.batch} {dtypes} threads={threads}"
+        label = self.name(group) if self.name is not None else \
+            f"{head.problem.workload} {head.problem.model.describe()} B={head.problem.batch} {dtypes} threads={threads}"
         if policy.pass_limit > 1:
             most = policy.passes if policy.pass_limit == policy.passes else f"{policy.passes}-{policy.pass_limit}"
             label += f" · pass {self.passes_done + 1} of {most}"

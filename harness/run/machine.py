@@ -107,18 +107,41 @@ def machine_info() -> dict:
     }
 
 
+#: tracked paths whose changes are a run's output, not the code that made it: a run writing into
+#: results/examples/<config> leaves its commit clean
+OUTPUT_PATHS = ("results/",)
+
+
+def git_changes(path: str | Path | None = None) -> list[str] | None:
+    """The tracked files that differ from the commit, outputs (:data:`OUTPUT_PATHS`) and untracked files
+    left out: what makes the code a run ran other than its commit says; None outside git."""
+    cwd = Path(path or Path(__file__).resolve().parents[2])
+    try:
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if status.returncode != 0:
+        return None
+    changed = []
+    for line in status.stdout.splitlines():
+        name = line[3:].split(" -> ")[-1].strip().strip('"')
+        if name and not name.startswith(OUTPUT_PATHS):
+            changed.append(name)
+    return changed
+
+
 def git_commit(path: str | Path | None = None) -> str | None:
-    """The project's git commit (with "-dirty" when the tree has changes), or None outside git."""
+    """The project's git commit, with "-dirty" when its code differs from it (:func:`git_changes`: a run's
+    own output and untracked files do not count), or None outside git."""
     cwd = Path(path or Path(__file__).resolve().parents[2])
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
         if sha.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, timeout=10)
-        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
+    return sha.stdout.strip() + ("-dirty" if git_changes(cwd) else "")
 
 
 def record_host(meta: dict, host: str, machine: dict | None, gemm_peaks: dict, gpu_roofs: dict | None) -> None:

@@ -30,10 +30,12 @@ class Runner:
     runner only runs, and hands each finished group's outcomes to ``store.add_group``, where the
     results layer makes its rows."""
 
-    def __init__(self, config: RunConfig, store, console=None, sampler: "guard.Sampler | None" = None):
+    def __init__(self, config: RunConfig, store, console=None, sampler: "guard.Sampler | None" = None,
+                 name_group=None):
         self.config = config
         self.store = store
         self.console = console
+        self.name_group = name_group  # how the progress line names a group (None: the group's own label)
         # the busy-machine guard's readings through the run (harness.run.guard; a test hands in its own)
         self.sampler = sampler if sampler is not None else guard.Sampler()
         self.gemm_peaks: dict[str, float] = dict(store.meta.get("gemm_peak_gflops", {}))
@@ -70,7 +72,7 @@ class Runner:
     def _run(self, progress, executor, groups) -> None:
         todo = self.pending_groups() if groups is None else groups
         # the bar counts passes over cells: a group of passes 3 moves it three times, not once at its end
-        planned = {id(g): len(g) * max(1, g[0].timing.passes) for g in todo}
+        planned = {id(g): planned_steps([g]) for g in todo}
         if executor is not None:  # it counts each group once, when it comes back
             task_id = progress.add_task("cells", total=sum(len(g) for g in todo)) if progress else None
             executor.run(self, todo, progress, task_id)
@@ -102,6 +104,8 @@ class Runner:
         machine.record_host(self.store.meta, machine.host_name(), self.store.meta.get("machine"), self.gemm_peaks,
                             self.gpu_roofs)
         states = [GroupRun.restore(g, self.store.unfinished(g[0].key)) for g in todo]
+        for state in states:
+            state.name = self.name_group
         if any(s.passes_done for s in states):
             self._say(f"resuming: {sum(1 for s in states if s.passes_done)} comparison group(s) go on at their next pass")
         describe = _describer(progress, task_id)
@@ -152,6 +156,12 @@ class Runner:
                 self.store.meta["gpu_roofs"] = self.gpu_roofs
 
 
+def planned_steps(groups) -> int:
+    """What the progress bar counts for these comparison groups: a step per cell and planned pass (a training
+    group runs once); the bar's total grows when the precision target asks for more passes."""
+    return sum(len(g) * (1 if g[0].problem.workload == "train" else max(1, g[0].timing.passes)) for g in groups)
+
+
 def new_run_meta(config: RunConfig) -> dict:
     """The run.json of a run that is starting."""
     now = datetime.now(timezone.utc)
@@ -160,7 +170,8 @@ def new_run_meta(config: RunConfig) -> dict:
         "run_id": run_id, "name": config.name, "config_path": config.path,
         "config": [raw.model_dump() for raw, _ in config.parts],
         "config_source": config.source, "baseline": config.baseline, "machine": machine.machine_info(),
-        "git_commit": machine.git_commit(), "started": now.isoformat(), "finished": None,
+        "git_commit": machine.git_commit(), "git_changed": machine.git_changes(),
+        "started": now.isoformat(), "finished": None,
         "env": dict(config.raw.env), "cpu_times_start": machine.cpu_times(), "harness_python": sys.version.split()[0],
         "task_files": config.task_files, "backend_sources": backend_sources(config.backends),
     }

@@ -44,14 +44,15 @@ def end_stale_workers(folder: Path) -> list[int]:
     return end_stale(folder)
 
 
-def run_into(config: RunConfig, store, progress=None, executor=None, console=None) -> None:
+def run_into(config: RunConfig, store, progress=None, executor=None, console=None, name_group=None) -> None:
     """Run ``config``'s pending groups into the open ``store`` and close its metadata.
 
     An interrupt (KeyboardInterrupt) or a HarnessError ends the workers, closes the metadata as
     interrupted (what finished is kept; ``--resume`` goes on) and goes on up; a store that cannot even
-    write that keeps the first error. A HarnessError from closing a run that finished goes up too."""
+    write that keeps the first error. A HarnessError from closing a run that finished goes up too.
+    ``name_group`` names a group on the progress line (the terminal's naming; None: the group's label)."""
     try:
-        Runner(config, store, console=console).run(progress, executor)
+        Runner(config, store, console=console, name_group=name_group).run(progress, executor)
     except (KeyboardInterrupt, HarnessError):
         kill_all_workers()
         try:
