@@ -347,6 +347,50 @@ def test_compare_of_runs_with_no_cell_in_common_fails(fake_backends, tmp_path):
     assert "no cell in common" in _error_line(result)
 
 
+def test_a_save_parted_by_a_kill_between_its_writes_leaves_the_run_as_before_it(fake_backends, tmp_path, monkeypatch):
+    """The tables and run.json are three files: a kill after the tables landed and before run.json did must
+    leave a run that reads (and resumes) as it was before that save, not one 'damaged' by rows it does not record."""
+    from harness.results import store as store_module
+    from harness.results.schema import cell_columns
+    from harness.results.store import read_folder
+
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(BASE + "batch: [1, 2]\n")
+    cfg = load_config(cfg_path)
+    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+    rows = []
+    for cell in cfg.cells()[:2]:
+        row = cell_columns(cell)
+        row.update(status="ok", median_s=1e-3, samples_s=[1e-3] * 5, n_samples=5, baseline="ref")
+        rows.append(row)
+    store.add([rows[0]], [])
+    written = []
+    real_json, real_table = store_module.write_json, store_module.write_table
+
+    def table(path, *a, **k):
+        written.append(path.name)
+        return real_table(path, *a, **k)
+
+    def killed_after_the_tables(path, data, run=None):
+        if written[-1:] == ["curves.parquet"]:  # the tables landed; the kill comes before run.json does
+            raise KeyboardInterrupt
+        return real_json(path, data, run=run)
+
+    monkeypatch.setattr(store_module, "write_table", table)
+    monkeypatch.setattr(store_module, "write_json", killed_after_the_tables)
+    with pytest.raises(KeyboardInterrupt):
+        store.add([rows[1]], [])
+    monkeypatch.setattr(store_module, "write_json", real_json)
+    monkeypatch.setattr(store_module, "write_table", real_table)
+    meta, timings, _ = read_folder(tmp_path / "run")
+    assert list(timings["cell_id"]) == [rows[0]["cell_id"]] and list(meta["cells"]) == [rows[0]["cell_id"]]
+    again = RunStore.open(tmp_path / "run")
+    assert again.done_cells() == {rows[0]["cell_id"]}
+    assert list(pd.read_parquet(tmp_path / "run" / "timings.parquet")["cell_id"]) == [rows[0]["cell_id"]]
+    again.add([rows[1]], [])
+    assert set(read_folder(tmp_path / "run")[1]["cell_id"]) == {r["cell_id"] for r in rows}
+
+
 # -- the worker channel ---------------------------------------------------------------------------------------
 def test_a_malformed_reply_line_fails_one_cell_not_the_run(fake_backends, tmp_path, monkeypatch):
     from harness.worker import protocol

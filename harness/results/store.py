@@ -6,6 +6,7 @@ interrupted run keeps every finished comparison group and ``--resume`` does the 
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import json
 import os
@@ -121,6 +122,8 @@ class RunStore:
     curves: list[dict] = field(default_factory=list)
 
     lock: FolderLock | None = None
+    #: run.json as it stands on disk (None before the first save): what a save that a kill parts leaves in force
+    on_disk: dict | None = field(default=None, repr=False)
 
     @classmethod
     def create(cls, path: Path, meta: dict, lock: bool = False) -> "RunStore":
@@ -187,7 +190,10 @@ class RunStore:
             if held:
                 held.release()
             raise
-        return cls(path, meta, timings, curves, lock=held)
+        store = cls(path, meta, timings, curves, lock=held, on_disk=copy.deepcopy(meta))
+        if _parted(path):  # the tables still hold the rows read_folder left out: write them as read
+            store.save()
+        return store
 
     def close(self) -> None:
         """Release the folder's lock (if this store holds it)."""
@@ -231,10 +237,20 @@ class RunStore:
         self.save()
 
     def save(self) -> None:
+        """Write the tables and run.json. Each file is replaced atomically, but a kill can still land between
+        them, so run.json goes first with the cells whose rows are about to land named under ``saving`` (the
+        rest of it as on disk), then the tables, then run.json as it now is: a folder read between two of
+        these writes is the run as before this save (:func:`read_folder` leaves those rows out)."""
         self.path.mkdir(parents=True, exist_ok=True)
+        if self.on_disk is not None:
+            recorded = self.on_disk.get("cells") or {}
+            landing = [c for c in self.meta.get("cells") or {} if c not in recorded]
+            if landing:
+                write_json(self.path / "run.json", {**self.on_disk, "saving": landing}, run=self.path)
         write_table(self.path / "timings.parquet", self.timings, TIMING_COLUMNS, run=self.path)
         write_table(self.path / "curves.parquet", self.curves, run=self.path)
         write_json(self.path / "run.json", self.meta, run=self.path)
+        self.on_disk = copy.deepcopy(self.meta)
 
 
 # what a timings table must hold to be one: identifying text columns, and measurements that are numbers
@@ -286,6 +302,11 @@ def _check_of_this_run(meta: dict, timings: pd.DataFrame, curves: pd.DataFrame) 
     return None
 
 
+def _parted(path: Path) -> bool:
+    """Whether the run.json of ``path`` (readable: :func:`read_folder` said so) is that of a parted save."""
+    return "saving" in json.loads((path / "run.json").read_text(encoding="utf-8"))
+
+
 def read_folder(path: Path, resuming: bool = False) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     """run.json and the tables of a results folder: the one rule for "this is a run" that everything
     reading runs goes by. One HarnessError ``FOLDER: damaged (...)`` when run.json or a table is missing,
@@ -308,6 +329,15 @@ def read_folder(path: Path, resuming: bool = False) -> tuple[dict, pd.DataFrame,
         except Exception as exc:  # pyarrow raises its own error types for a truncated or foreign file
             raise _damaged(path, f"{name}: {type(exc).__name__}: {str(exc)[:100]}", resuming) from None
     timings, curves = tables
+    landing = meta.pop("saving", None)
+    if landing is not None:  # a save a kill parted: the rows of these cells landed, their record did not
+        if not isinstance(landing, list) or not all(isinstance(c, str) for c in landing):
+            raise _damaged(path, "run.json: saving: expected a list of cell ids", resuming)
+        left_out = set(landing) - set(meta.get("cells") or {})
+        if "cell_id" in timings.columns:
+            timings = timings[~timings["cell_id"].isin(left_out)].reset_index(drop=True)
+        if len(curves) and "cell_id" in curves.columns:
+            curves = curves[~curves["cell_id"].isin(left_out)].reset_index(drop=True)
     if len(timings.columns) == 0:  # a table written with no row and no column: a run that has no cell yet
         timings = pd.DataFrame(columns=TIMING_COLUMNS)
     why = _check_timings(timings)
