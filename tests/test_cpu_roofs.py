@@ -71,3 +71,29 @@ def test_the_fma_rate_is_measured_by_the_engine_kernel():
         assert gemm_rate("bfloat16", HARDWARE, seconds=0.05) > 0
     with pytest.raises(HarnessError, match="unavailable"):
         gemm_rate("float64", HARDWARE, seconds=0.01)
+
+
+def test_a_runs_float32_gemm_text_is_numpys_product_not_the_fma_roof():
+    from harness.results.labels import gemm_peak_text
+
+    meta = {"gemm_peak_gflops": {"float32|threads=1": 200.0, "float32|threads=1|numpy": 100.0,
+                                 "float32|threads=1|fma": 200.0, "float64|threads=1": 50.0}}
+    assert gemm_peak_text(meta) == "float32 GEMM 100 GFLOP/s"
+    assert gemm_peak_text({"gemm_peak_gflops": {"float32|threads=2": 180.0}}) == "float32 GEMM 180 GFLOP/s"  # older runs
+
+
+def test_a_roofline_panel_whose_roof_is_the_fma_kernel_says_so(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from harness.results import plot_roofline
+
+    drawn = []
+    save = plot_roofline._save
+    monkeypatch.setattr(plot_roofline, "_save", lambda plt, fig, *a, **k: (drawn.extend(
+        t.get_text() for ax in fig.axes for t in ax.texts), save(plt, fig, *a, **k))[1])
+    row = {"status": "ok", "device": "cpu", "threads": 1, "model": "lstm", "batch": 16, "input_size": 512,
+           "hidden_size": 512, "output_size": 512, "backend": "native", "variant": None, "workload": "train_step",
+           "dtype": "float32", "gflops": 90.0, "gemm_peak_gflops": 118.0, "gemm_peak_library": "fma",
+           "master_peak_gflops": None}
+    plot_roofline.plot_roofline(pd.DataFrame([row]), tmp_path / "roofline.png")
+    assert any("float32 FMA peak 118 GFLOP/s (the native engine's register-only FMA kernel)" in t for t in drawn), drawn

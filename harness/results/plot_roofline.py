@@ -11,6 +11,7 @@ from harness.results.labels import backend_label, fmt_bandwidth, fmt_rate
 from harness.spec.status import Status
 from harness.results.plot_style import _grid, _log_axis, _number_axis, _palette, _save
 from harness.spec.model import DTYPE_BYTES
+from harness.worker.cpu_roofs import HARDWARE
 
 
 def arithmetic_intensity(df: pd.DataFrame) -> pd.Series:
@@ -58,11 +59,23 @@ def _gpu_roofs(ax, d: pd.DataFrame) -> None:
 _ROOF_SOURCES = {"numpy": "NumPy", "jax": "JAX, float32 sums", "torch": "PyTorch", "cublas": "cuBLAS"}
 
 
+def _roof_library(d: pd.DataFrame) -> str:
+    libs = d["gemm_peak_library"].dropna() if "gemm_peak_library" in d else pd.Series(dtype=object)
+    return str(libs.iloc[0]) if len(libs) else ("cublas" if d["device"].iloc[0] == "gpu" else "numpy")
+
+
+def _roof_name(d: pd.DataFrame) -> str:
+    """What a panel's roof is: a GEMM's peak, or the core's FMA peak where the engine's own FMA kernel beat
+    every library's product (:data:`harness.worker.cpu_roofs.HARDWARE`)."""
+    return "FMA peak" if _roof_library(d) == HARDWARE else "GEMM peak"
+
+
 def _roof_source(d: pd.DataFrame) -> str:
     """What measured a panel's roof, for its label: the library, a 1024\u00b3 product (GPU: TF32 off)."""
     gpu = d["device"].iloc[0] == "gpu"
-    libs = d["gemm_peak_library"].dropna() if "gemm_peak_library" in d else pd.Series(dtype=object)
-    lib = str(libs.iloc[0]) if len(libs) else ("cublas" if gpu else "numpy")
+    lib = _roof_library(d)
+    if lib == HARDWARE:
+        return "the native engine's register-only FMA kernel"
     return f"{_ROOF_SOURCES.get(lib, lib)}, " + ("TF32 off" if gpu and d["dtype"].iloc[0] == "float32" else
                                                  "4096\u00b3" if gpu else "1024\u00b3")
 
@@ -121,14 +134,14 @@ def plot_roofline(timings: pd.DataFrame, out: Path):
                     transform=ax.get_yaxis_transform(), va="bottom", ha="right", fontsize=8)
         if peak is not None:
             ax.axhline(peak, color="black", lw=1.3)
-            ax.text(0.01, peak, f" {d['dtype'].iloc[0]} GEMM peak {fmt_rate(peak)} ({_roof_source(d)})",
+            ax.text(0.01, peak, f" {d['dtype'].iloc[0]} {_roof_name(d)} {fmt_rate(peak)} ({_roof_source(d)})",
                     transform=ax.get_yaxis_transform(), va="bottom", ha="left", fontsize=8)
             share = ax.twinx()
             share.set_yscale("log")
             share.set_ylim(*(v / peak * 100 for v in ax.get_ylim()))
             share.grid(False)
             _share_ticks(share.yaxis)
-            share.set_ylabel(f"% of the {d['dtype'].iloc[0]} GEMM peak")
+            share.set_ylabel(f"% of the {d['dtype'].iloc[0]} {_roof_name(d)}")
         ax.set_xlabel("arithmetic intensity of a step's matrix products (FLOP/byte, estimated)")
         ax.set_ylabel("achieved TFLOP/s" if tera else "achieved GFLOP/s")
         ax.set_title(panel, fontsize=10)
