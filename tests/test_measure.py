@@ -24,8 +24,20 @@ def test_rounds_sync_before_every_clock_read_and_report_seconds_per_call(monkeyp
 
 def test_interleaved_rounds_alternate_the_order():
     order = []
-    out = measure.time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, n_rounds=3)
-    assert order == ["a", "b", "b", "a", "a", "b"] and [len(v) for v in out.values()] == [3, 3]
+    out = measure.time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, n_rounds=4)
+    assert order == ["a", "b", "b", "a", "b", "a", "a", "b"] and [len(v) for v in out.values()] == [4, 4]
+
+
+def test_the_round_order_varies_every_round_and_balances_places():
+    """Every contender takes every place equally often and precedes each other one as often as it
+    follows it: with three, the six rounds of a cycle are the six orders."""
+    rounds = [measure.round_order(list("abc"), r) for r in range(6)]
+    assert len({tuple(o) for o in rounds}) == 6
+    for k in "abc":
+        assert sorted(o.index(k) for o in rounds) == [0, 0, 1, 1, 2, 2]
+    five = [measure.round_order(list("abcde"), r) for r in range(10)]
+    assert all(sorted(o.index(k) for o in five) == sorted(list(range(5)) * 2) for k in "abcde")
+    assert all(five[r] != five[r + 1] for r in range(9))
 
 
 def test_calibration_aims_at_the_round_length_within_its_cap():
@@ -44,7 +56,7 @@ def test_policy_comes_from_the_config_and_owns_no_defaults():
 
 
 def test_default_stop_rule_needs_rounds_and_time_or_hits_the_cap():
-    rule = stats.stop_rule(TimingConfig(min_rounds=3, min_time_s=0.3, max_time_s=2.0))
+    rule = stats.stop_rule(TimingConfig(min_rounds=3, min_time_s=0.3, max_time_s=2.0, min_processes=1))
     inner = {"a": 10, "b": 10}
     assert not rule.done({"a": [], "b": []}, inner, "a", 0.0)
     assert not rule.done({"a": [0.01] * 3, "b": [0.01] * 2}, inner, "a", 0.5)  # b lacks a round

@@ -60,9 +60,8 @@ def time_rounds(call: Callable[[], object], sync: Callable[[], None] = _no_sync,
 
 def time_interleaved(calls: dict[str, Callable[[], object]], n_rounds: int, inner: int = 1,
                      syncs: dict[str, Callable[[], None]] | None = None) -> dict[str, list[float]]:
-    """Rounds of several calls taken in turn (A B C, then C B A, ...): per key, seconds per call of each round.
-
-    Alternating the order cancels a drift of the machine and any advantage of going first."""
+    """Rounds of several calls taken in turn, in the order :func:`round_order` gives each round: per
+    key, seconds per call of each round."""
     syncs = syncs or {}
     samples: dict[str, list[float]] = {k: [] for k in calls}
     for r in range(n_rounds):
@@ -72,8 +71,17 @@ def time_interleaved(calls: dict[str, Callable[[], object]], n_rounds: int, inne
 
 
 def round_order(keys: list, r: int) -> list:
-    """The order of round ``r`` of interleaved contenders: as given on even rounds, reversed on odd ones."""
-    return keys if r % 2 == 0 else keys[::-1]
+    """The order of round ``r`` (from 0) of interleaved contenders, for every interleaved loop of the
+    project: rotated by ``r // 2`` places, and reversed on odd rounds (A B C, C B A, B C A, A C B, C A B,
+    B A C for three: every order once in six rounds). Each contender goes first, last and in between
+    equally often and follows each other one as often as it precedes it, so neither a drift of the
+    machine nor an advantage of a place in the round (a cache warmed or cooled by the one before)
+    favours one; the order follows from ``r`` alone, so a run's rounds say which it was."""
+    if not keys:
+        return []
+    k = (r // 2) % len(keys)
+    turned = keys[k:] + keys[:k]
+    return turned if r % 2 == 0 else turned[::-1]
 
 
 def best_rate(call: Callable[[], object], work: float, seconds: float, sync: Callable[[], None] = _no_sync) -> float:
