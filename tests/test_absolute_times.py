@@ -35,9 +35,9 @@ def test_every_timed_cell_samples_two_processes_by_default_over_its_passes():
     assert _policy(passes=3, min_processes=5).processes_per_pass == 2
     assert _policy(processes=3).processes_per_pass == 3
     assert _policy(min_processes=1).processes_per_pass == 1
-    # the rounds alternate between the processes; the speedup's blocks stay those of processes x passes
+    # the rounds alternate between the processes, and each process is a block of the speedup's interval
     assert [_policy().round_process(p, r) for p in (0, 1) for r in range(3)] == [0, 1, 0, 2, 3, 2]
-    assert [_policy().round_block(p, r) for p in (0, 1) for r in range(3)] == [0, 0, 0, 1, 1, 1]
+    assert [_policy().round_block(p, r) for p in (0, 1) for r in range(3)] == [0, 1, 0, 2, 3, 2]
     assert _policy(min_rounds=10).pass_rounds == 10  # the floor's rounds, shared by the two processes
     with pytest.raises(Exception):
         TimingConfig(min_processes=0)

@@ -53,7 +53,7 @@ class TimingConfig(_Strict, TimingRules):
                                                           "the baseline's and a lone backend's too, samples what differs "
                                                           "between processes (memory layout, allocator state, the kernels "
                                                           "a library picked), as pyperf's do; the spread between them is "
-                                                          "recorded. A speedup's interval covers only processes and passes")
+                                                          "recorded, and a speedup's interval covers it")
     passes: int = Field(1, ge=1, le=16, description="visits to each comparison group, spread over the run, each with "
                                                    "fresh worker processes and its share of the rounds; a speedup's "
                                                    "interval then covers how far the passes disagree")

@@ -15,7 +15,7 @@ import statistics
 
 from harness.results import caveats, schema
 from harness.run import stats
-from harness.run.stats import Stats, paired_speedup
+from harness.run.stats import Stats, speedup_intervals
 from harness.worker.cpu_roofs import peak_key, roof_library
 from harness.spec.dtype import DType
 from harness.spec.errors import HarnessError
@@ -49,7 +49,8 @@ def setting_columns(outcomes: list, rows: list[dict]) -> None:
     values, from the rounds they took in turn, with the paired 95% interval: ``setting_speedup`` above 1
     when this setting is the faster; 1 with equal bounds on that row itself; empty where either did not run."""
     first = {o.cell.backend: o for o in outcomes if o.cell.setting() == dict(o.cell.paired)}
-    for o, row in zip(outcomes, rows):
+    pairs = {}
+    for i, (o, row) in enumerate(zip(outcomes, rows)):
         row["setting_baseline"] = o.cell.setting_baseline
         base = first.get(o.cell.backend)
         if base is None or o.status != Status.OK or base.status != Status.OK or not o.samples or not base.samples \
@@ -58,8 +59,9 @@ def setting_columns(outcomes: list, rows: list[dict]) -> None:
         if base is o:
             row["setting_speedup"] = row["setting_speedup_lo"] = row["setting_speedup_hi"] = 1.0
         else:
-            row["setting_speedup"], row["setting_speedup_lo"], row["setting_speedup_hi"] = \
-                paired_speedup(base.samples, o.samples, blocks=o.blocks)
+            pairs[i] = (base.samples, o.samples, o.blocks)
+    for i, (point, lo, hi) in speedup_intervals(pairs).items():  # the ratios' block variation pooled
+        rows[i]["setting_speedup"], rows[i]["setting_speedup_lo"], rows[i]["setting_speedup_hi"] = point, lo, hi
 
 
 def _problem_rows(outcomes: list, meta: dict, gemm_peaks: dict | None, gpu_roofs: dict | None):
@@ -67,6 +69,10 @@ def _problem_rows(outcomes: list, meta: dict, gemm_peaks: dict | None, gpu_roofs
     base_name = outcomes[0].cell.baseline
     base = next((o for o in outcomes if o.cell.backend == base_name), None)
     over = speedup_reference(outcomes, base)  # the baseline, or the fastest verified cell when it failed
+    # every speedup of the problem at once: their intervals pool the variation between worker processes
+    intervals = speedup_intervals({o.cell.cell_id: (over.samples, o.samples, o.blocks) for o in outcomes
+                                   if o.status == Status.OK and o.cell.problem.workload != "train"
+                                   and over is not None and o.samples})
     rows, curves = [], []
     versions = meta.setdefault("versions", {})
     for o in outcomes:
@@ -76,15 +82,15 @@ def _problem_rows(outcomes: list, meta: dict, gemm_peaks: dict | None, gpu_roofs
         summary = Stats.of(o.samples if o.status == Status.OK and o.samples else [])
         row.update(status=o.status, error=o.error[-4000:] if o.error else "", compile_s=o.compile_s,
                    peak_rss_mb=o.peak_rss_mb, **summary.as_dict(), baseline=base_name,
-                   samples_s=[float(s) for s in (o.samples or [])], samples_block=list(o.blocks or []))
+                   samples_s=[float(s) for s in (o.samples or [])], samples_block=list(o.blocks or []),
+                   samples_position=list(o.positions) if o.positions is not None else None)
         if o.status == Status.OK and summary.n_samples:
             work = "train_step" if p.workload == "train" else p.workload
             row["gflops"] = p.flops(work) / summary.median_s / 1e9
         row.update(peak_columns(o.cell, gemm_peaks or {}, gpu_roofs))
         row["baseline_status"] = base.status if base is not None else "absent"
         if o.status == Status.OK and p.workload != "train" and over is not None and o.samples:
-            row["speedup"], row["speedup_lo"], row["speedup_hi"] = paired_speedup(over.samples, o.samples,
-                                                                                  blocks=o.blocks)
+            row["speedup"], row["speedup_lo"], row["speedup_hi"] = intervals[o.cell.cell_id]
             row["speedup_over"] = over.cell.backend
         row.update(precision_columns(o, over, row))
         row.update(process_columns(o))
@@ -155,9 +161,9 @@ def precision_columns(o, base, row: dict) -> dict:
     target = o.cell.timing.speedup_precision
     mine = stats.disturbed(o.samples)
     cols = dict.fromkeys(schema.PRECISION_COLUMNS)
-    processes = o.cell.timing.processes
+    per_pass = o.cell.timing.processes_per_pass  # a round's block is its process, numbered pass after pass
     cols.update(speedup_precision=target, stop_reason=o.stop_reason, n_disturbed_rounds=sum(mine),
-                n_processes=processes, n_passes=len({b // processes for b in o.blocks or []}))
+                n_processes=o.cell.timing.processes, n_passes=len({b // per_pass for b in o.blocks or []}))
     if o is not base and "speedup" in row:
         n = min(len(base.samples), len(o.samples))
         theirs = stats.disturbed(base.samples)[:n]

@@ -74,6 +74,8 @@ TIMING_COLUMNS = [
     "gemm_peak_gflops", "baseline", "speedup", "speedup_lo", "speedup_hi", "time_to_target_s",
     "train_s", "eval_s", "final_loss", "loss_floor", "verified_ratio", "samples_s",
     "samples_block",
+    # each round's place in the order its group's cells took it (0: first; harness.worker.measure.round_order)
+    "samples_position",
     # the cell's host, the GPU roofs its GFLOP/s is read against, what its speedup is over (the
     # baseline, or the fastest verified cell when the baseline failed) and how the baseline ended
     "host", "gpu_tf32_gflops", "gpu_bandwidth_gbs", "speedup_over", "baseline_status",

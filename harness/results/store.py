@@ -357,8 +357,9 @@ def _read_folder(path: Path) -> tuple[dict, list[dict], list[dict]]:
     for row in timings:  # parquet hands list columns back as arrays
         if row.get("samples_s") is not None:
             row["samples_s"] = [float(v) for v in row["samples_s"]]
-        if row.get("samples_block") is not None:
-            row["samples_block"] = [int(v) for v in row["samples_block"]]
+        for key in ("samples_block", "samples_position"):
+            if row.get(key) is not None:
+                row[key] = [int(v) for v in row[key]]
     return meta, timings, curves
 
 

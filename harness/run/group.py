@@ -47,6 +47,7 @@ class Outcome:
     steering: dict | None = None  # its worker's variables that steer a numerical library, with their origins
     blas: list | None = None  # the BLAS libraries its worker loaded and the kernel each ran
     conditions: list | None = None  # what the machine did while its rounds were timed, one entry per pass (guard)
+    positions: list | None = None  # per round, its place in the round's order (0: first; measure.round_order)
 
 
 @dataclass
@@ -100,7 +101,8 @@ class GroupRun:
 
     # what run.json keeps of a group between its passes, so that --resume goes on where an interrupt stopped it
     _KEPT = ("status", "error", "compile_s", "samples", "peak_rss_mb", "versions", "data_meta", "train",
-             "worker_env", "verify", "host", "stop_reason", "blocks", "processes", "steering", "blas", "conditions")
+             "worker_env", "verify", "host", "stop_reason", "blocks", "processes", "steering", "blas", "conditions",
+             "positions")
 
     # what saved() writes and restore() needs
     _SAVED = frozenset({"passes_done", "timed_s", "inner", "blocks", "timed", "rule", "outcomes"})
@@ -241,7 +243,9 @@ class GroupRun:
 
     def _interleave(self, workers: dict[str, list[WorkerProcess]], describe) -> None:
         """One pass of rounds of the group's warmed workers in turn, until the stop rule ends it. With
-        several processes per cell, round ``i`` of the pass runs in the cell's process ``i % processes_per_pass``."""
+        several processes per cell, round ``i`` of the pass runs in the cell's process ``i % processes_per_pass``.
+        The cells take each round in the order :func:`harness.worker.measure.round_order` gives the group's
+        round (counted over all passes), and each cell's place in it is recorded."""
         group, policy = self.group, self.policy
         rule, outcomes, samples, inner = self.rule, self.outcomes, self.samples, self.inner
         base = self.baseline_id
@@ -263,6 +267,7 @@ class GroupRun:
             return me
 
         start = None
+        positions = {cid: list(outcomes[cid].positions or []) for cid in workers}
         try:
             for cid in list(alive):
                 if cid in inner:  # calibrated in an earlier pass: every pass runs the same rounds
@@ -276,18 +281,24 @@ class GroupRun:
             began = time.monotonic()
             n_round = 0
 
+            settled = {c: s for c, s in samples.items() if c not in alive and outcomes[c].status == Status.OK}
+
             def done() -> bool:
                 return rule.done({c: samples[c] for c in alive}, {c: inner[c] for c in alive},
                                  base if base in alive else None, self.timed_s + measure.elapsed_s(start),
-                                 self.blocks)
+                                 self.blocks, settled)
 
             while alive and not done():
                 describe(f"round {n_round + 1} ({', '.join(c.backend for c in group if c.cell_id in alive)})")
+                order = measure.round_order(list(alive), len(self.blocks))
                 self.blocks.append(policy.round_block(self.passes_done, n_round))
                 self.processes.append(policy.round_process(self.passes_done, n_round))
                 k = n_round % policy.processes_per_pass
                 n_round += 1
-                for cid in list(alive):
+                for place, cid in enumerate(order):
+                    if cid not in alive:
+                        continue
+                    positions.setdefault(cid, []).append(place)
                     try:
                         reply = alone(cid, k).request(protocol.Rounds(1, inner[cid]), policy.timeout_s)
                         samples[cid] += reply.body.samples
@@ -306,6 +317,7 @@ class GroupRun:
             outcomes[cid].samples = samples[cid]
             outcomes[cid].blocks = self.blocks[:len(samples[cid])]
             outcomes[cid].processes = self.processes[:len(samples[cid])]
+            outcomes[cid].positions = positions.get(cid, [])[:len(samples[cid])]
             met = rule.pending is not None and cid not in rule.pending and cid != base  # its own target
             outcomes[cid].stop_reason = StopReason.TARGET if met else rule.reason
 

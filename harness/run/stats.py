@@ -69,51 +69,181 @@ def spread(iqr_s: float, median_s: float) -> float:
 
 
 def paired_speedup(baseline, other, n_boot: int = 2000, seed: int = 0, blocks=None) -> tuple[float, float, float]:
-    """Speedup ``median(baseline) / median(other)`` over rounds taken in turn, with a 95% interval.
+    """One speedup ``median(baseline) / median(other)`` with its 95% interval: :func:`speedup_intervals`
+    of that pair alone (the variation between its blocks is then learnt from its own blocks only)."""
+    return speedup_intervals({0: (baseline, other, blocks)}, n_boot, seed)[0]
 
-    Rounds are paired (round ``i`` of both ran back to back), so the bootstrap resamples
-    round indices jointly: drifts of the machine that hit both sides cancel out.
 
-    The bootstrap takes the rounds as exchangeable, which they are not when the machine's
-    state changes how the two sides compare (another tenant's load slowed NumPy by 40% and
-    native by 15% for a few seconds on the 2-core development VM). So the interval also
-    covers half the difference between the speedups of the run's first and second halves
-    (from MIN_BLOCK_ROUNDS rounds each): where both halves agree this adds nothing, where
-    they disagree no amount of further rounds from the same stretch narrows it below that.
+def speedup_intervals(pairs: dict, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Speedups ``median(baseline) / median(other)`` over rounds taken in turn, with 95% intervals, for
+    the pairs of one comparison group: ``{key: (baseline, other, blocks)} -> {key: (point, lo, hi)}``.
 
-    ``blocks`` labels each round with the worker process that took it (see
-    :meth:`harness.spec.timing.TimingRules.round_block`: one per fresh process, of every pass
-    over the group). Blocks are independent draws of what a round cannot resample: which
-    fresh process one got (its memory layout, the kernels a library picked at start) and
-    when in the run it was taken. With ``k`` blocks of MIN_BLOCK_ROUNDS rounds or more, the
-    interval also covers the 95% interval of the mean of the per-block speedups (Student's t
-    with ``k - 1`` degrees of freedom times their standard error): two blocks must agree
-    closely to give a tight figure, and more blocks narrow that term; more rounds do not.
+    A rerun differs from a run in two ways, and the interval covers both (a two-level model of rounds
+    within worker processes, as in Kalibera and Jones, "Rigorous benchmarking in reasonable time", 2013):
+
+    - the rounds: round ``i`` of both sides ran back to back, so a bootstrap that resamples round
+      indices jointly (within each block) measures how far the medians move from round noise, while
+      drifts of the machine that hit both sides cancel out;
+    - the blocks: ``blocks`` labels each round with the fresh worker process that took it
+      (:meth:`harness.spec.timing.TimingRules.round_process`: every process of every pass). A process
+      is an independent draw of what no round can resample: its memory layout, the kernels a library
+      picked at start, when in the run it was taken. How far the speedups of a pair's blocks scatter
+      beyond what their rounds explain estimates that variance; a pair has two or three blocks, too few
+      to estimate it alone, so the estimate is pooled over the pairs of the group (a variance in
+      relative terms: the speedups' logarithms), its degrees of freedom summed. A pair whose blocks
+      scatter far more than the others' (an F test at 1%: a backend that depends on its process much
+      more than the rest) is left out of the pool and keeps its own estimate, with its own few
+      degrees of freedom, so that neither it nor the pool is misjudged.
+
+    The half-width (in the logarithm) is Student's t times the root of the two variances, the block
+    term divided by the pair's blocks, with Satterthwaite's degrees of freedom: more blocks narrow it,
+    more rounds only narrow the round term. Without a second block anywhere in the group the interval
+    covers the rounds alone.
+
+    The bootstrap also takes a block's rounds as exchangeable, which they are not when the machine's
+    state changes how the two sides compare (another tenant's load slowed NumPy by 40% and native by
+    15% for a few seconds on the 2-core development VM). So the interval also covers half the
+    difference between the speedups of the pair's first and second halves (from MIN_BLOCK_ROUNDS rounds
+    each): where both halves agree this adds nothing, where they disagree no amount of further rounds
+    from the same stretch narrows it below that.
     """
-    b = np.asarray(baseline, dtype=np.float64)
-    o = np.asarray(other, dtype=np.float64)
-    n = min(b.size, o.size)
-    if n == 0:
-        nan = float("nan")
-        return nan, nan, nan
-    b, o = b[:n], o[:n]
-    point = float(np.median(b) / np.median(o))
-    if n < 3:
-        return point, float("nan"), float("nan")
-    med_b, med_o = resampled_medians([b, o], n_boot, np.random.default_rng(seed))
-    lo, hi = np.percentile(med_b / med_o, [2.5, 97.5])
-    widenings = []
-    if n >= 2 * MIN_BLOCK_ROUNDS:  # the stretch's two halves, adjacent in time: a drift check, one standard error
-        widenings.append(_block_standard_error(b, o, [slice(0, n // 2), slice(n // 2, n)]))
-    if blocks is not None:
-        labels = np.asarray(blocks[:n])
-        by_block = [np.flatnonzero(labels == k) for k in np.unique(labels)]
-        by_block = [i for i in by_block if i.size >= MIN_BLOCK_ROUNDS]
-        if len(by_block) > 1:  # its processes and passes: independent draws, a t interval
-            widenings.append(t_quantile(0.975, len(by_block) - 1) * _block_standard_error(b, o, by_block))
-    for w in widenings:  # in ratio terms (point times e^(-+w/point)): a wide one never reaches zero or below
-        lo, hi = min(lo, point * float(np.exp(-w / point))), max(hi, point * float(np.exp(w / point)))
-    return point, float(lo), float(hi)
+    parts = {key: _Pair.of(b, o, blocks, n_boot, seed) for key, (b, o, blocks) in pairs.items()}
+    pooled = between_block_variance(parts)
+    return {key: part.interval(*pooled[key]) for key, part in parts.items()}
+
+
+@dataclass
+class _Pair:
+    """One speedup's pieces before the block variance is pooled: the point, the bootstrap's interval and
+    its standard error (of the logarithm), the blocks' own log speedups with their rounds, the halves' check."""
+
+    point: float
+    lo: float = float("nan")
+    hi: float = float("nan")
+    within: float = float("nan")  # standard error of log(point) from the rounds (resampled within blocks)
+    n: int = 0
+    block_logs: tuple = ()  # log speedup of each block of MIN_BLOCK_ROUNDS rounds or more
+    block_ids: tuple = ()  # those blocks' labels
+    block_rounds: tuple = ()
+    drift: float = 0.0  # one standard error of the halves' disagreement, in ratio terms
+
+    @classmethod
+    def of(cls, baseline, other, blocks, n_boot: int, seed: int) -> "_Pair":
+        b = np.asarray(baseline, dtype=np.float64)
+        o = np.asarray(other, dtype=np.float64)
+        n = min(b.size, o.size)
+        if n == 0:
+            return cls(float("nan"))
+        b, o = b[:n], o[:n]
+        point = float(np.median(b) / np.median(o))
+        if n < 3:
+            return cls(point, n=n)
+        labels = np.asarray(list(blocks)[:n]) if blocks is not None else np.zeros(n, dtype=int)
+        if labels.size < n:  # rounds of no known block: one of their own
+            labels = np.concatenate([labels, np.full(n - labels.size, -1)])
+        strata = [np.flatnonzero(labels == k) for k in np.unique(labels)]
+        med_b, med_o = resampled_medians([b, o], n_boot, np.random.default_rng(seed),
+                                         strata if len(strata) > 1 else None)
+        ratios = med_b / med_o
+        lo, hi = np.percentile(ratios, [2.5, 97.5])
+        within = float(np.std(np.log(ratios), ddof=1))
+        full = [(k, i) for k, i in zip(np.unique(labels), strata) if i.size >= MIN_BLOCK_ROUNDS]
+        logs = tuple(float(np.log(np.median(b[i]) / np.median(o[i]))) for _, i in full)
+        drift = 0.0
+        if n >= 2 * MIN_BLOCK_ROUNDS:  # the stretch's two halves, adjacent in time: a drift check, one standard error
+            drift = _block_standard_error(b, o, [slice(0, n // 2), slice(n // 2, n)])
+        return cls(point, float(lo), float(hi), within, n, logs, tuple(int(k) for k, _ in full),
+                   tuple(i.size for _, i in full), drift)
+
+    @property
+    def block_variance(self) -> float:
+        """The variance of this pair's block log speedups (NaN with fewer than two blocks)."""
+        return float(np.var(self.block_logs, ddof=1)) if len(self.block_logs) > 1 else float("nan")
+
+    @property
+    def excess(self) -> tuple[float, int]:
+        """The variance of this pair's block log speedups beyond what their rounds explain, and its
+        degrees of freedom (0 with fewer than two blocks)."""
+        k = len(self.block_logs)
+        if k < 2 or not self.within == self.within:
+            return 0.0, 0
+        rounds_part = float(np.mean([self.within ** 2 * self.n / m for m in self.block_rounds]))
+        return self.block_variance - rounds_part, k - 1
+
+    def interval(self, between: float, df: int) -> tuple[float, float, float]:
+        point = self.point
+        if not self.within == self.within:
+            return point, self.lo, self.hi
+        k = max(1, len(self.block_logs))
+        block_term = between / k if df else 0.0
+        variance = self.within ** 2 + block_term
+        rounds_df = max(1, self.n - k)
+        df_eff = variance ** 2 / ((block_term ** 2 / df if df else 0.0) + self.within ** 4 / rounds_df) \
+            if variance > 0 else rounds_df
+        w = t_quantile(0.975, df_eff) * float(np.sqrt(variance))
+        lo, hi = min(self.lo, point * float(np.exp(-w))), max(self.hi, point * float(np.exp(w)))
+        if self.drift:  # in ratio terms (point times e^(-+w/point)): a wide one never reaches zero or below
+            lo, hi = min(lo, point * float(np.exp(-self.drift / point))), max(hi, point * float(np.exp(self.drift / point)))
+        return point, float(lo), float(hi)
+
+
+HETEROGENEITY_LEVEL = 0.99  # a pair's blocks scatter beyond the pool's at this F quantile: it keeps its own estimate
+
+
+def between_block_variance(parts: dict) -> dict:
+    """Per pair (``{key: _Pair}``), the variance of a block's log speedup beyond its rounds' noise to use,
+    and its degrees of freedom: pooled over the pairs (weighted by their degrees of freedom; never below
+    0), save those whose blocks scatter significantly more than the rest of the pool's, which keep their
+    own. ``(0, 0)`` where nothing in the group has two blocks."""
+    from scipy.stats import f
+
+    excess = {k: p.excess for k, p in parts.items()}
+    total = {k: p.block_variance for k, p in parts.items()}
+    pool = {k for k, (_, d) in excess.items() if d > 0}
+    while len(pool) > 1:  # leave out the pair that stands out most, until none does
+        worst, worst_ratio = None, 1.0
+        for k in pool:
+            rest_df = sum(excess[j][1] for j in pool if j != k)
+            rest = sum(total[j] * excess[j][1] for j in pool if j != k) / rest_df
+            ratio = total[k] / rest if rest > 0 else float("inf")
+            if ratio > f.ppf(HETEROGENEITY_LEVEL, excess[k][1], rest_df) and ratio > worst_ratio:
+                worst, worst_ratio = k, ratio
+        if worst is None:
+            break
+        pool.discard(worst)
+    df = sum(excess[k][1] for k in pool)
+    between = max(0.0, sum(excess[k][0] * excess[k][1] for k in pool) / df) if df else 0.0
+    df = _shared_degrees_of_freedom([parts[k] for k in pool], df)
+    return {k: ((max(0.0, excess[k][0]), excess[k][1]) if excess[k][1] and k not in pool else (between, df))
+            for k in parts}
+
+
+def _shared_degrees_of_freedom(pool: list, df: int) -> float:
+    """The degrees of freedom of the pooled block variance, less what the pairs share.
+
+    Every speedup of a group is over the same baseline rounds: the baseline's process effects (and
+    its rounds' noise) enter every pair's blocks alike, so that part of the pooled variance has only
+    the blocks' own degrees of freedom, however many pairs there are. How much of it is shared is
+    what the pairs' block deviations have in common (their mean cross-product over their mean
+    square); Satterthwaite's formula then weighs the shared part's few degrees of freedom and the
+    rest's many."""
+    devs = []
+    for p in pool:
+        mean = float(np.mean(p.block_logs))
+        devs.append({k: v - mean for k, v in zip(p.block_ids, p.block_logs)})
+    if len(devs) < 2 or not df:
+        return df
+    cross, square = [], [sum(v * v for v in d.values()) / (len(d) - 1) for d in devs]
+    for i in range(len(devs)):
+        for j in range(i + 1, len(devs)):
+            common = devs[i].keys() & devs[j].keys()
+            if len(common) > 1:
+                cross.append(sum(devs[i][k] * devs[j][k] for k in common) / (len(common) - 1))
+    if not cross or not np.mean(square) > 0:
+        return df
+    shared = min(1.0, max(0.0, float(np.mean(cross) / np.mean(square))))
+    own_df = max(1, int(np.median([len(d) for d in devs])) - 1)  # the blocks of one pair
+    return 1.0 / (shared ** 2 / own_df + (1 - shared) ** 2 / df)
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -149,17 +279,22 @@ def disturbed(samples: list[float]) -> list[bool]:
 BOOT_CHUNK = 1 << 21  # resampled values held at once (16 MB of indices), however many rounds a side has
 
 
-def resampled_medians(arrays: list, n_boot: int, rng) -> list:
+def resampled_medians(arrays: list, n_boot: int, rng, strata: list | None = None) -> list:
     """The medians of ``n_boot`` bootstrap resamples of each of ``arrays`` (of one length), resampled
     jointly: resample ``i`` takes the same indices from every array, so paired rounds stay paired.
-    Drawn a block of resamples at a time so that memory stays bounded (the same draws, in the same
-    order, as one ``(n_boot, n)`` array of indices). The project's one bootstrap."""
+    With ``strata`` (index arrays that partition the rounds: a group's worker processes) each
+    resample draws every stratum's rounds from that stratum alone. Drawn a block of resamples at a
+    time so that memory stays bounded (without strata, the same draws, in the same order, as one
+    ``(n_boot, n)`` array of indices). The project's one bootstrap."""
     n = len(arrays[0])
     rows = max(1, BOOT_CHUNK // n)
     out = [np.empty(n_boot) for _ in arrays]
     for start in range(0, n_boot, rows):
         k = min(rows, n_boot - start)
-        idx = rng.integers(0, n, size=(k, n))
+        if strata is None:
+            idx = rng.integers(0, n, size=(k, n))
+        else:
+            idx = np.concatenate([s[rng.integers(0, s.size, size=(k, s.size))] for s in strata], axis=1)
         for x, med in zip(arrays, out):
             med[start:start + k] = np.median(x[idx], axis=1)
     return out
@@ -221,9 +356,10 @@ class StopRule:
     ``"pass"``), up to ``pass_limit`` passes and the time cap, for the cells in ``pending``
     (those still short of it) and the baseline: a cell whose speedup is precise is done.
 
-    ``interval(baseline_samples, samples, blocks=...) -> (point, lo, hi)`` is the interval the
-    results report (the paired bootstrap over blocks), so stopping for precision and the
-    ``precision_met`` column agree by construction. It costs milliseconds, too much for
+    ``intervals({cell: (baseline_samples, samples, blocks)}) -> {cell: (point, lo, hi)}`` gives the
+    intervals the results report (:func:`speedup_intervals`: the variation between blocks pooled over
+    the group's speedups, the cells a later pass no longer times included), so stopping for precision
+    and the ``precision_met`` column agree by construction. It costs milliseconds, too much for
     every round of a long group, so a cell found short of the target is only re-checked once
     its rounds reach where the shrinking of the interval (as one over the root of the rounds)
     predicts the target, and at most RECHECK_GROWTH times later.
@@ -235,13 +371,13 @@ class StopRule:
     After ``done`` returns True, ``reason`` (a :class:`StopReason`) says why; ``widths`` holds each cell's
     relative half-width at its last check."""
 
-    def __init__(self, timing: TimingRules, interval: Callable[..., tuple[float, float, float]] | None = None):
+    def __init__(self, timing: TimingRules, intervals: Callable[[dict], dict] | None = None):
         """``timing``: the group's timing settings with their derived rules (a ``TimingConfig``);
-        ``interval``: what reports a speedup's interval, needed with a precision target."""
-        if timing.speedup_precision is not None and interval is None:
+        ``intervals``: what reports the group's speedups with their intervals, needed with a precision target."""
+        if timing.speedup_precision is not None and intervals is None:
             raise HarnessError("a precision target needs the interval function that reports the speedups")
         self.timing = timing
-        self.interval = interval
+        self.intervals = intervals
         self.pass_index = 0  # the pass under way, from 0
         self.n_cells = 0  # the most cells seen in one call: the cap's multiplier
         self.reason: StopReason | None = None
@@ -283,12 +419,13 @@ class StopRule:
         self._pass_start = {c: len(s) for c, s in samples.items()}
 
     def done(self, samples: dict[str, list[float]], inner: dict[str, int], baseline: str | None,
-             elapsed_s: float, blocks=None) -> bool:
+             elapsed_s: float, blocks=None, settled: dict[str, list[float]] | None = None) -> bool:
         """True when the rounds so far (per-call seconds per round, by cell id; all passes) are
         enough, for now (``reason`` ``"pass"``) or for good.
 
         ``elapsed_s``: the seconds the group's rounds took so far, all passes; ``blocks``: each
-        round's block label, for the interval."""
+        round's block label, for the intervals; ``settled``: the rounds of the group's cells this
+        pass no longer times (their speedups were precise), which the intervals pool over too."""
         self.n_cells = max(self.n_cells, len(samples))
         capped = elapsed_s >= self.timing.max_time_s * max(1, self.n_cells)
         if self._floor(samples, inner):
@@ -299,7 +436,7 @@ class StopRule:
                 self.reason = StopReason.FLOOR
                 return True
             if self.timing.pass_limit > 1:  # the pass has its rounds; what it lacks, only another pass can give
-                self.pending = self._short(samples, baseline, blocks)
+                self.pending = self._short(samples, baseline, blocks, settled or {})
                 if not self.pending:
                     self.reason = StopReason.TARGET
                 elif self.pass_index + 1 < self.timing.pass_limit and not capped:
@@ -307,7 +444,7 @@ class StopRule:
                 else:
                     self.reason = StopReason.CAP
                 return True
-            if self._precise(samples, baseline, blocks):
+            if self._precise(samples, baseline, blocks, settled or {}):
                 self.reason = StopReason.TARGET
                 return True
         if capped:
@@ -326,39 +463,42 @@ class StopRule:
                 return False
         return True
 
-    def _short(self, samples: dict[str, list[float]], baseline: str, blocks) -> set[str]:
-        """The cells whose speedup's interval is not yet within the target (every one is checked)."""
+    def _check(self, samples: dict[str, list[float]], baseline: str, blocks, settled: dict) -> set[str]:
+        """The cells of ``samples`` whose speedup's interval is not yet within the target; every interval
+        computed at once (their block variation is pooled), each cell's width kept."""
+        base = samples[baseline]
+        pairs = {c: (base, s, blocks) for c, s in {**settled, **samples}.items() if c != baseline}
         short = set()
-        for c in samples:
-            if c != baseline:
-                n = min(len(samples[baseline]), len(samples[c]))
-                point, lo, hi = self.interval(samples[baseline], samples[c], blocks=blocks)
-                self.n_checks += 1
-                self.widths[c] = half_width(point, lo, hi)
-                if not precision_met(point, lo, hi, n, self.target):
-                    short.add(c)
+        for c, (point, lo, hi) in self.intervals(pairs).items():
+            if c not in samples:
+                continue
+            self.n_checks += 1
+            self.widths[c] = half_width(point, lo, hi)
+            if not precision_met(point, lo, hi, min(len(base), len(samples[c])), self.target):
+                short.add(c)
         return short
 
-    def _precise(self, samples: dict[str, list[float]], baseline: str, blocks) -> bool:
-        """Every speedup's interval within the target; the cell last found short is checked first."""
-        base = samples[baseline]
-        cells = sorted((c for c in samples if c != baseline), key=lambda c: -self._next_check.get(c, 0))
-        for c in cells:
-            n = min(len(base), len(samples[c]))
-            if n < max(MIN_PRECISION_ROUNDS, self._next_check.get(c, 0)):
-                return False
-            point, lo, hi = self.interval(base, samples[c], blocks=blocks)
-            self.n_checks += 1
-            w = self.widths[c] = half_width(point, lo, hi)
-            if not precision_met(point, lo, hi, n, self.target):
-                predicted = n * (w / self.target) ** 2 if w == w else n + 1
-                self._next_check[c] = int(min(max(predicted, n + 1), n * RECHECK_GROWTH + 1))
-                return False
-        return True
+    def _short(self, samples: dict[str, list[float]], baseline: str, blocks, settled: dict) -> set[str]:
+        """The cells whose speedup's interval is not yet within the target (every one is checked)."""
+        return self._check(samples, baseline, blocks, settled)
+
+    def _precise(self, samples: dict[str, list[float]], baseline: str, blocks, settled: dict) -> bool:
+        """Every speedup's interval within the target, checked once every cell has the rounds its last
+        check predicted it needs."""
+        n_base = len(samples[baseline])
+        cells = [c for c in samples if c != baseline]
+        if any(min(n_base, len(samples[c])) < max(MIN_PRECISION_ROUNDS, self._next_check.get(c, 0)) for c in cells):
+            return False
+        short = self._check(samples, baseline, blocks, settled)
+        for c in short:
+            n, w = min(n_base, len(samples[c])), self.widths[c]
+            predicted = n * (w / self.target) ** 2 if w == w else n + 1
+            self._next_check[c] = int(min(max(predicted, n + 1), n * RECHECK_GROWTH + 1))
+        return not short
 
 
 def stop_rule(timing: TimingRules) -> StopRule:
     """A fresh stop rule for one group timed with ``timing`` (its ``TimingConfig``).
 
-    A precision target reads the speedups' intervals through :func:`paired_speedup`."""
-    return StopRule(timing, paired_speedup if timing.speedup_precision is not None else None)
+    A precision target reads the speedups' intervals through :func:`speedup_intervals`."""
+    return StopRule(timing, speedup_intervals if timing.speedup_precision is not None else None)

@@ -30,17 +30,18 @@ class TimingRules:
     @property
     def pass_rounds(self) -> int:
         """Rounds every pass over a group takes at least: its share of ``min_rounds`` and, when the
-        rounds fall into several blocks (processes, passes), MIN_BLOCK_ROUNDS per block of the pass."""
+        rounds fall into several blocks (worker processes, of one pass or several), MIN_BLOCK_ROUNDS
+        per process of the pass."""
         share = -(-self.min_rounds // self.passes)
-        if self.passes * self.processes > 1:
-            share = max(share, MIN_BLOCK_ROUNDS * self.processes)
+        if self.passes * self.processes_per_pass > 1:
+            share = max(share, MIN_BLOCK_ROUNDS * self.processes_per_pass)
         return share
 
     @property
     def processes_per_pass(self) -> int:
         """How many fresh worker processes a timed cell starts in each pass (they take its rounds in turn):
         the setting ``processes`` (per pass), or more where the setting ``min_processes`` (over all
-        ``passes``) asks for more; the blocks of a speedup's interval stay ``processes``'."""
+        ``passes``) asks for more; each one is a block of a speedup's interval."""
         return max(self.processes, -(-self.min_processes // self.passes))
 
     def round_process(self, n_pass: int, n_round: int) -> int:
@@ -49,7 +50,8 @@ class TimingRules:
         return n_pass * self.processes_per_pass + n_round % self.processes_per_pass
 
     def round_block(self, n_pass: int, n_round: int) -> int:
-        """The block of the ``n_round``-th round (from 0) of the ``n_pass``-th pass (from 0): the pass's
-        worker process that takes it (round ``i`` of a pass runs in its process ``i % processes``),
-        numbered across passes, as :func:`harness.run.stats.paired_speedup` reads it."""
-        return n_pass * self.processes + n_round % self.processes
+        """The block of the ``n_round``-th round (from 0) of the ``n_pass``-th pass (from 0), as
+        :func:`harness.run.stats.speedup_intervals` reads it: the worker process that took it
+        (:meth:`round_process`), since every fresh process is an independent draw of what its rounds
+        cannot resample."""
+        return self.round_process(n_pass, n_round)
