@@ -148,3 +148,35 @@ def test_a_group_run_varies_and_records_each_rounds_order(fake_backends, write_c
     t = harness.load_run(tmp_path / "run").timings.set_index("backend").sort_values("variant")
     plain, slow = (list(v) for v in t["samples_position"])
     assert plain == [0, 1, 1, 0, 0, 1, 1, 0, 0, 1][:len(plain)] and [1 - p for p in plain] == slow
+
+
+def test_baseline_twice_times_the_baseline_again_as_an_a_a_check(fake_backends, write_config, tmp_path):
+    """``baseline_twice: true`` adds the baseline's second copy (``ref#2``) to every group, timed in
+    processes of its own; its row says which copy it is, its label ends in #2, and its speedup over the
+    baseline holds 1. A copy is named after its original, which must come first."""
+    import harness
+    from harness.config import load_config
+    from harness.results.labels import backend_label
+    from harness.results.store import RunStore
+    from harness.run.runner import Runner, new_run_meta
+    from harness.spec.errors import HarnessError
+
+    head = ("name: aa\nseed: 1\nmodel: {kind: elman, hidden: 8}\n"
+            "task: {kind: random, vocab: 20, seq_len: 6, n_sequences: 16, n_eval: 8}\nworkloads: [train_step]\n"
+            "batch: [2]\ntiming: {warmup: 1, min_rounds: 4, min_time_s: 0.05, max_time_s: 1, timeout_s: 60}\n")
+    cfg = load_config(write_config(head + "backends: [ref, 'ref:slow']\nbaseline_twice: true\n"))
+    assert [c.backend for c in cfg.cells()] == ["ref", "ref:slow", "ref#2"]
+    assert [c.copy for c in cfg.cells()] == [1, 1, 2] and len({c.cell_id for c in cfg.cells()}) == 3
+    with pytest.raises(HarnessError, match=r"backends\[0\]: 'ref:slow#2' is a copy of 'ref:slow'; expected 'ref:slow'"):
+        load_config(write_config(head + "backends: ['ref:slow#2', ref]\n"))
+    with pytest.raises(HarnessError, match="expected a copy number from 2 to 9"):
+        load_config(write_config(head + "backends: [ref, 'ref#x']\n"))
+    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+    runner = Runner(cfg, store)
+    runner.gemm_peaks = {"float32|threads=1": 1.0}
+    runner.run()
+    t = harness.load_run(tmp_path / "run").timings
+    assert list(backend_label(t)) == ["ref", "ref:slow", "ref#2"]
+    aa = t[backend_label(t) == "ref#2"].iloc[0]
+    assert aa["status"] == "ok" and aa["backend"] == "ref" and aa["copy"] == 2
+    assert 0.7 < aa["speedup"] < 1.4 and aa["speedup_lo"] < aa["speedup"] < aa["speedup_hi"]  # the same code

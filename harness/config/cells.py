@@ -36,11 +36,13 @@ class Cell:
     # (the setting the ratios are against), e.g. (("dtype", "float32"),)
     paired: tuple = ()
     clean_env: bool = False  # its worker inherits none of the caller's steering variables (config clean_env)
+    copy: int = 1  # a second copy of a backend (``numpy#2``: an A/A check) is a cell of its own
 
     @property
     def backend(self) -> str:
-        """The backend's canonical name (``jax:unroll=4@0.4.38``), as runs and tables record it."""
-        return self.ref.full
+        """The backend's canonical name (``jax:unroll=4@0.4.38``), as runs and tables record it, with its
+        copy (``numpy#2``) for a copy."""
+        return copy_name(self.ref.full, self.copy)
 
     @property
     def key(self) -> "CellKey":
@@ -218,11 +220,12 @@ class RunConfig:
                                scale)
                 paired = tuple((k, (r.dtype if k == "dtype" else r.threads)[0]) for k in r.pair_over)
                 for b in order:
-                    cells.append(Cell(ref=BackendRef.parse(b), problem=prob, task=task, threads=threads,
+                    name, copy = split_copy(b)
+                    cells.append(Cell(ref=BackendRef.parse(name), problem=prob, task=task, threads=threads,
                                       point=point["values"], train=point["train"], timing=point["timing"],
                                       baseline=baseline, env=dict(r.env), seed=r.seed,
                                       task_sha256=point.get("task_sha256"), paired=paired,
-                                      clean_env=r.cleans(b)))
+                                      clean_env=r.cleans(name), copy=copy))
         # the same measurement asked for twice (a repeated sweep value, a document repeating another) runs
         # once; a group's cells stay together in the order their group first appears
         groups: dict[CellKey, dict[str, Cell]] = {}
@@ -313,9 +316,28 @@ def device_baselines(raw: RawConfig) -> dict[str, str]:
     return out
 
 
+def split_copy(full_name: str) -> tuple[str, int]:
+    """A configured backend's name and copy: ``"numpy#2"`` -> ``("numpy", 2)``, ``"numpy"`` -> ``("numpy", 1)``.
+
+    A copy is the same backend timed again as a cell of its own, in processes of its own, beside the
+    first: its speedup over that one is an A/A check (it must hold 1), which ``baseline_twice`` asks
+    for the baseline."""
+    name, sep, copy = str(full_name).rpartition("#")
+    if not sep:
+        return str(full_name), 1
+    if not (copy.isdigit() and 2 <= int(copy) <= 9 and name):
+        raise HarnessError(f"backend {full_name!r}: expected a copy number from 2 to 9 after '#' (numpy#2)")
+    return name, int(copy)
+
+
+def copy_name(full_name: str, copy: int) -> str:
+    """The name of the ``copy``-th copy of a backend (the backend's own name for the first)."""
+    return full_name if copy == 1 else f"{full_name}#{copy}"
+
+
 def _devices_of(full_name: str) -> tuple[str, ...]:
     """The devices a backend implements (none when it cannot be imported here)."""
     try:
-        return BackendRef.parse(full_name).backend_class().devices
+        return BackendRef.parse(split_copy(full_name)[0]).backend_class().devices
     except HarnessError:
         return ()

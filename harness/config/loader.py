@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from harness.config.cells import RunConfig
+from harness.config.cells import RunConfig, copy_name, device_baselines, split_copy
 from harness.config.schema import RawConfig, clean_env_base, format_pydantic
 from harness.config.strict_yaml import parse_yaml
 from harness.config.sweeps import MAX_CELLS, check_sweep, sweep_points
@@ -175,9 +175,14 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None, bas
     versions = _versions(raw, path, {} if backends_override else own or source)
     for i, name in enumerate(raw.backends):
         try:
-            raw.backends[i] = registry.validate_name(name, versions)
+            plain, copy = split_copy(name)
+            canonical = registry.validate_name(plain, versions)
         except HarnessError as exc:
             raise HarnessError(f"{path}: backends[{i}]: {exc}") from None
+        raw.backends[i] = copy_name(canonical, copy)
+        if copy > 1 and copy_name(canonical, copy - 1) not in raw.backends[:i]:
+            raise HarnessError(f"{path}: backends[{i}]: {name!r} is a copy of {plain!r}; expected "
+                               f"{copy_name(plain, copy - 1)!r} before it in the list")
     if len(set(raw.backends)) != len(raw.backends):
         raise HarnessError(f"{path}: backends: each backend may appear once")
     if isinstance(raw.baseline, dict):
@@ -187,6 +192,10 @@ def _load_part(source: dict, path: str, backends_override: list[str] | None, bas
         raw.baseline = {d: _check_baseline(raw, b, f"{path}: baseline.{d}", versions) for d, b in raw.baseline.items()}
     elif raw.baseline is not None:
         raw.baseline = _check_baseline(raw, raw.baseline, f"{path}: baseline", versions)
+    if raw.baseline_twice:  # an A/A check: the baseline again, as a cell of its own, beside itself
+        for b in device_baselines(raw).values():
+            if copy_name(b, 2) not in raw.backends:
+                raw.backends.append(copy_name(b, 2))
 
     if "train" not in raw.workloads:
         # a train setting of a document that trains nothing would only tell apart cells that measure the same

@@ -119,6 +119,10 @@ class RawConfig(_Strict):
     threads: IntOrList = 1
     backends: list[str] = Field(..., min_length=1)
     baseline: Optional[Union[str, dict[str, str]]] = None  # one name, or one per device {cpu: ..., gpu: ...}
+    # an A/A check: the baseline timed a second time as a cell of its own (named baseline#2) in every
+    # group; its speedup over the baseline must hold 1, and how far its interval reaches is this
+    # machine's noise on a ratio
+    baseline_twice: bool = False
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
     device: StrOrList = "cpu"
     timing: TimingConfig = Field(default_factory=TimingConfig)

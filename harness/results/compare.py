@@ -32,7 +32,7 @@ from harness.spec.status import Status, FAILED
 # change between the runs: that is what a comparison is for)
 IDENTITY_COLUMNS = ["backend", "variant", "pins", "device", "model", "task", "workload", "dtype", "batch", "seq_len",
                     "input_size", "hidden_size", "output_size", "threads", "bptt", "layers", "activation", "head",
-                    "output_act", "peephole", "bias", "tokens"]
+                    "output_act", "peephole", "bias", "tokens", "copy"]
 ALPHA = 0.05
 
 
@@ -110,7 +110,7 @@ def _cell_name(row) -> str:
 def _identity(row) -> tuple:
     from harness.results.labels import optional_text
 
-    return tuple(optional_text(row.get(c)) if c == "pins" else str(row.get(c)) for c in IDENTITY_COLUMNS)
+    return tuple(optional_text(row.get(c)) if c in ("pins", "copy") else str(row.get(c)) for c in IDENTITY_COLUMNS)
 
 
 def _match(a: pd.DataFrame, b: pd.DataFrame) -> tuple[list[tuple[int, int]], list[int], list[int]]:

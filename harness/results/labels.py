@@ -19,7 +19,13 @@ def backend_name(row) -> str:
 
     base = backends.full_name(row["backend"], row["variant"])
     pins = optional_text(row.get("pins"))
-    return f"{base}@{pins}" if pins else base
+    return copy_suffix(f"{base}@{pins}" if pins else base, row.get("copy"))
+
+
+def copy_suffix(name: str, copy) -> str:
+    """``name`` of a backend's copy (``numpy#2``, an A/A check); ``name`` itself for the first."""
+    text = optional_text(copy)
+    return f"{name}#{int(float(text))}" if text else name
 
 
 def backend_label(df: pd.DataFrame) -> pd.Series:
@@ -42,6 +48,8 @@ def backend_label(df: pd.DataFrame) -> pd.Series:
     for label, p in zip(labels, pins):
         sets.setdefault(label, set()).add(p)
     labels = [f"{b}@{p}" if p and len(sets[label]) > 1 else label for b, p, label in zip(base, pins, labels)]
+    copies = df["copy"] if "copy" in df else [None] * len(df)
+    labels = [copy_suffix(label, c) for label, c in zip(labels, copies)]
     return pd.Series(labels, index=df.index, dtype=object)
 
 

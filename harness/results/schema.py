@@ -39,6 +39,7 @@ def cell_columns(cell, host: str | None = None) -> dict:
         "reset_after": m.reset_after if m.kind == "gru" else None, "bidirectional": m.bidirectional, "sweep": json.dumps(cell.point, default=str),
         "host": host,  # a run spread over a cluster names where each cell ran
         "pins": pins, "backend_version": split_pin_items(pins)[0] if pins else None,  # rows.py: the version it ran with
+        "copy": cell.copy if cell.copy > 1 else None,  # numpy#2: the backend timed again beside itself (A/A)
     }
 
 
@@ -90,6 +91,8 @@ TIMING_COLUMNS = [
     *VERSION_COLUMNS,
     *PROCESS_COLUMNS,
     *GUARD_COLUMNS,
+    # a backend's second copy in its group (numpy#2, an A/A check; None for the first): labels end in #2
+    "copy",
 ]
 
 # The rows that share one baseline cell and one speedup column: a comparison group, split by the settings

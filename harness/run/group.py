@@ -343,7 +343,7 @@ class GroupRun:
             if environment and envs.env_python(environment) is None:
                 describe(f"creating isolated environment {environment!r} (first use)")
             env, outcome.steering = process_environ(environment, settings, cell.env, cell.clean_env)
-            worker = WorkerProcess(environment, env, cell.backend, recorded=settings, record=record)
+            worker = WorkerProcess(environment, env, cell.ref.full, recorded=settings, record=record)
         except HarnessError as exc:
             outcome.status, outcome.error = Status.UNAVAILABLE, str(exc)
             return None, outcome
@@ -351,7 +351,7 @@ class GroupRun:
         timing = cell.timing
         try:
             describe(f"{cell.backend}: starting")
-            init = worker.request(protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed,
+            init = worker.request(protocol.Init(cell.ref.full, p.to_mapping(), cell.task.to_mapping(), cell.seed,
                                                 cell.train.lr), timing.timeout_s)
             outcome.versions, outcome.data_meta, outcome.blas = init.body.versions, init.body.data_meta, init.body.blas
             describe(f"{cell.backend}: compiling / warming up")
