@@ -187,7 +187,8 @@ class RunConfig:
 
     @property
     def backends(self) -> list[str]:
-        return list(dict.fromkeys(b for raw, _ in self.parts for b in raw.backends))
+        """The backends the config names, each once (a copy, ``numpy#2``, is a cell of its backend)."""
+        return list(dict.fromkeys(split_copy(b)[0] for raw, _ in self.parts for b in raw.backends))
 
     @property
     def task_files(self) -> dict[str, str]:
@@ -221,6 +222,8 @@ class RunConfig:
                 paired = tuple((k, (r.dtype if k == "dtype" else r.threads)[0]) for k in r.pair_over)
                 for b in order:
                     name, copy = split_copy(b)
+                    if copy > 1 and workload == "train":  # an A/A check is of a speedup: a training curve is not timed in turn
+                        continue
                     cells.append(Cell(ref=BackendRef.parse(name), problem=prob, task=task, threads=threads,
                                       point=point["values"], train=point["train"], timing=point["timing"],
                                       baseline=baseline, env=dict(r.env), seed=r.seed,
