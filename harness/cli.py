@@ -199,6 +199,7 @@ def _print_summary(store):
     from harness.results.labels import backend_label
     from harness.results.report import precision_note, spread_warnings
     from harness.results import caveats
+    from harness.results.labels import MISSED_NAME
     from harness.results.terminal import MISSED_MARK, print_summary
     import pandas as pd
 
@@ -212,7 +213,7 @@ def _print_summary(store):
     _print_device_ratios(df)
     note = precision_note(df, MISSED_MARK)
     if note:
-        err_console.print(f"[yellow]loose:[/] {escape(note)}", highlight=False)
+        err_console.print(f"[yellow]{MISSED_NAME}:[/] {escape(note)}", highlight=False)
     for w in spread_warnings(store.timings):
         err_console.print(f"[yellow]noisy:[/] {escape(w)}", highlight=False)
 

@@ -12,7 +12,7 @@ The opening marker names the kind of table, the run folder(s) it reads (comma-se
 
 * ``speedups RUNS [device=cpu|gpu] [workload=W] [threads=column]``: a row per comparison group, a
   column per backend; the baseline's cell is ``1 (its median)``, the others the speedup with its
-  95% interval, ``*`` where the interval missed its precision target, the cell's status, or
+  95% interval, ``†`` where the interval missed its precision target (target not met), the cell's status, or
   ``not in config`` where the row's group had no such backend.
 * ``ms RUNS``: like ``speedups``, with each cell's milliseconds per call instead of its speedup
   (for comparing problems with one another on one backend: a GRU's step against an LSTM's).
@@ -49,6 +49,7 @@ import pandas as pd
 from harness.spec import writes
 from harness.spec.dtype import DType
 from harness.spec.errors import HarnessError
+from harness.results.labels import MISSED_MARK, imprecise
 from harness.results.schema import SPEEDUP_BLOCK, setting_values
 from harness.spec.status import Status
 
@@ -102,9 +103,8 @@ def _speedup(r) -> str:
     s = f"{r['speedup']:.2f}x"
     if _ok(r.get("speedup_lo")) and _ok(r.get("speedup_hi")):
         s += f" [{r['speedup_lo']:.2f}, {r['speedup_hi']:.2f}]"
-    met = r.get("precision_met")
-    if _ok(met) and not bool(met):
-        s += " *"
+    if imprecise(r):
+        s += f" {MISSED_MARK}"
     return s
 
 

@@ -180,3 +180,46 @@ def test_baseline_twice_times_the_baseline_again_as_an_a_a_check(fake_backends, 
     aa = t[backend_label(t) == "ref#2"].iloc[0]
     assert aa["status"] == "ok" and aa["backend"] == "ref" and aa["copy"] == 2
     assert 0.7 < aa["speedup"] < 1.4 and aa["speedup_lo"] < aa["speedup"] < aa["speedup_hi"]  # the same code
+
+
+def test_target_not_met_is_marked_alike_in_the_terminal_report_plots_and_multi_run_report(tmp_path):
+    """One mark and one name: the terminal's text, the report's cells, the speedup plot's labels and the
+    multi-run report's count per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import harness
+    from harness.results import plots
+    from harness.results.labels import MISSED_MARK, MISSED_NAME, imprecise
+    from harness.results.multi import _missed_count
+    from harness.results.report import fmt_speedup
+
+    from pathlib import Path
+
+    t = harness.load_run(Path(__file__).resolve().parent.parent / "results" / "examples" / "quick").timings
+    row = next(r for r in t.to_dict("records") if imprecise(r))
+    assert f"{MISSED_MARK} target ±" in fmt_speedup(row) and MISSED_NAME.split()[-1] in fmt_speedup(row)
+    assert str(fmt_speedup(row, mark=True)).endswith(MISSED_MARK)
+    met = t.assign(precision_met=[True if m is not None and m == m else m for m in t["precision_met"]])
+    judged = int(t["precision_met"].notna().sum())
+    assert _missed_count(t) == f"{sum(imprecise(r) for r in t.to_dict('records'))} of {judged}"
+    assert _missed_count(met) == f"0 of {judged}"
+    drawn = []
+    real_save = plots._save
+
+    def keep(plt_, fig, axes, n, out, **kw):
+        drawn.extend(txt.get_text() for ax in fig.axes for txt in ax.texts + [ax.xaxis.label])
+        return real_save(plt_, fig, axes, n, out, **kw)
+
+    plots._save = keep
+    try:
+        plots.plot_speedup(t, tmp_path / "a.png")
+        assert any(s.endswith(f"x {MISSED_MARK}") for s in drawn) and any(MISSED_NAME in s for s in drawn)
+        drawn.clear()
+        plots.plot_speedup(met, tmp_path / "b.png")
+        assert not any(MISSED_MARK in s for s in drawn)
+    finally:
+        plots._save = real_save
+        plt.close("all")

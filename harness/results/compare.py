@@ -278,7 +278,9 @@ def _fmt_speedups(c: CellChange) -> str:
     def one(p, lo, hi):
         return fmt_ratio(p, lo, hi)
 
-    mark = {True: "overlap", False: "apart", None: ""}[c.speedups_agree] + (" (loose)" if c.loose else "")
+    from harness.results.labels import MISSED_MARK, MISSED_NAME
+
+    mark = {True: "overlap", False: "apart", None: ""}[c.speedups_agree] + (f" ({MISSED_MARK} {MISSED_NAME})" if c.loose else "")
     return (f"A {one(c.speedup_a, c.speedup_a_lo, c.speedup_a_hi)}\nB {one(c.speedup_b, c.speedup_b_lo, c.speedup_b_hi)}"
             + (f"\n{mark}" if mark else ""))
 

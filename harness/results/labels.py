@@ -13,6 +13,25 @@ def optional_text(v) -> str:
     return "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v)
 
 
+# A speedup whose 95% interval missed its precision target (timing.speedup_precision) is marked and
+# named so wherever a speedup is shown: the terminal, the report, the multi-run report, the page and the plots.
+MISSED_MARK = "†"
+MISSED_NAME = "target not met"
+
+
+def imprecise(row) -> bool:
+    """A speedup timed with a precision target that ran out of time (or passes) before reaching it."""
+    met = row.get("precision_met")
+    return met is not None and not pd.isna(met) and not bool(met)
+
+
+def missed_text(row) -> str:
+    """What the mark stands for on one row: ``† target ±2.0% not met (±3.1%)``."""
+    half = row.get("speedup_half_width")
+    reached = f" (±{half:.1%})" if half is not None and not pd.isna(half) else ""
+    return f"{MISSED_MARK} target ±{row['speedup_precision']:.1%} not met{reached}"
+
+
 def backend_name(row) -> str:
     """A row's backend as configs name it, ``name[:variant][@versions]``: what its ``baseline`` names."""
     import backends

@@ -120,7 +120,7 @@ def _by_run_section(timings: pd.DataFrame, run_ids: list[str]) -> list:
     """The cells the runs have in common, a row each: per run its median and its speedup over that run's own
     baseline, and each later run's time against the first run's (above 1: faster in the later run)."""
     from harness.results.labels import backend_label, fmt_ratio, group_label
-    from harness.results.report import MISSED_MARK, Heading, Hover, Para, Table, fmt_speedup, fmt_time
+    from harness.results.report import MISSED_MARK, MISSED_NAME, Heading, Hover, Para, Table, fmt_speedup, fmt_time
 
     df = timings[timings["workload"] != "train"].copy()
     if df.empty:
@@ -152,7 +152,7 @@ def _by_run_section(timings: pd.DataFrame, run_ids: list[str]) -> list:
                  f"run's own baseline (95% interval), then each later run's speedup over the first (the first run's "
                  "median over the later one's: above 1x, faster in the later run) with a 95% interval from "
                  "resampling each run's rounds on its own. Medians of different runs were not timed in turn: read "
-                 f"their ratio with the machines and days in mind. {MISSED_MARK}: the speedup's interval missed its "
+                 f"their ratio with the machines and days in mind. {MISSED_MARK} {MISSED_NAME}: the speedup's interval missed its "
                  "precision target."),
             Table(heads, rows, right=set(range(2, len(heads))))]
 
@@ -192,6 +192,14 @@ def _answer(timings: pd.DataFrame, run_ids: list[str], runs) -> list:
                   rows, right={2, 3, 4, 5, 6})]
 
 
+def _missed_count(timings: pd.DataFrame) -> str:
+    """``3 of 16``: a run's speedups that missed their precision target, of those timed with one."""
+    from harness.results.labels import imprecise
+
+    rows = [r for r in timings.to_dict("records") if r.get("precision_met") is not None and not pd.isna(r["precision_met"])]
+    return f"{sum(imprecise(r) for r in rows)} of {len(rows)}" if rows else "-"
+
+
 def _in_every_run(df: pd.DataFrame, n_runs: int) -> pd.Series:
     """Which rows are of a cell (:func:`harness.results.schema.cell_key`) that every one of the ``n_runs`` runs has."""
     return df.groupby(cell_key(df.columns), dropna=False)["run_id"].transform("nunique") == n_runs
@@ -204,7 +212,7 @@ def _run_keys(run_ids: list[str]) -> dict[str, str]:
 
 def build_multi_report(paths) -> tuple[str, list, pd.DataFrame]:
     from harness.results.labels import backend_label, group_label
-    from harness.results.report import Heading, Para, Table, fmt_speedup, fmt_time
+    from harness.results.report import MISSED_MARK, MISSED_NAME, Heading, Para, Table, fmt_speedup, fmt_time
 
     runs = _runs(paths)
     if len(runs) < 2:
@@ -215,11 +223,12 @@ def build_multi_report(paths) -> tuple[str, list, pd.DataFrame]:
     machines = machine_keys(runs)
     blocks: list = _answer(timings, run_ids, runs)
     blocks.append(Heading(2, "Runs"))
-    blocks.append(Table(["", "run", "config", "machine", "its float32 GEMM at start", "started", "cells", "state"],
+    blocks.append(Table(["", "run", "config", "machine", "its float32 GEMM at start", "started", "cells", "state",
+                         f"{MISSED_MARK} {MISSED_NAME}"],
                         [[keys[run.run_id], f"`{run.run_id}`", f"`{run.meta.get('config_path', '?')}`",
                           machines[machine_label(run.meta)], gemm_peak_text(run.meta).replace("float32 GEMM ", "") or "-",
                           str(run.meta.get("started", "?"))[:19].replace("T", " "), str(len(run.timings)),
-                          _state(run.meta)] for _, run in runs]))
+                          _state(run.meta), _missed_count(run.timings)] for _, run in runs]))
     blocks.append(Table(["machine", "what it is (host, CPU, cores, vector flags, GPU)"],
                         [[key, text] for text, key in machines.items()]))
     unfinished = [f"{keys[run.run_id]} ({_state(run.meta)})" for _, run in runs if _state(run.meta) != "finished"]

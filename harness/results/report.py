@@ -47,17 +47,16 @@ def spread_warnings(timings) -> list[str]:
     return warn
 
 
-MISSED_MARK = "†"  # a speedup whose interval missed its precision target, in the report's tables
+from harness.results.labels import MISSED_MARK, MISSED_NAME, imprecise, missed_text  # noqa: E402  (one home)
 
 
 def fmt_speedup(row, mark: bool = False) -> str:
     """``1.23x [1.10, 1.40]`` or ``-``; a speedup that stopped short of its precision target
-    says so: ``1.23x [1.10, 1.40] (±14%, target ±2% not met)``, or with ``mark`` (the report's
+    says so: ``1.23x [1.10, 1.40] † target ±2.0% not met (±14%)``, or with ``mark`` (the report's
     tables, whose legend explains it) ``1.23x [1.10, 1.40] †`` with the figures on hover."""
     out = _fmt_ratio(row.get("speedup"), row.get("speedup_lo"), row.get("speedup_hi"))
     if out != "-" and imprecise(row):
-        missed = f"±{_f(row.get('speedup_half_width'), '.1%')}, target ±{row['speedup_precision']:.1%} not met"
-        return Hover(f"{out} {MISSED_MARK}", missed) if mark else f"{out} ({missed})"
+        return Hover(f"{out} {MISSED_MARK}", missed_text(row)) if mark else f"{out} {missed_text(row)}"
     return out
 
 
@@ -87,13 +86,7 @@ def fmt_processes(row) -> str:
     return f"{int(n)} (spread {spread:.1%})" if _num(spread) else f"{int(n)}"
 
 
-def imprecise(row) -> bool:
-    """A speedup timed with a precision target that ran out of time (or passes) before reaching it."""
-    met = row.get("precision_met")
-    return met is not None and not pd.isna(met) and not bool(met)
-
-
-def precision_note(timings: pd.DataFrame, mark: str = "'not met'") -> str | None:
+def precision_note(timings: pd.DataFrame, mark: str = MISSED_MARK) -> str | None:
     """One sentence on the speedups that missed their precision target, or None when all met it."""
     if "precision_met" not in timings:
         return None
@@ -101,7 +94,7 @@ def precision_note(timings: pd.DataFrame, mark: str = "'not met'") -> str | None
     if not n:
         return None
     return (f"{n} speedup(s) hit max_time_s or max_passes before their 95% interval reached the precision target "
-            f"(marked {mark}): read them as loose, not as tight figures.")
+            f"(marked {mark} {MISSED_NAME}): read them as loose, not as tight figures.")
 
 
 def speedup_note(group: pd.DataFrame) -> str:
@@ -145,7 +138,7 @@ def _answer_section(timings: pd.DataFrame, meta: dict | None = None) -> list:
                      _first_line(not_run, 120)])
     return [Heading(2, "Answer")] + [Para(line) for line in caveats.lines(meta or {}, timings)] + [
             Para(f"Per comparison group: the fastest backend that ran (its median) and its speedup over the baseline "
-                 f"with the 95% interval; {MISSED_MARK}: the interval missed its precision target. Details in "
+                 f"with the 95% interval; {MISSED_MARK} {MISSED_NAME}: the interval missed its precision target. Details in "
                  "Results below."),
             Table(["problem", "fastest", "speedup [95% CI]", f"{MISSED_MARK} in group", "did not run"], rows,
                   right={2, 3})]
