@@ -179,6 +179,8 @@ def test_baseline_twice_times_the_baseline_again_as_an_a_a_check(fake_backends, 
     assert list(backend_label(t)) == ["ref", "ref:slow", "ref#2"]
     aa = t[backend_label(t) == "ref#2"].iloc[0]
     assert aa["status"] == "ok" and aa["backend"] == "ref" and aa["copy"] == 2
+    base = t[backend_label(t) == "ref"].iloc[0]
+    assert base["speedup"] == base["speedup_lo"] == base["speedup_hi"] == 1.0  # the baseline's own row: no pair
     assert 0.7 < aa["speedup"] < 1.4 and aa["speedup_lo"] < aa["speedup"] < aa["speedup_hi"]  # the same code
 
 

@@ -70,9 +70,10 @@ def _problem_rows(outcomes: list, meta: dict, gemm_peaks: dict | None, gpu_roofs
     base = next((o for o in outcomes if o.cell.backend == base_name), None)
     over = speedup_reference(outcomes, base)  # the baseline, or the fastest verified cell when it failed
     # every speedup of the problem at once: their intervals pool the variation between worker processes
+    # (the reference's own row is 1 with equal bounds: no pair, and nothing for the pool)
     intervals = speedup_intervals({o.cell.cell_id: (over.samples, o.samples, o.blocks) for o in outcomes
                                    if o.status == Status.OK and o.cell.problem.workload != "train"
-                                   and over is not None and o.samples})
+                                   and over is not None and o.samples and o is not over})
     rows, curves = [], []
     versions = meta.setdefault("versions", {})
     for o in outcomes:
@@ -90,7 +91,7 @@ def _problem_rows(outcomes: list, meta: dict, gemm_peaks: dict | None, gpu_roofs
         row.update(peak_columns(o.cell, gemm_peaks or {}, gpu_roofs))
         row["baseline_status"] = base.status if base is not None else "absent"
         if o.status == Status.OK and p.workload != "train" and over is not None and o.samples:
-            row["speedup"], row["speedup_lo"], row["speedup_hi"] = intervals[o.cell.cell_id]
+            row["speedup"], row["speedup_lo"], row["speedup_hi"] = intervals.get(o.cell.cell_id, (1.0, 1.0, 1.0))
             row["speedup_over"] = over.cell.backend
         row.update(precision_columns(o, over, row))
         row.update(process_columns(o))
