@@ -266,7 +266,8 @@ class GroupRun:
             me.resume()
             return me
 
-        start = None
+        rounds_s = 0.0  # this pass's seconds of rounds (the cap counts them, not the stop rule's own arithmetic)
+        began = None  # when the pass's rounds began (the machine's conditions are read over that window)
         positions = {cid: list(outcomes[cid].positions or []) for cid in workers}
         try:
             for cid in list(alive):
@@ -277,7 +278,6 @@ class GroupRun:
                 except WorkerFailure as exc:
                     fail(cid, exc)
             rule.start_pass(self.passes_done, {c: samples[c] for c in alive})
-            start = measure.clock_ns()
             began = time.monotonic()
             n_round = 0
 
@@ -285,7 +285,7 @@ class GroupRun:
 
             def done() -> bool:
                 return rule.done({c: samples[c] for c in alive}, {c: inner[c] for c in alive},
-                                 base if base in alive else None, self.timed_s + measure.elapsed_s(start),
+                                 base if base in alive else None, self.timed_s + rounds_s,
                                  self.blocks, settled)
 
             while alive and not done():
@@ -295,6 +295,7 @@ class GroupRun:
                 self.processes.append(policy.round_process(self.passes_done, n_round))
                 k = n_round % policy.processes_per_pass
                 n_round += 1
+                start = measure.clock_ns()
                 for place, cid in enumerate(order):
                     if cid not in alive:
                         continue
@@ -305,9 +306,10 @@ class GroupRun:
                         outcomes[cid].peak_rss_mb = max(outcomes[cid].peak_rss_mb or 0.0, reply.peak_rss_mb or 0.0)
                     except WorkerFailure as exc:
                         fail(cid, exc)
+                rounds_s += measure.elapsed_s(start)
         finally:
-            if start is not None:
-                self.timed_s += measure.elapsed_s(start)
+            self.timed_s += rounds_s
+            if began is not None:
                 self.windows.append((began, time.monotonic(), list(workers)))
             for procs in alive.values():
                 for w in procs:

@@ -146,7 +146,9 @@ class _Pair:
                                          strata if len(strata) > 1 else None)
         ratios = med_b / med_o
         lo, hi = np.percentile(ratios, [2.5, 97.5])
-        within = float(np.std(np.log(ratios), ddof=1))
+        # the percentile interval's half-width in standard errors: a resampled median is lumpy, and its
+        # standard deviation overstates the spread its central 95% show
+        within = float(np.log(hi / lo) / (2 * 1.959964)) if lo > 0 else float("nan")
         full = [(k, i) for k, i in zip(np.unique(labels), strata) if i.size >= MIN_BLOCK_ROUNDS]
         logs = tuple(float(np.log(np.median(b[i]) / np.median(o[i]))) for _, i in full)
         drift = 0.0
@@ -180,8 +182,13 @@ class _Pair:
         rounds_df = max(1, self.n - k)
         df_eff = variance ** 2 / ((block_term ** 2 / df if df else 0.0) + self.within ** 4 / rounds_df) \
             if variance > 0 else rounds_df
-        w = t_quantile(0.975, df_eff) * float(np.sqrt(variance))
-        lo, hi = min(self.lo, point * float(np.exp(-w))), max(self.hi, point * float(np.exp(w)))
+        t = t_quantile(0.975, df_eff)
+        # each side keeps the bootstrap's own reach (a resampled median's interval is not symmetric), in
+        # standard errors, and adds the block term to it
+        below, above = (float(np.log(point / self.lo)) / 1.959964, float(np.log(self.hi / point)) / 1.959964) \
+            if self.lo > 0 else (self.within, self.within)
+        lo = point * float(np.exp(-t * np.sqrt(below ** 2 + block_term)))
+        hi = point * float(np.exp(t * np.sqrt(above ** 2 + block_term)))
         if self.drift:  # in ratio terms (point times e^(-+w/point)): a wide one never reaches zero or below
             lo, hi = min(lo, point * float(np.exp(-self.drift / point))), max(hi, point * float(np.exp(self.drift / point)))
         return point, float(lo), float(hi)
