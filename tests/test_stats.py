@@ -147,7 +147,8 @@ def test_a_group_run_varies_and_records_each_rounds_order(fake_backends, write_c
     assert len(set(firsts)) == 2  # both cells went first in some round
     t = harness.load_run(tmp_path / "run").timings.set_index("backend").sort_values("variant")
     plain, slow = (list(v) for v in t["samples_position"])
-    assert plain == [0, 1, 1, 0, 0, 1, 1, 0, 0, 1][:len(plain)] and [1 - p for p in plain] == slow
+    assert len(plain) >= 10 and plain == [(0, 1, 1, 0)[r % 4] for r in range(len(plain))]
+    assert [1 - p for p in plain] == slow
 
 
 def test_baseline_twice_times_the_baseline_again_as_an_a_a_check(fake_backends, write_config, tmp_path):
@@ -181,7 +182,7 @@ def test_baseline_twice_times_the_baseline_again_as_an_a_a_check(fake_backends, 
     assert aa["status"] == "ok" and aa["backend"] == "ref" and aa["copy"] == 2
     base = t[backend_label(t) == "ref"].iloc[0]
     assert base["speedup"] == base["speedup_lo"] == base["speedup_hi"] == 1.0  # the baseline's own row: no pair
-    assert 0.7 < aa["speedup"] < 1.4 and aa["speedup_lo"] < aa["speedup"] < aa["speedup_hi"]  # the same code
+    assert aa["speedup_lo"] < aa["speedup"] < aa["speedup_hi"] and aa["speedup_over"] == "ref"
 
 
 def test_target_not_met_is_marked_alike_in_the_terminal_report_plots_and_multi_run_report(tmp_path):
