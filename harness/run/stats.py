@@ -95,10 +95,12 @@ def speedup_intervals(pairs: dict, n_boot: int = 2000, seed: int = 0) -> dict:
       more than the rest) is left out of the pool and keeps its own estimate, with its own few
       degrees of freedom, so that neither it nor the pool is misjudged.
 
-    The half-width (in the logarithm) is Student's t times the root of the two variances, the block
-    term divided by the pair's blocks, with Satterthwaite's degrees of freedom: more blocks narrow it,
-    more rounds only narrow the round term. Without a second block anywhere in the group the interval
-    covers the rounds alone.
+    Each side of the interval (in the logarithm) is Student's t times the root of the two variances:
+    the rounds' (the bootstrap's reach on that side, in standard errors) and the blocks' over the
+    pair's blocks, with Satterthwaite's degrees of freedom (those of the pool counted less what its
+    pairs share through the baseline's rounds, :func:`_shared_degrees_of_freedom`): more blocks
+    narrow it, more rounds only narrow the round term. Without a second block anywhere in the group
+    the interval covers the rounds alone.
 
     The bootstrap also takes a block's rounds as exchangeable, which they are not when the machine's
     state changes how the two sides compare (another tenant's load slowed NumPy by 40% and native by
