@@ -194,7 +194,7 @@ def test_target_not_met_is_marked_alike_in_the_terminal_report_plots_and_multi_r
     import matplotlib.pyplot as plt
 
     import harness
-    from harness.results import plots
+    from harness.results import plot_speedup, plots
     from harness.results.labels import MISSED_MARK, MISSED_NAME, imprecise
     from harness.results.multi import _missed_count
     from harness.results.report import fmt_speedup
@@ -210,13 +210,13 @@ def test_target_not_met_is_marked_alike_in_the_terminal_report_plots_and_multi_r
     assert _missed_count(t) == f"{sum(imprecise(r) for r in t.to_dict('records'))} of {judged}"
     assert _missed_count(met) == f"0 of {judged}"
     drawn = []
-    real_save = plots._save
+    real_save = plot_speedup._save
 
     def keep(plt_, fig, axes, n, out, **kw):
         drawn.extend(txt.get_text() for ax in fig.axes for txt in ax.texts + [ax.xaxis.label])
         return real_save(plt_, fig, axes, n, out, **kw)
 
-    plots._save = keep
+    plot_speedup._save = keep
     try:
         plots.plot_speedup(t, tmp_path / "a.png")
         assert any(s.endswith(f"x {MISSED_MARK}") for s in drawn) and any(MISSED_NAME in s for s in drawn)
@@ -224,5 +224,5 @@ def test_target_not_met_is_marked_alike_in_the_terminal_report_plots_and_multi_r
         plots.plot_speedup(met, tmp_path / "b.png")
         assert not any(MISSED_MARK in s for s in drawn)
     finally:
-        plots._save = real_save
+        plot_speedup._save = real_save
         plt.close("all")
