@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.results.labels import backend_label, group_label, setting_label
+from harness.results.labels import MISSED_MARK, MISSED_NAME, backend_label, group_label, imprecise, setting_label
 from harness.spec.status import Status
 from harness.results.plot_style import _number_axis, _palette, _save
 from harness.results.schema import setting_values
@@ -133,7 +133,7 @@ def _draw_points(items: pd.DataFrame, out: Path, xlabel: str, title: str, row_ke
             left, right = (float(lo), float(hi)) if has else (v, v)
             span = np.log10(xlim[1] / xlim[0])
             at_left = v < 1 and np.log10(left / xlim[0]) / span > 0.2 or np.log10(right / xlim[0]) / span > 0.8
-            ax.annotate(f"{v:.3g}x", (left if at_left else right, y), xytext=(-8 if at_left else 8, 0),
+            ax.annotate(f"{v:.3g}x" + (f" {MISSED_MARK}" if imprecise(r) else ""), (left if at_left else right, y), xytext=(-8 if at_left else 8, 0),
                         textcoords="offset points", va="center", ha="right" if at_left else "left", fontsize=8)
         ax.set_yticks(range(len(d)), list(d["name"]), fontsize=8)
         ax.set_ylim(-0.6, max(len(d), 1) - 0.4)
@@ -166,7 +166,8 @@ def plot_speedup(timings: pd.DataFrame, out: Path):
     items = df.assign(name=df["label"], value=df["speedup"].where(ok), lo=df["speedup_lo"].where(ok),
                       hi=df["speedup_hi"].where(ok), why=df["status"].astype(str))
     ref = refs[0] if len(refs) == 1 else "each group's baseline"
-    xlabel = f"speedup over {ref} (its time / this one's; 95% CI)"
+    xlabel = f"speedup over {ref} (its time / this one's; 95% CI" + (
+        f"; {MISSED_MARK} {MISSED_NAME})" if any(imprecise(r) for r in df.to_dict("records")) else ")")
     title = f"{common}: speedup over {ref}" if common else f"speedup over {ref}"
     return _draw_points(items, out, xlabel, title, row_keys, col_keys)
 

@@ -14,7 +14,7 @@ from harness.results.schema import setting_values
 from harness.spec.status import Status
 
 
-#: a speedup whose interval missed its precision target, in the summary (its legend: the "loose:" line under it)
+#: a speedup whose interval missed its precision target, in the summary (its legend: the "target not met:" line under it)
 from harness.results.labels import MISSED_MARK  # noqa: E402  (one home for the mark and its name)
 
 
