@@ -223,12 +223,12 @@ def build_multi_report(paths) -> tuple[str, list, pd.DataFrame]:
     machines = machine_keys(runs)
     blocks: list = _answer(timings, run_ids, runs)
     blocks.append(Heading(2, "Runs"))
-    blocks.append(Table(["", "run", "config", "machine", "its float32 GEMM at start", "started", "cells", "state",
-                         f"{MISSED_MARK} {MISSED_NAME}"],
+    blocks.append(Table(["", "run", "config", "machine", "its float32 GEMM at start", "started", "cells",
+                         f"{MISSED_MARK} {MISSED_NAME}", "state"],
                         [[keys[run.run_id], f"`{run.run_id}`", f"`{run.meta.get('config_path', '?')}`",
                           machines[machine_label(run.meta)], gemm_peak_text(run.meta).replace("float32 GEMM ", "") or "-",
                           str(run.meta.get("started", "?"))[:19].replace("T", " "), str(len(run.timings)),
-                          _state(run.meta), _missed_count(run.timings)] for _, run in runs]))
+                          _missed_count(run.timings), _state(run.meta)] for _, run in runs]))
     blocks.append(Table(["machine", "what it is (host, CPU, cores, vector flags, GPU)"],
                         [[key, text] for text, key in machines.items()]))
     unfinished = [f"{keys[run.run_id]} ({_state(run.meta)})" for _, run in runs if _state(run.meta) != "finished"]
