@@ -26,7 +26,7 @@ set-up prints the variables both tools' workers got and the BLAS kernel each ran
 ``blas_kernel`` column, and the same reading in pyperf's workers, kept in its metadata), and the
 harness's own reading of the machine while it timed (other processes' CPU in cores, load average).
 
-    python benchmarks/compare_pyperf.py                       # 6 processes x 5 values, CPU 0
+    python benchmarks/compare_pyperf.py                       # 3 repeats of 6 processes x 5 values, CPU 0
     python benchmarks/compare_pyperf.py --repeat 2 --out /tmp/cmp
     OPENBLAS_CORETYPE=Haswell python benchmarks/compare_pyperf.py --setup inherited,clean --pyperf-env harness
 
@@ -218,6 +218,10 @@ def run_harness(config_path: str, out: Path) -> dict[str, dict]:
     return found
 
 
+#: the agreement the comparison looks for between the two tools' medians
+AGREE = 0.02
+
+
 def _t(s: float) -> str:
     return f"{s * 1e6:.0f} us" if s < 1e-3 else f"{s * 1e3:.3g} ms"
 
@@ -230,7 +234,8 @@ def main(argv=None) -> None:
                                                       "its one-thread workers to the first of its own)")
     ap.add_argument("--pyperf-env", default="plain,harness,harness+reference",
                     help="comma-separated: plain, harness, harness+reference (see the module)")
-    ap.add_argument("--repeat", type=int, default=1, help="rounds of the whole comparison, back to back")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds of the whole comparison, back to back (their ratios "
+                                                          "are summed up by their median)")
     ap.add_argument("--setup", default="inherited,clean",
                     help="comma-separated: inherited (both tools' workers get the caller's steering variables), "
                          "clean (neither does)")
@@ -288,17 +293,24 @@ def compare(setup: str, env_names: list[str], out: Path, args) -> None:
             cols += [f"{h['median_s'] / results[e][lab]['median_s']:.3f}" for e in env_names]
             print("| " + " | ".join(cols) + " |", flush=True)
         history.append((results, ran))
-    if len(history) > 1:  # each tool's median over the repeats, and every repeat's ratio
-        print(f"over the {len(history)} repeats: median of each tool's medians (each repeat's ratio)")
-        head = ["shape"] + [f"pyperf {e} env" for e in env_names] + ["harness"] + [f"harness / pyperf {e}" for e in env_names]
+    if len(history) > 1:  # each tool's median over the repeats, and the paired ratios
+        # A shared VM's speed drifts by several percent within a minute, so a ratio is read within a repeat
+        # (the two tools back to back) and the repeats' ratios are summed up by their median: the drift
+        # between repeats then moves both tools alike.
+        print(f"over the {len(history)} repeats: median of each tool's medians; median of the repeats' ratios "
+              f"(each repeat's ratio); within {AGREE:.0%}: whether that median lies within it")
+        head = (["shape"] + [f"pyperf {e} env" for e in env_names] + ["harness"]
+                + [f"harness / pyperf {e}" for e in env_names] + [f"within {AGREE:.0%}"])
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
         for lab in labels:
             h = statistics.median(ran[lab]["median_s"] for _, ran in history)
             p = {e: statistics.median(res[e][lab]["median_s"] for res, _ in history) for e in env_names}
-            each = {e: " / ".join(f"{ran[lab]['median_s'] / res[e][lab]['median_s']:.3f}" for res, ran in history)
-                    for e in env_names}
-            cols = [lab] + [_t(p[e]) for e in env_names] + [_t(h)] + [f"{h / p[e]:.3f} ({each[e]})" for e in env_names]
+            ratios = {e: [ran[lab]["median_s"] / res[e][lab]["median_s"] for res, ran in history] for e in env_names}
+            paired = {e: statistics.median(ratios[e]) for e in env_names}
+            cols = [lab] + [_t(p[e]) for e in env_names] + [_t(h)]
+            cols += [f"{paired[e]:.3f} ({' / '.join(f'{x:.3f}' for x in ratios[e])})" for e in env_names]
+            cols.append(", ".join("yes" if abs(paired[e] - 1) <= AGREE else "no" for e in env_names))
             print("| " + " | ".join(cols) + " |", flush=True)
     print(f"files: {out}")
 
