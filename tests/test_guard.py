@@ -274,3 +274,20 @@ def test_the_peak_at_the_end_is_read_against_numpys_own_at_the_start_not_the_fma
     assert guard.peak_evidence(start, {"float32|threads=1": 95.0}) == []
     assert guard.peak_evidence(start, {"float32|threads=1": 60.0})[0].startswith(
         "the float32 GEMM peak at 1 thread(s) fell from 100 GFLOP/s")
+
+
+def test_an_unsteady_machine_is_said_when_many_cells_processes_disagree_on_a_quiet_machine():
+    from harness.results import caveats
+
+    def row(backend, spread, contended=False):
+        return {"backend": backend, "variant": "default", "workload": "train_step", "batch": 16, "threads": 1,
+                "process_spread": spread, "contended": contended, "contention": "other processes used 0 of 2 cores"}
+
+    steady = [row("numpy", 0.02), row("native", 0.04), row("jax", 0.12), row("torch", 0.01), row("numba", None)]
+    assert not any(line.startswith("Unsteady") for line in caveats.lines({}, steady))
+    unsteady = [row("numpy", 0.24), row("native", 0.15), row("jax", 0.03), row("torch", 0.05)]
+    said = [line for line in caveats.lines({}, unsteady) if line.startswith("Unsteady")]
+    assert len(said) == 1 and "2 of 4 timed cells" in said[0] and "(the most, numpy" in said[0] and "train_step batch 16: 24%" in said[0]
+    # contended cells are the contention line's to say, not evidence of an unsteady machine
+    loaded = [row("numpy", 0.24, True), row("native", 0.15, True), row("jax", 0.03), row("torch", 0.05)]
+    assert not any(line.startswith("Unsteady") for line in caveats.lines({}, loaded))

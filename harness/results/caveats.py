@@ -15,6 +15,11 @@ from harness.run import guard
 from harness.spec import tuning
 
 CONTENDED_MARK = "(contended)"
+#: a cell whose worker processes' medians lie further apart than this share of its median ran on an unsteady
+#: machine (pyperf warns at a standard deviation of 10% of the mean: "the result may be unstable")
+UNSTEADY_SPREAD = 0.10
+#: ... and a run says so when more than this share of its timed cells (two at least) did
+UNSTEADY_SHARE = 0.25
 
 
 # -- per cell ---------------------------------------------------------------------------------------------
@@ -96,7 +101,7 @@ def lines(meta: dict, timings) -> list[str]:
     a contended machine with its evidence, and each variable that forced a kernel or a cache size with
     the kernel its workers ran."""
     rows = _rows(timings)
-    return _contention_lines(meta, rows) + _forcing_lines(meta) + _clean_lines(meta)
+    return _contention_lines(meta, rows) + _unsteady_lines(rows) + _forcing_lines(meta) + _clean_lines(meta)
 
 
 def _contention_lines(meta: dict, rows: list[dict]) -> list[str]:
@@ -119,6 +124,30 @@ def _contention_lines(meta: dict, rows: list[dict]) -> list[str]:
     if evidence:
         out.append("Busy machine: " + "; ".join(evidence) + ". Figures of this run may be lower than the machine gives.")
     return out
+
+
+def _unsteady_lines(rows: list[dict]) -> list[str]:
+    """One sentence when the machine's own speed moved: many timed cells whose worker processes (of one pass
+    or of passes apart) disagree by more than UNSTEADY_SPREAD, on a machine that no other process loaded
+    (contended cells are said by :func:`_contention_lines`). A host shared with other tenants, a clock that
+    changes: nothing on the machine shows it but the times themselves."""
+    from harness.results.labels import backend_label
+
+    def spread(r):
+        v = r.get("process_spread")
+        return None if v is None or pd.isna(v) else float(v)
+
+    timed = [r for r in rows if spread(r) is not None and not contended(r)]
+    wide = [r for r in timed if spread(r) > UNSTEADY_SPREAD]
+    if len(wide) < 2 or len(wide) <= UNSTEADY_SHARE * len(timed):
+        return []
+    r = max(wide, key=spread)
+    label = backend_label(pd.DataFrame([r])).iloc[0]
+    return [f"Unsteady machine: the worker processes of {len(wide)} of {len(timed)} timed cells disagree by more "
+            f"than {UNSTEADY_SPREAD:.0%} (the most, {label} {r.get('workload')} batch {r.get('batch')}: "
+            f"{spread(r):.0%}) with no other process loading the cores, so the machine's own speed moved (a host "
+            f"shared with other tenants, a changing clock). The intervals cover what this run saw; a rerun may "
+            f"differ by as much."]
 
 
 def _others(row: dict) -> float:
