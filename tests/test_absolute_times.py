@@ -12,7 +12,7 @@ from harness.run.group import GroupRun, Outcome
 from harness.results.store import RunStore
 from harness.run.runner import Runner, finish_meta, new_run_meta
 
-TIMING = "timing: {warmup: 1, min_rounds: 4, min_time_s: 0.05, max_time_s: 1, timeout_s: 4, passes: 1}\n"
+TIMING = "timing: {warmup: 1, min_rounds: 4, min_time_s: 0.05, max_time_s: 1, timeout_s: 4}\n"
 ALONE = """
 name: alone
 seed: 1
@@ -25,13 +25,11 @@ backends: [ref]
 
 
 def _policy(**kw) -> TimingConfig:
-    """Timing settings of one pass unless ``kw`` says otherwise."""
-    return TimingConfig(**{"passes": 1, **kw})
+    return TimingConfig(**kw)
 
 
 def test_every_timed_cell_samples_two_processes_by_default_over_its_passes():
     assert TimingConfig().min_processes == 2
-    assert TimingConfig().passes == 2 and TimingConfig().processes_per_pass == 1  # by default a pass each
     assert _policy().processes_per_pass == 2  # one pass: both processes in it
     assert _policy(passes=2).processes_per_pass == 1  # two passes: a fresh process each
     assert _policy(passes=3, min_processes=5).processes_per_pass == 2

@@ -54,11 +54,9 @@ class TimingConfig(_Strict, TimingRules):
                                                           "between processes (memory layout, allocator state, the kernels "
                                                           "a library picked), as pyperf's do; the spread between them is "
                                                           "recorded, and a speedup's interval covers it")
-    passes: int = Field(2, ge=1, le=16, description="visits to each comparison group, spread over the run, each with "
+    passes: int = Field(1, ge=1, le=16, description="visits to each comparison group, spread over the run, each with "
                                                    "fresh worker processes and its share of the rounds; a speedup's "
-                                                   "interval then covers how far the passes disagree. Two by default: "
-                                                   "min_processes' two processes then lie apart in time (a pass each) "
-                                                   "instead of side by side in one pass, at the same cost")
+                                                   "interval then covers how far the passes disagree")
     max_passes: Optional[int] = Field(None, ge=1, le=16, description="with speedup_precision: further passes while "
                                                                     "the target is unmet (default: passes)")
 
