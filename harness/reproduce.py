@@ -191,8 +191,7 @@ def cell_seconds(cell) -> float:
     if cell.problem.workload == "train":
         return start + (cell.train.time_budget_s or TRAIN_CELL_S)
     timed = (t.min_time_s + t.max_time_s) / 2 if t.speedup_precision else t.min_time_s
-    processes = max(t.processes, -(-t.min_processes // t.passes))  # fresh workers each pass starts for it
-    return (start * processes + timed) * t.passes
+    return (start * t.processes_per_pass + timed) * t.pass_count
 
 
 # -- estimates -------------------------------------------------------------------------------

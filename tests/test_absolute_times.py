@@ -12,7 +12,7 @@ from harness.run.group import GroupRun, Outcome
 from harness.results.store import RunStore
 from harness.run.runner import Runner, finish_meta, new_run_meta
 
-TIMING = "timing: {warmup: 1, min_rounds: 4, min_time_s: 0.05, max_time_s: 1, timeout_s: 4}\n"
+TIMING = "timing: {warmup: 1, min_rounds: 4, min_time_s: 0.05, max_time_s: 1, timeout_s: 4, passes: 1}\n"
 ALONE = """
 name: alone
 seed: 1
@@ -25,11 +25,17 @@ backends: [ref]
 
 
 def _policy(**kw) -> TimingConfig:
-    return TimingConfig(**kw)
+    """Timing settings of one pass unless ``kw`` says otherwise."""
+    return TimingConfig(**{"passes": 1, **kw})
 
 
 def test_every_timed_cell_samples_two_processes_by_default_over_its_passes():
     assert TimingConfig().min_processes == 2
+    # by default a pass for each of the two processes (at the same cost: a process each); one pass where
+    # a single process is asked for, or several processes in each pass
+    assert TimingConfig().pass_count == 2 and TimingConfig().processes_per_pass == 1
+    assert TimingConfig(min_processes=1).pass_count == 1 and TimingConfig(processes=2).pass_count == 1
+    assert TimingConfig(min_processes=5).pass_count == 2 and TimingConfig(min_processes=5).processes_per_pass == 3
     assert _policy().processes_per_pass == 2  # one pass: both processes in it
     assert _policy(passes=2).processes_per_pass == 1  # two passes: a fresh process each
     assert _policy(passes=3, min_processes=5).processes_per_pass == 2

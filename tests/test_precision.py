@@ -13,7 +13,7 @@ TARGET = 0.02
 
 def _rule(max_time_s: float, target: float | None = TARGET) -> stats.StopRule:
     return stats.stop_rule(TimingConfig(min_rounds=8, min_time_s=0.03, max_time_s=max_time_s,
-                                          speedup_precision=target))
+                                          speedup_precision=target, passes=1))
 
 
 def drive(rule: stats.StopRule, round_times, max_rounds: int = 2000) -> dict[str, list[float]]:
@@ -232,7 +232,7 @@ def test_the_pass_counts_are_validated_and_set_the_rounds_per_pass(write_config)
     from harness.config import load_config
     from harness.spec.errors import HarnessError
 
-    assert TimingConfig().passes == 1 and TimingConfig().max_passes is None
+    assert TimingConfig().pass_count == 2 and TimingConfig().max_passes is None
     for bad in (0, 17, 1.5):
         with pytest.raises(ValidationError):
             TimingConfig(passes=bad)
@@ -241,7 +241,7 @@ def test_the_pass_counts_are_validated_and_set_the_rounds_per_pass(write_config)
     with pytest.raises(HarnessError, match="timing.max_passes: expected at least timing.passes"):
         load_config(write_config("name: p\nmodel: {kind: elman, hidden: 4}\ntask: {kind: random, vocab: 5, seq_len: 3}\n"
                                  "backends: [numpy]\ntiming: {passes: 3, max_passes: 2}\n"))
-    policy = lambda **kw: TimingConfig(**kw)  # noqa: E731
+    policy = lambda **kw: TimingConfig(**{"passes": 1, **kw})  # noqa: E731 (one pass unless said)
     assert policy(min_rounds=8, min_processes=1).pass_rounds == 8 and policy(min_rounds=8).pass_limit == 1  # one process
     assert policy(min_rounds=8).pass_rounds == 2 * stats.MIN_BLOCK_ROUNDS  # by default two, each a block
     assert policy(min_rounds=30, passes=3).pass_rounds == 10 and policy(passes=2, max_passes=5).pass_limit == 5

@@ -245,7 +245,7 @@ def test_a_full_or_read_only_disk_is_a_clear_error_and_keeps_finished_cells(fake
     import harness.results.store as results
 
     path = tmp_path / "cfg.yaml"
-    path.write_text(BASE + "batch: [1, 2]\n" + FAST_TIMING)
+    path.write_text(BASE + "batch: [1, 2]\n" + FAST_TIMING.replace("verify: false}", "verify: false, passes: 1}"))
     saves = []
     real = results.os.replace
 

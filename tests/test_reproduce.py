@@ -138,7 +138,7 @@ workloads: [train_step]
 batch: [1, 2, 3]
 backends: ["gate:plain", "ref:slow"]
 baseline: "gate:plain"
-timing: {warmup: 1, min_rounds: 3, min_time_s: 0.05, max_time_s: 0.2, timeout_s: 60}
+timing: {warmup: 1, min_rounds: 3, min_time_s: 0.05, max_time_s: 0.2, timeout_s: 60, passes: 1}
 """
 
 

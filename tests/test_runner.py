@@ -339,7 +339,7 @@ def test_several_processes_per_cell_take_the_rounds_in_turn(fake_backends, write
     from harness.worker import protocol
     from harness.run.client import WorkerProcess
 
-    text = STEP + "backends: [ref, 'ref:slow']\n" + FAST_TIMING.replace("timeout_s: 60}", "timeout_s: 60, processes: 2}")
+    text = STEP + "backends: [ref, 'ref:slow']\n" + FAST_TIMING.replace("timeout_s: 60}", "timeout_s: 60, processes: 2, passes: 1}")
     cfg = load_config(write_config(text))
     store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
     runner = Runner(cfg, store)

@@ -54,9 +54,11 @@ class TimingConfig(_Strict, TimingRules):
                                                           "between processes (memory layout, allocator state, the kernels "
                                                           "a library picked), as pyperf's do; the spread between them is "
                                                           "recorded, and a speedup's interval covers it")
-    passes: int = Field(1, ge=1, le=16, description="visits to each comparison group, spread over the run, each with "
-                                                   "fresh worker processes and its share of the rounds; a speedup's "
-                                                   "interval then covers how far the passes disagree")
+    passes: Optional[int] = Field(None, ge=1, le=16, description="visits to each comparison group, spread over the run, "
+                                  "each with fresh worker processes and its share of the rounds; a speedup's interval "
+                                  "then covers how far the passes disagree. Unset: a pass for each of min_processes' "
+                                  "processes, at most two (one where processes is over 1), so that they lie apart "
+                                  "in time at the cost of processes side by side")
     max_passes: Optional[int] = Field(None, ge=1, le=16, description="with speedup_precision: further passes while "
                                                                     "the target is unmet (default: passes)")
 
@@ -66,8 +68,8 @@ class TimingConfig(_Strict, TimingRules):
         them and nothing downstream repairs one: a cap below the floor, fewer passes at most than at least."""
         if self.max_time_s < self.min_time_s:
             raise ValueError(f"max_time_s: expected at least timing.min_time_s ({self.min_time_s}), got {self.max_time_s}")
-        if self.max_passes is not None and self.max_passes < self.passes:
-            raise ValueError(f"max_passes: expected at least timing.passes ({self.passes}), got {self.max_passes}")
+        if self.max_passes is not None and self.max_passes < self.pass_count:
+            raise ValueError(f"max_passes: expected at least timing.passes ({self.pass_count}), got {self.max_passes}")
         return self
 
 

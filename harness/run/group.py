@@ -144,7 +144,7 @@ class GroupRun:
         label = self.name(group) if self.name is not None else \
             f"{head.problem.workload} {head.problem.model.describe()} B={head.problem.batch} {dtypes} threads={threads}"
         if policy.pass_limit > 1:
-            most = policy.passes if policy.pass_limit == policy.passes else f"{policy.passes}-{policy.pass_limit}"
+            most = policy.pass_count if policy.pass_limit == policy.pass_count else f"{policy.pass_count}-{policy.pass_limit}"
             label += f" · pass {self.passes_done + 1} of {most}"
 
         tell = describe

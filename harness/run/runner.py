@@ -159,7 +159,7 @@ class Runner:
 def planned_steps(groups) -> int:
     """What the progress bar counts for these comparison groups: a step per cell and planned pass (a training
     group runs once); the bar's total grows when the precision target asks for more passes."""
-    return sum(len(g) * (1 if g[0].problem.workload == "train" else max(1, g[0].timing.passes)) for g in groups)
+    return sum(len(g) * (1 if g[0].problem.workload == "train" else max(1, g[0].timing.pass_count)) for g in groups)
 
 
 def new_run_meta(config: RunConfig) -> dict:

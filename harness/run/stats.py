@@ -438,7 +438,7 @@ class StopRule:
         self.n_cells = max(self.n_cells, len(samples))
         capped = elapsed_s >= self.timing.max_time_s * max(1, self.n_cells)
         if self._floor(samples, inner):
-            if self.pass_index + 1 < self.timing.passes:
+            if self.pass_index + 1 < self.timing.pass_count:
                 self.reason = StopReason.CAP if capped else StopReason.PASS
                 return True
             if self.target is None or baseline not in samples or len(samples) < 2:
@@ -466,9 +466,9 @@ class StopRule:
         pass on the whole floor."""
         for c, s in samples.items():
             new = s[self._pass_start.get(c, 0):]
-            if len(new) < self.timing.pass_rounds or sum(new) * inner[c] < self.timing.min_time_s / self.timing.passes:
+            if len(new) < self.timing.pass_rounds or sum(new) * inner[c] < self.timing.min_time_s / self.timing.pass_count:
                 return False
-            if self.pass_index + 1 >= self.timing.passes and (len(s) < self.timing.min_rounds or sum(s) * inner[c] < self.timing.min_time_s):
+            if self.pass_index + 1 >= self.timing.pass_count and (len(s) < self.timing.min_rounds or sum(s) * inner[c] < self.timing.min_time_s):
                 return False
         return True
 

@@ -15,7 +15,18 @@ MIN_BLOCK_ROUNDS = 5  # rounds a block (a half of the rounds, a process, a pass)
 
 class TimingRules:
     """The rules derived from the timing settings; a subclass provides ``min_rounds``, ``min_time_s``,
-    ``round_s``, ``passes``, ``max_passes``, ``processes`` and ``min_processes``."""
+    ``round_s``, ``passes`` (None: :attr:`pass_count`'s default), ``max_passes``, ``processes`` and
+    ``min_processes``."""
+
+    @property
+    def pass_count(self) -> int:
+        """The passes every group gets at least: ``passes``, else a pass for each of ``min_processes``'
+        processes, at most two (one where ``processes`` asks for several in one pass). Processes a pass
+        apart lie apart in time, so a speedup's interval sees what moves between them (a host's speed that
+        drifts over minutes), at the cost of processes side by side: the same starts, the same rounds."""
+        if self.passes is not None:
+            return self.passes
+        return 1 if self.processes > 1 else min(2, self.min_processes)
 
     @property
     def target_round_s(self) -> float:
@@ -24,16 +35,16 @@ class TimingRules:
 
     @property
     def pass_limit(self) -> int:
-        """The most passes a group gets: ``max_passes``, else ``passes``."""
-        return self.max_passes or self.passes
+        """The most passes a group gets: ``max_passes``, else :attr:`pass_count`."""
+        return self.max_passes or self.pass_count
 
     @property
     def pass_rounds(self) -> int:
         """Rounds every pass over a group takes at least: its share of ``min_rounds`` and, when the
         rounds fall into several blocks (worker processes, of one pass or several), MIN_BLOCK_ROUNDS
         per process of the pass."""
-        share = -(-self.min_rounds // self.passes)
-        if self.passes * self.processes_per_pass > 1:
+        share = -(-self.min_rounds // self.pass_count)
+        if self.pass_count * self.processes_per_pass > 1:
             share = max(share, MIN_BLOCK_ROUNDS * self.processes_per_pass)
         return share
 
@@ -42,7 +53,7 @@ class TimingRules:
         """How many fresh worker processes a timed cell starts in each pass (they take its rounds in turn):
         the setting ``processes`` (per pass), or more where the setting ``min_processes`` (over all
         ``passes``) asks for more; each one is a block of a speedup's interval."""
-        return max(self.processes, -(-self.min_processes // self.passes))
+        return max(self.processes, -(-self.min_processes // self.pass_count))
 
     def round_process(self, n_pass: int, n_round: int) -> int:
         """The worker process (numbered across passes, from 0) that takes the ``n_round``-th round of the
