@@ -141,6 +141,24 @@ def test_any_pytest_benchmark_file_imports_and_reports(tmp_path, with_data):
     assert back["test_sum[array]"]["stats"]["max"] == pytest.approx(fast.max())
 
 
+def test_a_suite_cells_backend_is_read_from_its_fields_not_from_its_ids_text(tmp_path):
+    """The speedup's baseline is found by the backend the row names (name, variant, pins), whatever the
+    text of its cell id (which a run writes, and reads, in one place)."""
+    rng = np.random.default_rng(1)
+    fast, slow = 1e-3 * (1 + 0.01 * rng.random(12)), 2e-3 * (1 + 0.01 * rng.random(12))
+    benches = [_bench("test_backend[a]", "g", slow, cell_id="cell-a", backend="numpy", variant="fast"),
+               _bench("test_backend[b]", "g", fast, cell_id="cell-b", backend="numpy", variant="wildml")]
+    for b in benches:
+        b["extra_info"].update(group="g", baseline="numpy", workload="forward")
+    path = _file(tmp_path, benches)
+    run_dir = tmp_path / "run"
+    result = _invoke("import", path, "--out", run_dir)
+    assert result.exit_code == 0, result.output
+    t = harness.load_run(run_dir).timings.set_index("cell_id")
+    assert t.loc["cell-a", "speedup"] == 1.0
+    assert t.loc["cell-b", "speedup"] == pytest.approx(np.median(slow) / np.median(fast))
+
+
 def test_a_harness_run_exports_and_compares_with_its_import(tmp_path, fake_backends, write_config):
     cfg = write_config(textwrap.dedent("""
         name: tiny

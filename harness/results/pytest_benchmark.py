@@ -41,10 +41,18 @@ STATS_COLUMNS = ("median_s", "iqr_s", "min_s", "mean_s", "stdev_s", "n_samples",
 
 def benchmark_id(columns: dict) -> str:
     """The suite's test id of a cell, from its result columns: ``numpy-train_step-elman-V64-H32-T16-B4-float32``."""
-    full = str(columns["cell_id"]).rsplit("|", 1)[-1]
+    full = _backend(columns)
     inputs = f"V{columns['input_size']}" if columns["tokens"] else f"D{columns['input_size']}"
     return (f"{full}-{columns['workload']}-{columns['model']}-{inputs}-H{columns['hidden_size']}"
             f"-T{columns['seq_len']}-B{columns['batch']}-{columns['dtype']}")
+
+
+def _backend(columns) -> str:
+    """The backend of a cell's result columns as its config names it (``numpy:wildml``, ``jax@0.4.38``), read
+    from its fields (a file of the suite may leave out a default variant)."""
+    from harness.results.labels import backend_name
+
+    return backend_name({"variant": None, **columns})
 
 
 def benchmark_group(columns: dict) -> str:
@@ -200,7 +208,7 @@ def _row(bench: dict) -> tuple[dict, dict]:
     data = [float(v) for v in stats.get("data") or []]
     if "cell_id" in info and "backend" in info:  # a cell of the harness's suite (or an exported run)
         row = {c: info[c] for c in TIMING_COLUMNS if c in info and c not in STATS_COLUMNS}
-        full = str(info["cell_id"]).rsplit("|", 1)[-1]
+        full = _backend(row)
     else:  # any other benchmark: a cell of its own, compared within its pytest-benchmark group
         name = str(bench.get("name") or bench.get("fullname") or "benchmark")
         group = bench.get("group") or str(bench.get("fullname", name)).split("[")[0]
