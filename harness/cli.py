@@ -62,79 +62,63 @@ def run_cmd(
     workers: Annotated[Optional[int], typer.Option("--workers", help="Worker processes of the --executor dask-local cluster (default 2), each on its own cores.")] = None,
 ):
     """Run configs: every cell in fresh workers, results and plots in a folder per config."""
-    from harness.config import load_config
-    from harness.results import terminal
+    from harness.results.launch import open_runs
     from harness.run.client import kill_all_workers, stop_on_signals
-    from harness.results.store import RunStore, check_out_folder, config_fingerprint
-    from harness.run.runner import new_run_meta
-    from harness.run.session import end_stale_workers, executor_for, resume_command, run_into
 
-    stores = []
     with stop_on_signals() as stopped:
         try:
             try:
-                configs = [_config_path(c) for c in configs]
-                _check_backend_names(backends_opt)  # a typo there is the option's, not the config file's
-                if out is not None:
-                    check_out_folder(out)
-                executor = executor_for(executor_opt, scheduler, workers)
-                if resume is not None:
-                    if len(configs) > 1:
-                        raise HarnessError("--resume takes one config (the one the run was started with)")
-                    loaded = [load_config(configs[0], _split_csv(backends_opt), profile)]
-                    stores.append(RunStore.open(resume, lock=True, fingerprint=config_fingerprint(loaded[0])))
-                    ended = end_stale_workers(stores[0].path)
-                    if ended:
-                        err_console.print(f"{stores[0].path}: {len(ended)} worker(s) of the interrupted runner were "
-                                          f"still running (pid {', '.join(map(str, ended))}); ended them", highlight=False)
-                else:
-                    loaded = [load_config(c, _split_csv(backends_opt), profile) for c in configs]
-                    if executor is not None:  # before any folder exists: no worker can hold these threads
-                        executor.check_cells([c for cfg in loaded for c in cfg.cells()])
-                    for cfg in loaded:
-                        meta = new_run_meta(cfg)
-                        meta["config_fingerprint"] = config_fingerprint(cfg)
-                        if out is None or len(loaded) > 1:
-                            stores.append(RunStore.create_unique(out or Path("results"), meta))
-                        else:
-                            stores.append(RunStore.create(out, meta, lock=True))
+                runs = open_runs([_config_path(c) for c in configs], _backend_names(backends_opt), profile, out,
+                                 resume, executor_opt, scheduler, workers)
             except HarnessError as exc:
                 _fail(exc, 2)
-
-            for cfg, store in zip(loaded, stores):
-                console.print(terminal.header(cfg.name, cfg.groups(), store.path), highlight=False)
-                try:
-                    with terminal.progress(err_console) as progress:
-                        run_into(cfg, store, progress, executor, console=err_console, name_group=terminal.group_name)
-                except KeyboardInterrupt:
-                    err_console.print(f"interrupted ({stopped.name}): finished cells are saved; continue with "
-                                      f"`{resume_command(cfg.path, store.path, profile, backends_opt)}`",
-                                      highlight=False, markup=False)
-                    raise typer.Exit(stopped.exit_code)
-                except HarnessError as exc:
-                    _fail(exc, 1)
-                _print_summary(store)
-                if not no_plots:
-                    _draw(store.path) if no_report else _draw_and_report(store.path)
+            with runs:
+                if runs.ended_workers:  # reopening an interrupted run whose killed runner left them
+                    err_console.print(f"{runs.runs[0][1].path}: {len(runs.ended_workers)} worker(s) of the interrupted "
+                                      f"runner were still running (pid {', '.join(map(str, runs.ended_workers))}); "
+                                      f"ended them", highlight=False)
+                for cfg, store in runs:
+                    _run_and_show(cfg, store, runs.executor, stopped, (profile, backends_opt), no_plots, no_report)
         except KeyboardInterrupt:  # before any cell ran (loading, creating the folder) or while summarising
             kill_all_workers()
             err_console.print(f"interrupted ({stopped.name})", highlight=False)
             raise typer.Exit(stopped.exit_code)
-        finally:
-            for store in stores:
-                store.close()
 
 
-def _check_backend_names(backends_opt: Optional[str]) -> None:
-    """Every name of ``--backends`` is a registered backend (with a suggestion for a typo)."""
+def _run_and_show(cfg, store, executor, stopped, resume_options: tuple, no_plots: bool, no_report: bool) -> None:
+    """Run one config into its open folder under a progress bar (an interrupt says how to resume it), then
+    print its summary and draw its plots and report."""
+    from harness.results import terminal
+    from harness.run.session import resume_command, run_into
+
+    console.print(terminal.header(cfg.name, cfg.groups(), store.path), highlight=False)
+    try:
+        with terminal.progress(err_console) as progress:
+            run_into(cfg, store, progress, executor, console=err_console, name_group=terminal.group_name)
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted ({stopped.name}): finished cells are saved; continue with "
+                          f"`{resume_command(cfg.path, store.path, *resume_options)}`", highlight=False, markup=False)
+        raise typer.Exit(stopped.exit_code)
+    except HarnessError as exc:
+        _fail(exc, 1)
+    _print_summary(store)
+    if not no_plots:
+        _draw(store.path) if no_report else _draw_and_report(store.path)
+
+
+def _backend_names(backends_opt: Optional[str]) -> list[str] | None:
+    """``--backends`` as names, each a registered backend (with a suggestion for a typo: the option's,
+    not the config file's)."""
     import backends
 
-    for name in _split_csv(backends_opt) or []:
+    names = _split_csv(backends_opt)
+    for name in names or []:
         try:
             backends.ref(name).backend_class()
         except HarnessError as exc:
             if str(exc).startswith("unknown backend"):
                 raise HarnessError(f"--backends: {exc}") from None
+    return names
 
 
 def _config_path(given: Path) -> Path:
