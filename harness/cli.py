@@ -15,12 +15,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.cli_help import HelpGroup
 from harness.spec.errors import HarnessError
 from harness.spec.model import REDUCED_DTYPES
 from harness.spec.status import Status
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark one RNN spec across backends.")
-env_app = typer.Typer(no_args_is_help=True, help="Isolated environments: Theano's, and one per set of pinned "
+app = typer.Typer(cls=HelpGroup, add_completion=False, no_args_is_help=True, help="Benchmark one RNN spec across backends.")
+env_app = typer.Typer(cls=HelpGroup, no_args_is_help=True, help="Isolated environments: Theano's, and one per set of pinned "
                                                   "versions (jax@0.4.38).")
 app.add_typer(env_app, name="env")
 def _console(stderr: bool = False) -> Console:

@@ -31,10 +31,18 @@ def test_a_backend_typo_on_the_command_line_is_the_option_s_with_a_suggestion(tm
 
 
 def test_help_shows_flags_as_flags():
-    for command in (["run"], ["check"], ["reproduce"], ["docs"], ["env", "create"]):
+    """Every command's --help, --help itself included: a flag shows no value type, an argument that takes
+    several values names the type of one."""
+    commands = [[]] + [[c.name or c.callback.__name__] for c in app.registered_commands]
+    commands += [["env"], ["env", "create"], ["env", "list"]]
+    assert ["docs"] in commands and ["run"] in commands
+    for command in commands:
         out = CliRunner().invoke(app, command + ["--help"], terminal_width=120).output
-        flags = [line for line in out.splitlines() if "<bool>" in line and "--help" not in line]  # typer's own
-        assert not flags, (command, flags)
+        assert "--help" in out, command
+        odd = [line for line in out.splitlines() if "<bool>" in line or "<list[" in line]
+        assert not odd, (command, odd)
+    out = CliRunner().invoke(app, ["run", "--help"], terminal_width=120).output
+    assert "configs...      <path>" in out
 
 
 class _Bar:
