@@ -104,7 +104,8 @@ def summary_tables(timings: pd.DataFrame, meta: dict) -> list:
     from rich import box
     from rich.table import Table
     from harness.results import caveats
-    from harness.results.report import imprecise, speedup_note
+    from harness.results.labels import reading_order
+    from harness.results.report import group_answer, imprecise, speedup_note
 
     df = timings.assign(label=backend_label(timings))
     paired = "setting_baseline" in df and df["setting_speedup"].notna().any()
@@ -113,7 +114,7 @@ def summary_tables(timings: pd.DataFrame, meta: dict) -> list:
         values = setting_values(str(df["setting_baseline"].dropna().iloc[0]))
         first = setting_label(values, list(values))
     groups = []
-    for _, g in df.groupby("group", sort=False):
+    for _, g in reading_order(df.groupby("group", sort=False)):  # in the order the report's Answer lists them
         rows, reasons = [], []
         for _, r in g.iterrows():
             ok = r["status"] == Status.OK
@@ -134,17 +135,25 @@ def summary_tables(timings: pd.DataFrame, meta: dict) -> list:
                 row["note"] = f"final loss {r['final_loss']:.3f}" + (f", target at {ttt:.2f} s" if pd.notna(ttt) else "")
             rows.append(row)
         head = g.iloc[0]
-        groups.append((f"{head['workload']} {group_label(head)}", speedup_note(g), rows, list(dict.fromkeys(reasons))))
+        lines = [f"[bold]{escape(head['workload'] + ' ' + group_label(head))}[/]"]
+        if not paired and head["workload"] != "train":  # the answer under the group's name, then its rows
+            _, gain, winner = group_answer(g)
+            if gain != "-":
+                lines.append(escape(gain if winner is None or "fastest; next" in gain
+                                    else f"fastest: {winner['label']} {gain}"))
+        if speedup_note(g):
+            lines.append(f"[yellow]{escape(speedup_note(g))}[/]")
+        groups.append(("\n".join(lines), rows, list(dict.fromkeys(reasons))))
     # under pair_over the compile times give way to the paired column: both intervals fit 80 columns
     heads = ["backend", "median"] + ([f"over {first} [95% CI]"] if paired else []) + ["speedup [95% CI]"] + \
         ([] if paired else ["compile"])
-    widths = {h: max([len(h)] + [len(_plain(r[h])) for *_, rows, _ in groups for r in rows]) for h in heads}
+    widths = {h: max([len(h)] + [len(_plain(r[h])) for _, rows, _ in groups for r in rows]) for h in heads}
     out, shown = [], None
-    for title, note, rows, reasons in groups:
+    for title, rows, reasons in groups:
         # a column with nothing in this group (a training group's speedups) gives way to its notes (final loss)
         columns = [h for h in heads if h in ("backend", "median") or any(_plain(r[h]) != "-" for r in rows)]
         columns += ["note"] if any(r["note"] for r in rows) else []
-        table = Table(title=f"[bold]{escape(title)}[/]" + (f"\n[yellow]{escape(note)}[/]" if note else ""),
+        table = Table(title=title,
                       title_justify="left", box=box.SIMPLE_HEAD, show_header=columns != shown, pad_edge=False,
                       padding=(0, 1))
         shown = columns
@@ -184,7 +193,12 @@ def print_summary(timings: pd.DataFrame, meta: dict, console) -> None:
     """The summary tables under one heading (what the speedups are over), on ``console``."""
     if timings.empty:
         return
+    from harness.results.report import winners_line
+
     console.print(f"[bold]{escape(str(meta.get('name')))}[/]: median per call; speedup over "
                   f"{escape(str(meta.get('baseline')))}: its time / the backend's", highlight=False)
+    first = winners_line(timings)
+    if first:
+        console.print(escape(first), highlight=False)
     for table in summary_tables(timings, meta):
         console.print(table)
