@@ -105,7 +105,7 @@ def run_cmd(
             for cfg, store in zip(loaded, stores):
                 console.print(terminal.header(cfg.name, cfg.groups(), store.path), highlight=False)
                 try:
-                    with terminal.progress(err_console) as progress:
+                    with terminal.progress(err_console, store) as progress:
                         run_into(cfg, store, progress, executor, console=err_console, name_group=terminal.group_name)
                 except KeyboardInterrupt:
                     err_console.print(f"interrupted ({stopped.name}): finished cells are saved; continue with "
