@@ -136,7 +136,7 @@ def _draw_points(items: pd.DataFrame, out: Path, xlabel: str, title: str, row_ke
         ax.tick_params(axis="x", labelsize=8)
         name = " · ".join(n for n in (d["row_name"].iloc[0], d["col_name"].iloc[0]) if n)
         ax.set_title(textwrap.fill(name, 48), fontsize=9)
-        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_xlabel(textwrap.fill(xlabel, int(width * 72 / (8 * 0.62))), fontsize=8)  # within its panel
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
