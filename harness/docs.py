@@ -411,8 +411,15 @@ def check_examples(examples: Path, specs: list[TableSpec]) -> None:
 
 
 def check_page(page: Path, examples: Path) -> list[TableSpec]:
-    """The tables of the page that differ from what their runs give (empty: the page agrees)."""
-    return render_page(page, examples)[1]
+    """The tables of the page that differ from what their runs give (empty: the page agrees); a HarnessError
+    where the text around them promises what the runs do not hold (:func:`promise_problems`), which no
+    regeneration fixes: the text is written by hand."""
+    changed = render_page(page, examples)[1]
+    problems = promise_problems(page, examples)
+    if problems:
+        raise HarnessError("the page's text promises what its runs do not hold (edit the text, or run what it "
+                           "promises):\n  " + "\n  ".join(problems))
+    return changed
 
 
 def write_page(page: Path, examples: Path) -> list[TableSpec]:

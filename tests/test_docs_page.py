@@ -212,6 +212,10 @@ def test_every_section_s_measured_text_names_only_what_its_runs_ran(tmp_path):
     assert len(problems) == 3 and all("'Inference" in p for p in problems)
     assert any("batch 256" in p for p in problems) and any("threads 4" in p for p in problems)
     assert any("backend halide" in p for p in problems)
+    # `harness docs --check` (what CI runs) fails on them, naming each
+    result = CliRunner().invoke(app, ["docs", "--check", "--page", str(page), "--examples", str(EXAMPLES)],
+                                terminal_width=200)
+    assert result.exit_code == 2 and "names batch 256" in result.output and "names backend halide" in result.output
     # a figure the page shows that its run does not have
     page.write_text(text.replace("plots/speedup.png)", "plots/speedups.png)", 1), encoding="utf-8")
     assert [p.split(": ", 1)[1] for p in docs.promise_problems(page, EXAMPLES)] == [
