@@ -437,12 +437,13 @@ def write_page(page: Path, examples: Path) -> list[TableSpec]:
 
 # -- what a section's text promises, against what its runs hold -------------------------------------
 _WORDS = {"one": 1, "two": 2, "three": 3, "four": 4}
-_NUMBERS = r"(\d+(?:(?:, | and | or | to )\d+)*)"
+_WHOLE = r"(?<![\d.])\d+(?!\d|\.\d)"  # a whole number, not part of a figure (the 2 of "2.35x", the 6 of "23.6")
+_NUMBERS = rf"({_WHOLE}(?:(?:, | and | or | to ){_WHOLE})*)"
 #: phrases of a section's **Measured** text that name what ran, and the column of the runs' cells each names
 _PROMISES = (
     (re.compile(r"\bbatch(?:es)? " + _NUMBERS), "batch"),
     (re.compile(r"\bthreads " + _NUMBERS), "threads"),
-    (re.compile(r"\b(one|two|three|four|\d+) threads?\b"), "threads"),
+    (re.compile(rf"\b(one|two|three|four|{_WHOLE}) threads?\b"), "threads"),
     (re.compile(r"\bhidden " + _NUMBERS), "hidden_size"),
     (re.compile(r"\b(?:input|vocabulary) " + _NUMBERS), "input_size"),
     (re.compile(r"\bT " + _NUMBERS), "seq_len"),
