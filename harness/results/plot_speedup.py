@@ -53,6 +53,13 @@ def facets(df: pd.DataFrame, omit: tuple[str, ...] = ()) -> tuple[pd.DataFrame, 
     return out, sorted(set(out["facet_row"])), sorted(set(out["facet_col"])), common
 
 
+def _wrap(text: str, width: int) -> str:
+    """``text`` in lines of ``width``, the mark's legend (``† target not met``) kept on one line."""
+    legend = f"{MISSED_MARK} {MISSED_NAME}"
+    kept = text.replace(legend, legend.replace(" ", "\u00a0"))  # textwrap breaks at plain spaces only
+    return textwrap.fill(kept, width).replace("\u00a0", " ")
+
+
 def _layout(plt, cells: list, row_keys: list, col_keys: list, panel_w: float, panel_h: float):
     """The figure and each panel's axes, ``{(row, col): ax}``: a grid of rows x columns, or, with one column
     or a grid mostly empty, the panels in order, at most three to a row."""
@@ -136,7 +143,7 @@ def _draw_points(items: pd.DataFrame, out: Path, xlabel: str, title: str, row_ke
         ax.tick_params(axis="x", labelsize=8)
         name = " · ".join(n for n in (d["row_name"].iloc[0], d["col_name"].iloc[0]) if n)
         ax.set_title(textwrap.fill(name, 48), fontsize=9)
-        ax.set_xlabel(textwrap.fill(xlabel, int(width * 72 / (8 * 0.62))), fontsize=8)  # within its panel
+        ax.set_xlabel(_wrap(xlabel, int(width * 72 / (8 * 0.62))), fontsize=8)  # within its panel
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
