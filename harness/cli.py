@@ -15,12 +15,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.cli_help import HelpGroup
 from harness.spec.errors import HarnessError
 from harness.spec.model import REDUCED_DTYPES
 from harness.spec.status import Status
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark one RNN spec across backends.")
-env_app = typer.Typer(no_args_is_help=True, help="Isolated environments: Theano's, and one per set of pinned "
+app = typer.Typer(cls=HelpGroup, add_completion=False, no_args_is_help=True, help="Benchmark one RNN spec across backends.")
+env_app = typer.Typer(cls=HelpGroup, no_args_is_help=True, help="Isolated environments: Theano's, and one per set of pinned "
                                                   "versions (jax@0.4.38).")
 app.add_typer(env_app, name="env")
 def _console(stderr: bool = False) -> Console:
@@ -93,7 +94,7 @@ def _run_and_show(cfg, store, executor, stopped, resume_options: tuple, no_plots
 
     console.print(terminal.header(cfg.name, cfg.groups(), store.path), highlight=False)
     try:
-        with terminal.progress(err_console) as progress:
+        with terminal.progress(err_console, store) as progress:
             run_into(cfg, store, progress, executor, console=err_console, name_group=terminal.group_name)
     except KeyboardInterrupt:
         err_console.print(f"interrupted ({stopped.name}): finished cells are saved; continue with "

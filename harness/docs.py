@@ -411,8 +411,15 @@ def check_examples(examples: Path, specs: list[TableSpec]) -> None:
 
 
 def check_page(page: Path, examples: Path) -> list[TableSpec]:
-    """The tables of the page that differ from what their runs give (empty: the page agrees)."""
-    return render_page(page, examples)[1]
+    """The tables of the page that differ from what their runs give (empty: the page agrees); a HarnessError
+    where the text around them promises what the runs do not hold (:func:`promise_problems`), which no
+    regeneration fixes: the text is written by hand."""
+    changed = render_page(page, examples)[1]
+    problems = promise_problems(page, examples)
+    if problems:
+        raise HarnessError("the page's text promises what its runs do not hold (edit the text, or run what it "
+                           "promises):\n  " + "\n  ".join(problems))
+    return changed
 
 
 def write_page(page: Path, examples: Path) -> list[TableSpec]:
@@ -426,6 +433,107 @@ def write_page(page: Path, examples: Path) -> list[TableSpec]:
     if changed:
         writes.write_file(page, text)
     return changed
+
+
+# -- what a section's text promises, against what its runs hold -------------------------------------
+_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4}
+_WHOLE = r"(?<![\d.])\d+(?!\d|\.\d)"  # a whole number, not part of a figure (the 2 of "2.35x", the 6 of "23.6")
+_NUMBERS = rf"({_WHOLE}(?:(?:, | and | or | to ){_WHOLE})*)"
+#: phrases of a section's **Measured** text that name what ran, and the column of the runs' cells each names
+_PROMISES = (
+    (re.compile(r"\bbatch(?:es)? " + _NUMBERS), "batch"),
+    (re.compile(r"\bthreads " + _NUMBERS), "threads"),
+    (re.compile(rf"\b(one|two|three|four|{_WHOLE}) threads?\b"), "threads"),
+    (re.compile(r"\bhidden " + _NUMBERS), "hidden_size"),
+    (re.compile(r"\b(?:input|vocabulary) " + _NUMBERS), "input_size"),
+    (re.compile(r"\bT " + _NUMBERS), "seq_len"),
+)
+
+
+def _measured_texts(lines: list[str]) -> list[tuple[int, str, str]]:
+    """Each section's **Measured** text, ``(line, section title, text)``: from that paragraph to the section's
+    first generated table, fenced code left out (a command to run is no claim about what ran)."""
+    out, title, start, text, fenced = [], "", None, [], False
+    for i, line in enumerate(lines, 1):
+        if line.startswith("## "):
+            title, start, text = line[3:], None, []
+            continue
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if start is None and line.startswith("**Measured**"):
+            start = i
+        if start is not None and not fenced:
+            if OPEN.match(line) and not line.startswith("<!-- table: host"):
+                out.append((start, title, " ".join(text)))
+                start, text = None, []
+            elif not line.startswith("<!--") and not line.startswith("*Run "):
+                text.append(line)
+    return out
+
+
+def _section_runs(lines: list[str], start: int) -> list[str]:
+    """The runs the generated tables of the section holding line ``start`` read."""
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
+    first = max(i for i in range(start) if lines[i].startswith("## ") or i == 0)
+    runs = []
+    for line in lines[first:end]:
+        m = OPEN.match(line)
+        if m:
+            runs += m.group("spec").split()[1].split(",")
+    return list(dict.fromkeys(runs))
+
+
+def _promised(text: str) -> dict[str, set]:
+    """What a **Measured** text says ran: the batches, thread counts, sizes (``{column: values}``) and the
+    backends it names in backticks (``{"label": names}``)."""
+    import backends
+
+    out: dict[str, set] = {}
+    plain = text.replace("`", "")
+    for pattern, column in _PROMISES:
+        for m in pattern.finditer(plain):
+            numbers = re.split(r", | and | or | to ", m.group(1))
+            out.setdefault(column, set()).update(_WORDS.get(n, None) or int(n) for n in numbers)
+    for name in re.findall(r"`([a-z][a-z0-9_]*(?::[a-z0-9_]+)?)`", text):
+        try:
+            backends.ref(name).backend_class()
+        except HarnessError:
+            continue
+        out.setdefault("label", set()).add(name)
+    return out
+
+
+def promise_problems(page: Path, examples: Path) -> list[str]:
+    """Where a section's **Measured** text names a batch, a thread count, a size or a backend that none of
+    its runs' cells has, or the page shows a figure that is not there (empty: every such promise is kept).
+    Sections whose runs are not there are skipped."""
+    from harness.results.store import load_run
+
+    lines = Path(page).read_text(encoding="utf-8").splitlines()
+    problems = []
+    for line, title, text in _measured_texts(lines):
+        runs = [r for r in _section_runs(lines, line) if (Path(examples) / r / "run.json").exists()]
+        if not runs:
+            continue
+        cells = pd.concat([load_run(Path(examples) / r).timings for r in runs], ignore_index=True)
+        names = {str(b) if str(v) in ("default", "None", "nan") else f"{b}:{v}"
+                 for b, v in zip(cells["backend"], cells["variant"])} | set(cells["backend"].astype(str))
+        for column, values in _promised(text).items():
+            held = names if column == "label" else {int(v) for v in cells[column].dropna()}
+            missing = sorted(values - held, key=str)
+            if missing:
+                what = {"label": "backend", "hidden_size": "hidden size", "input_size": "input size",
+                        "seq_len": "sequence length"}.get(column, column)
+                problems.append(f"{page}:{line}: section {title!r} names {what} {', '.join(map(str, missing))}, "
+                                f"which none of its runs ({', '.join(runs)}) has")
+    for i, text in enumerate(lines, 1):  # every figure the page shows is one its runs have
+        for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
+            _, sep, inside = link.partition("results/examples/")
+            figure = Path(examples) / inside if sep else Path(page).parent / link
+            if not figure.is_file():
+                problems.append(f"{page}:{i}: the figure {link} is not there")
+    return problems
 
 
 # -- the committed runs' plots and reports, checked like the tables --------------------------------

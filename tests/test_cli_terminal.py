@@ -31,10 +31,18 @@ def test_a_backend_typo_on_the_command_line_is_the_option_s_with_a_suggestion(tm
 
 
 def test_help_shows_flags_as_flags():
-    for command in (["run"], ["check"], ["reproduce"], ["docs"], ["env", "create"]):
+    """Every command's --help, --help itself included: a flag shows no value type, an argument that takes
+    several values names the type of one."""
+    commands = [[]] + [[c.name or c.callback.__name__] for c in app.registered_commands]
+    commands += [["env"], ["env", "create"], ["env", "list"]]
+    assert ["docs"] in commands and ["run"] in commands
+    for command in commands:
         out = CliRunner().invoke(app, command + ["--help"], terminal_width=120).output
-        flags = [line for line in out.splitlines() if "<bool>" in line and "--help" not in line]  # typer's own
-        assert not flags, (command, flags)
+        assert "--help" in out, command
+        odd = [line for line in out.splitlines() if "<bool>" in line or "<list[" in line]
+        assert not odd, (command, odd)
+    out = CliRunner().invoke(app, ["run", "--help"], terminal_width=120).output
+    assert "configs...      <path>" in out
 
 
 class _Bar:
@@ -108,7 +116,8 @@ def test_the_summary_fits_80_columns_with_every_interval_on_one_line():
     t = pd.read_parquet(EXAMPLES / "quick" / "timings.parquet")
     text = _render(summary_tables(t, {"name": "quick", "baseline": "numpy"}))
     assert max(len(line) for line in text.splitlines()) <= 80
-    intervals = re.findall(r"\d[\d.]*x \[[\d.]+, [\d.]+\]", text)
+    rows = "\n".join(line for line in text.splitlines() if not line.startswith("fastest"))  # not the answers
+    intervals = re.findall(r"\d[\d.]*x \[[\d.]+, [\d.]+\]", rows)
     timed = t[(t["status"] == "ok") & t["speedup_lo"].notna() & (t["speedup_lo"] != t["speedup_hi"])]
     assert len(intervals) == len(timed)
     # groups named as the tables name them (V= for a token input, T= for the sequence)
@@ -145,7 +154,7 @@ def test_the_progress_line_puts_count_and_time_left_first_and_cuts_the_name_last
     assert "numpy: compiling" in lines[-1] and "…" in lines[-1]
 
 
-def test_without_a_terminal_each_finished_pass_is_a_plain_line():
+def test_without_a_terminal_and_a_store_each_move_of_the_bar_is_a_plain_line():
     from rich.console import Console
 
     from harness.results.terminal import PlainProgress, progress
@@ -161,6 +170,74 @@ def test_without_a_terminal_each_finished_pass_is_a_plain_line():
     lines = console.export_text().splitlines()
     assert len(lines) == 2 and lines[0].startswith("[2/4 ") and lines[1].startswith("[4/4 ")
     assert lines[1].endswith("done: train_step elman D=3 H=4 T=4 B=1 float32")  # the group, not its last phase
+
+
+def test_without_a_terminal_each_finished_cell_is_a_plain_line_with_its_median_and_speedup(
+        fake_backends, write_config, tmp_path):
+    from rich.console import Console
+
+    from harness.config import load_config
+    from harness.results.store import RunStore
+    from harness.results.terminal import group_name, progress
+    from harness.run.runner import Runner, finish_meta, new_run_meta
+
+    cfg = load_config(write_config("""
+name: plain
+seed: 1
+model: {kind: elman, hidden: 4}
+task: {kind: random, input_size: 3, output_size: 2, seq_len: 4, n_sequences: 8}
+workloads: [train_step]
+batch: [1, 2]
+backends: [ref, 'ref:slow']
+baseline: ref
+timing: {warmup: 1, min_rounds: 3, min_time_s: 0.01, max_time_s: 0.5, timeout_s: 30, passes: 2}
+"""))
+    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+    console = Console(width=80, record=True, force_terminal=False, color_system=None)  # a log file, not a TTY
+    runner = Runner(cfg, store, name_group=group_name)
+    runner.gemm_peaks = {"float32|threads=1": 1.0}  # not measured: no extra worker
+    with progress(console, store) as bar:
+        runner.run(bar)
+    finish_meta(store)
+    lines = [line for line in console.export_text().splitlines() if line.startswith("[")]
+    # a line per cell (2 groups x 2 backends), not per pass (8 steps), each once its group is done
+    assert len(lines) == 4, lines
+    # passes go round the groups: the first group is done after its second pass, at 6 of 8 steps
+    assert lines[0].startswith("[6/8 ") and lines[-1].startswith("[8/8 ")
+    assert not any("pass" in line for line in lines)
+    for batch, (base, slow) in zip((1, 2), (lines[:2], lines[2:])):
+        name = f"train_step elman D=3 H=4 T=4 B={batch} float32"  # as the summary tables name the group
+        assert base.split("] ", 1)[1].startswith(f"{name} · ref: ") and base.endswith(", 1x (the reference)")
+        assert slow.split("] ", 1)[1].startswith(f"{name} · ref:slow: ") and ", speedup " in slow
+        assert any(unit in slow.split("ref:slow: ", 1)[1] for unit in ("ms", "µs", " s,"))
+
+
+def test_a_training_group_is_named_a_training_run_not_a_pass(fake_backends, write_config, tmp_path):
+    from harness.config import load_config
+    from harness.results.store import RunStore
+    from harness.results.terminal import group_name
+    from harness.run.runner import Runner, finish_meta, new_run_meta
+
+    cfg = load_config(write_config("""
+name: trains
+seed: 1
+model: {kind: elman, hidden: 4}
+task: {kind: random, input_size: 3, output_size: 2, seq_len: 4, n_sequences: 8}
+workloads: [train]
+batch: [2]
+backends: [ref]
+train: {epochs: 1, eval_every: 8}
+timing: {timeout_s: 30, passes: 3}
+"""))
+    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+    bar = _Bar()
+    runner = Runner(cfg, store, name_group=group_name)
+    runner.gemm_peaks = {"float32|threads=1": 1.0}
+    runner.run(bar)
+    finish_meta(store)
+    named = [d for d in bar.descriptions if " · " in d]
+    assert named and all(d.endswith("train elman D=3 H=4 T=4 B=2 float32 · training run") for d in named), named
+    assert not any("pass" in d for d in bar.descriptions)
 
 
 def test_the_header_counts_what_the_bar_counts(fake_backends, write_config, tmp_path):

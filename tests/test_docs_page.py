@@ -192,3 +192,31 @@ def test_a_dtypes_table_sets_each_problem_and_backend_across_dtypes(tmp_path):
     assert "| problem | backend | float32 final loss (train s) | bfloat16 final loss (train s) | bfloat16 loss vs float32 |" in lines
     assert "| lstm D=512 H=512 T=25 B=64 2 thr | numpy | 4.0000 (2.0 s) | 4.0400 (2.0 s) | +1.00% |" in lines
     assert "| lstm D=512 H=512 T=25 B=64 2 thr | jax | 4.0000 (2.0 s) | 3.9800 (2.0 s) | -0.50% |" in lines
+
+
+def test_every_section_s_measured_text_names_only_what_its_runs_ran(tmp_path):
+    """Each section's **Measured** text: every batch, thread count, size and backend it names is in the cells
+    of the runs its tables read; a promise the run did not keep is found."""
+    assert docs.promise_problems(PAGE, EXAMPLES) == []
+    sections = docs._measured_texts(PAGE.read_text(encoding="utf-8").splitlines())
+    assert len(sections) >= 14  # every section with a measured run, not only the GPU LSTM's
+    # a batch sweep the run never made, a thread count it never used, a backend it never had: each is found
+    text = PAGE.read_text(encoding="utf-8")
+    broken = text.replace("**Measured** (`results/examples/inference`; input 128, T 32, one thread):",
+                          "**Measured** (`results/examples/inference`; input 128, T 32, batches 1 to 256, four "
+                          "threads, with `halide`):")
+    assert broken != text
+    page = tmp_path / "experiments.md"
+    page.write_text(broken, encoding="utf-8")
+    problems = docs.promise_problems(page, EXAMPLES)
+    assert len(problems) == 3 and all("'Inference" in p for p in problems)
+    assert any("batch 256" in p for p in problems) and any("threads 4" in p for p in problems)
+    assert any("backend halide" in p for p in problems)
+    # `harness docs --check` (what CI runs) fails on them, naming each
+    result = CliRunner().invoke(app, ["docs", "--check", "--page", str(page), "--examples", str(EXAMPLES)],
+                                terminal_width=200)
+    assert result.exit_code == 2 and "names batch 256" in result.output and "names backend halide" in result.output
+    # a figure the page shows that its run does not have
+    page.write_text(text.replace("plots/speedup.png)", "plots/speedups.png)", 1), encoding="utf-8")
+    assert [p.split(": ", 1)[1] for p in docs.promise_problems(page, EXAMPLES)] == [
+        "the figure ../results/examples/quick/plots/speedups.png is not there"]

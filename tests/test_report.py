@@ -296,3 +296,60 @@ def test_a_run_s_commit_is_clean_when_only_outputs_and_untracked_files_differ(tm
     meta = {"git_commit": git_commit(tmp_path), "git_changed": git_changes(tmp_path)}
     rows = _run_section(meta, pd.DataFrame(), tmp_path)[1].rows
     assert any(r[0] == "git commit" and "-dirty` (changed: `code.py`)" in r[1] for r in rows)
+
+
+def test_the_answer_reads_a_sweep_in_order_and_says_in_words_where_the_baseline_is_fastest():
+    title, blocks = build_report(EXAMPLES / "lstm_gpu", plots=[])
+    answer = to_markdown(title, blocks, EXAMPLES / "lstm_gpu").split("## Answer", 1)[1].split("## Run", 1)[0]
+    rows = [line for line in answer.splitlines() if line.startswith("| forward") or line.startswith("| train_step")]
+    # run order was B=64 forward, B=64 train_step, then B=1 and 16 of each: the reader gets each workload's sweep
+    assert [r.split(" · ")[0].strip("| ") + " " + r.split(" B=")[1].split()[0] for r in rows] == [
+        "forward 1", "forward 16", "forward 64", "train_step 1", "train_step 16", "train_step 64"]
+    assert "| cuda (1.31 ms) | 4.03x [3.67, 5.13] |" in rows[0]
+    # the answer first: who was fastest how often
+    assert "The fastest backend per comparison group: cuda in 6 of 6 groups." in answer.split("| problem")[0]
+    # the results follow the Answer's order
+    results = to_markdown(title, blocks, EXAMPLES / "lstm_gpu").split("## Results", 1)[1]
+    heads = [line for line in results.splitlines() if line.startswith("### ")]
+    assert [h.split(" B=")[1].split()[0] for h in heads[:3]] == ["1", "16", "64"] and heads[0].startswith("### forward")
+
+
+def test_where_the_baseline_is_fastest_the_answer_says_so_in_words():
+    title, blocks = build_report(EXAMPLES / "numpy_vs_theano", plots=[])
+    answer = to_markdown(title, blocks, EXAMPLES / "numpy_vs_theano").split("## Answer", 1)[1].split("## Run", 1)[0]
+    assert "1x [1, 1]" not in answer
+    assert "| numpy (2.22 ms) | numpy fastest; next: pytensor:jax 0.943x [0.929, 0.948] |" in answer
+    assert "numpy (the baseline) in 2 of 3 groups, pytensor:jax in 1." in answer.split("| problem")[0]
+
+
+def test_the_terminal_summary_gives_each_group_s_answer_first_in_the_answer_s_order():
+    from rich.console import Console
+
+    from harness.results.terminal import print_summary
+
+    t = pd.read_parquet(EXAMPLES / "numpy_vs_theano" / "timings.parquet")
+    console = Console(width=80, record=True, color_system=None)
+    print_summary(t, {"name": "numpy_vs_theano", "baseline": "numpy"}, console)
+    text = console.export_text()
+    assert "numpy (the baseline) in 2 of 3 groups" in text
+    lines = text.splitlines()
+    title = next(i for i, line in enumerate(lines) if line.startswith("train_step elman V=8000 H=100 T=20 B=1 float32"))
+    assert lines[title + 1].startswith("numpy fastest; next: pytensor:jax 0.943x [0.929, 0.948]")
+    last = next(i for i, line in enumerate(lines) if line.startswith("train_step elman D=512"))
+    assert lines[last + 1].startswith("fastest: pytensor:jax 1.02x [1.02, 1.03]")
+    assert "1x [1, 1]" not in text
+
+
+def test_reading_order_puts_the_batch_innermost_and_the_workloads_in_order():
+    from harness.results.labels import reading_order
+
+    def block(workload, batch, threads=1):
+        return (None, pd.DataFrame([{"model": "lstm", "input_size": 4, "hidden_size": 8, "seq_len": 5, "tokens": False,
+                                     "batch": batch, "dtype": "float32", "threads": threads, "device": "cpu",
+                                     "workload": workload, "bptt": "full", "layers": 1}]))
+
+    blocks = [block("train_step", 64), block("forward", 64), block("train_step", 1, 2), block("train_step", 1),
+              block("forward", 1)]
+    got = [(b.iloc[0]["workload"], int(b.iloc[0]["batch"]), int(b.iloc[0]["threads"])) for _, b in reading_order(blocks)]
+    assert got == [("forward", 1, 1), ("forward", 64, 1), ("train_step", 1, 1), ("train_step", 64, 1),
+                   ("train_step", 1, 2)]

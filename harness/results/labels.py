@@ -25,6 +25,17 @@ def imprecise(row) -> bool:
     return met is not None and not pd.isna(met) and not bool(met)
 
 
+def short_of_target(value, lo, hi, target) -> bool:
+    """A ratio whose 95% interval is wider than a precision target (its relative half-width above it): how a
+    ratio the stop rule did not wait for (a paired setting's, one run's against another's) is marked with
+    :data:`MISSED_MARK` like a speedup that missed it. False without a target or an interval."""
+    from harness.run.stats import half_width
+
+    if not all(_finite(v) for v in (value, lo, hi, target)):
+        return False
+    return bool(half_width(float(value), float(lo), float(hi)) > float(target))
+
+
 def missed_text(row) -> str:
     """What the mark stands for on one row: ``† target ±2.0% not met (±3.1%)``."""
     half = row.get("speedup_half_width")
@@ -106,6 +117,41 @@ def setting_label(values, keys) -> str:
     """A paired setting as a reader names it, from a row or a dict of its ``keys``' values: ``bfloat16``,
     ``2 thr``, ``bfloat16 2 thr``."""
     return " ".join(f"{values[k]} thr" if k == "threads" else str(values[k]) for k in keys)
+
+
+#: the workloads in the order a reader follows them: a forward pass, then a step that trains on it, then training
+WORKLOAD_ORDER = {"forward": 0, "train_step": 1, "train": 2}
+
+
+def sweep_order(key: str, value):
+    """A swept key's value as it sorts in tables and panels: workloads in :data:`WORKLOAD_ORDER`, numbers
+    (batch, threads) ascending, other values (dtype) by their text."""
+    if key == "workload":
+        return (WORKLOAD_ORDER.get(value, 9), str(value))
+    try:
+        return (0, float(value))
+    except (TypeError, ValueError):
+        return (1, str(value))
+
+
+def reading_order(blocks) -> list:
+    """Comparison groups (``(key, rows)`` pairs, as ``groupby`` yields them) in the order a reader looks for
+    an answer: by workload, then by problem in the order the run met them, then device, dtype (run order)
+    and threads, the batch innermost and ascending, so that a batch sweep reads as one run of rows (B=1,
+    16, 64) and not in the order the config happened to list its parts."""
+    blocks = list(blocks)
+    heads = [rows.iloc[0] for _, rows in blocks]
+    problems = [group_label(h, omit=("batch", "dtype", "threads", "device")) for h in heads]
+    first_problem = {p: i for i, p in reversed(list(enumerate(problems)))}
+    first_dtype = {str(h["dtype"]): i for i, h in reversed(list(enumerate(heads)))}
+
+    def key(i):
+        h = heads[i]
+        return (sweep_order("workload", h["workload"]), first_problem[problems[i]], str(h.get("device") or ""),
+                first_dtype[str(h["dtype"])], sweep_order("threads", h.get("threads")),
+                sweep_order("batch", h.get("batch")))
+
+    return [blocks[i] for i in sorted(range(len(blocks)), key=key)]
 
 
 #: how every ratio is named on screen, in reports, plots and the page: a reference's time over this one's

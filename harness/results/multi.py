@@ -72,7 +72,9 @@ def run_pairs(timings: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
     """Each later run's common cells against the first run's: a row per cell and later run with ``run_id``,
     ``problem``, ``label`` (backend), both medians, and the later run's speedup over the first (the first's
     median over the later one's: above 1, faster in the later run) with a 95% interval from resampling each
-    run's rounds on its own (they were not timed in turn); cells that did not run in both have no ratio."""
+    run's rounds on its own (they were not timed in turn) and ``precision``, the tighter of the two runs'
+    precision targets (what a ratio's interval is held to in :func:`plot_runs`); cells that did not run in
+    both have no ratio."""
     from harness.run.stats import ratio_interval
     from harness.results.labels import backend_label, group_label
 
@@ -90,7 +92,10 @@ def run_pairs(timings: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
             row = {"run_id": run, "problem": f"{a['workload']} · {group_label(a)}", "label": a["label"],
                    "workload": a["workload"], "status_a": a["status"], "status_b": b["status"],
                    "median_a_s": a.get("median_s"), "median_b_s": b.get("median_s"),
-                   "ratio": float("nan"), "ratio_lo": float("nan"), "ratio_hi": float("nan")}
+                   "ratio": float("nan"), "ratio_lo": float("nan"), "ratio_hi": float("nan"),
+                   # the tighter of the two runs' precision targets, the mark's measure (None: neither set one)
+                   "precision": min((float(p) for p in (a.get("speedup_precision"), b.get("speedup_precision"))
+                                     if p is not None and p == p), default=None)}
             if a["status"] == Status.OK and b["status"] == Status.OK:
                 sa, sb = (list(r.get("samples_s")) if r.get("samples_s") is not None else [] for r in (a, b))
                 if sa and sb:

@@ -141,6 +141,55 @@ def _measured_ticks(axis, values) -> None:
     axis.set_major_formatter(lambda v, _: f"{int(round(v))}")
 
 
+def direct_labels(ax, ends, fontsize: float = 8) -> None:
+    """Name each line of ``ax`` at its right end, in its colour: ``ends`` holds ``(label, x, y, colour)`` of
+    each line's last point (data coordinates; call once the lines, scales and limits are set). The x axis
+    grows to the right to hold the longest name inside the panel; names that would overlap are nudged apart
+    (at least a line of text between two) and joined to their line's end by a thin line of its colour."""
+    if not ends:
+        return
+    fig = ax.figure
+    fig.tight_layout()  # the panel at the size it will be drawn: the names are spaced in its points
+    ax.autoscale_view()
+    width_pt = ax.get_position().width * fig.get_figwidth() * 72
+    height_pt = ax.get_position().height * fig.get_figheight() * 72
+    pad_pt, lead_pt = 5.0, 12.0
+    room = min(0.45, (pad_pt + lead_pt + 0.58 * fontsize * max(len(str(e[0])) for e in ends)) / max(width_pt, 1.0))
+    x0, x1 = ax.get_xlim()
+    if ax.get_xscale() == "log":
+        ax.set_xlim(x0, x1 * (x1 / x0) ** (room / (1 - room)))
+    else:
+        ax.set_xlim(x0, x1 + (x1 - x0) * room / (1 - room))
+    ax.set_ylim(*ax.get_ylim())  # fixed now: the names are placed against these limits
+    to_axes = ax.transData + ax.transAxes.inverted()
+    at = [tuple(to_axes.transform((float(x), float(y)))) for _, x, y, _ in ends]
+    gap = 1.4 * fontsize / max(height_pt, 1.0)  # a line of text and a little air
+    order = sorted(range(len(ends)), key=lambda i: at[i][1])
+    place = {}
+    below = -1.0
+    for i in order:  # upwards: each name at its line's end or a line of text above the one below it
+        place[i] = max(at[i][1], below + gap, gap / 2)
+        below = place[i]
+    above = 2.0
+    for i in reversed(order):  # then down from the top edge, where the upward pass ran out of room
+        place[i] = min(place[i], above - gap, 1 - gap / 2)
+        above = place[i]
+    from matplotlib.colors import to_rgb
+
+    nudged = [abs(place[i] - at[i][1]) > gap / 3 for i in range(len(ends))]
+    # a nudged name's leader runs in the margin left of every name, never through another
+    offset = (pad_pt + (lead_pt if any(nudged) else 0.0)) / max(width_pt, 1.0)
+    for i, (label, _, _, colour) in enumerate(ends):
+        (xf, yf), y_text, moved = at[i], place[i], nudged[i]
+        ink = tuple(0.72 * c for c in to_rgb(colour))  # the line's hue, dark enough to read on white
+        ax.annotate(str(label), xy=(xf, yf), xycoords="axes fraction",
+                    xytext=(xf + offset, y_text), textcoords="axes fraction",
+                    va="center", ha="left", fontsize=fontsize, color=ink, annotation_clip=False,
+                    arrowprops={"arrowstyle": "-", "color": colour, "lw": 0.6, "shrinkA": 0, "shrinkB": 1,
+                                "relpos": (0, 0.5)}
+                    if moved else None)
+
+
 def _grid(n_panels: int, max_cols: int, panel_w: float, panel_h: float):
     """A figure of ``n_panels`` panels, at most ``max_cols`` to a row: ``(plt, sns, fig, axes)``."""
     plt, sns = _setup()

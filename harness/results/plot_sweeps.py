@@ -10,7 +10,8 @@ import pandas as pd
 
 from harness.results.labels import backend_label, fmt_seconds, group_label, optional_text
 from harness.spec.status import Status
-from harness.results.plot_style import _grid, _measured_ticks, _palette, _save, _seconds_axis, backend_marker
+from harness.results.plot_style import (_grid, _measured_ticks, _palette, _save, _seconds_axis, backend_marker,
+                                        direct_labels)
 from harness.results.schema import PROBLEM_COLUMNS, SIZE_COLUMNS
 
 
@@ -57,18 +58,21 @@ def plot_scaling(timings: pd.DataFrame, out: Path):
     plt, sns, fig, axes = _grid(len(panels), 3, 6.2, 4.6)
     palette = _palette(sns, df["label"])
     for ax, (col, family, d) in zip(axes.flat, panels):
+        ends = []
         for label, line in d.sort_values(col).groupby("label", sort=False):
             # a variant's marker as well as its shade: six shades of one hue alone do not tell cuda variants apart
             ax.plot(line[col], line["median_s"], marker=backend_marker(label), color=palette[label], label=label,
                     markeredgecolor="#222222", markeredgewidth=0.5)
+            last = line.iloc[-1]
+            ends.append((label, last[col], last["median_s"], palette[label]))
         ax.set_xscale("log")
         ax.set_yscale("log")
         _measured_ticks(ax.xaxis, d[col])
-        _seconds_axis(ax.yaxis)
         ax.set_xlabel(col)
         ax.set_ylabel("median time per call")
         ax.set_title(f"scaling with {col}\n{family}", fontsize=9)
-        ax.legend(fontsize=8)
+        direct_labels(ax, ends)  # each line named at its end: no legend to match shades against
+        _seconds_axis(ax.yaxis)
     return _save(plt, fig, axes, len(panels), out)
 
 
@@ -120,6 +124,7 @@ def plot_threads(timings: pd.DataFrame, out: Path):
     plt, sns, fig, axes = _grid(len(panels), 3, 5.6, 4.4)
     palette = _palette(sns, df["label"])
     for ax, (problem, g) in zip(axes.flat, panels):
+        ends = []
         for label, line in g.groupby("label", sort=True):
             line = line.groupby("threads", as_index=False)[["median_s", "iqr_s"]].median().sort_values("threads")
             half = (line["iqr_s"].fillna(0) / 2).to_numpy()
@@ -128,14 +133,15 @@ def plot_threads(timings: pd.DataFrame, out: Path):
             if 1 in set(line["threads"]) and len(line) >= 2:
                 one = float(line.loc[line["threads"] == 1, "median_s"].iloc[0])
                 ax.plot(line["threads"], one / line["threads"], ls=":", lw=1, color=palette[label])
+            ends.append((label, line["threads"].iloc[-1], line["median_s"].iloc[-1], palette[label]))
         ax.set_xscale("log")
         ax.set_yscale("log")
         _measured_ticks(ax.xaxis, g["threads"])
-        _seconds_axis(ax.yaxis)
-        ax.set_xlabel("threads")
+        ax.set_xlabel("threads (dotted: ideal from 1 thread)")
         ax.set_ylabel("median time per call (bars: IQR)")
         ax.set_title(f"thread scaling\n{textwrap.fill(problem, 60)}", fontsize=9)
-        ax.legend(fontsize=8, title="dotted: ideal from 1 thread", title_fontsize=7)
+        direct_labels(ax, ends)  # each line named at its end: no legend to match shades against
+        _seconds_axis(ax.yaxis)
     return _save(plt, fig, axes, len(panels), out)
 
 

@@ -112,33 +112,83 @@ def speedup_note(group: pd.DataFrame) -> str:
 
 
 # -- building the report -------------------------------------------------------------------------
+def group_answer(group: pd.DataFrame) -> tuple[str, str, str | None]:
+    """A comparison group's answer (its rows carry ``label``): the fastest backend that ran with its median,
+    what it gains (its speedup over the baseline with the 95% interval) and its row (None when none ran
+    or none may be named). Where the reference (the baseline, or the fastest ok stand-in of a failed one) is
+    itself the fastest, the words say so with the runner-up's speedup, ``numpy fastest; next: jax 0.93x
+    [0.9, 0.95]``, not a ``1x [1, 1]``."""
+    ran = group[(group["status"] == Status.OK) & group["median_s"].notna()].sort_values("median_s", kind="stable")
+    if ran.empty:
+        return "-", "-", None
+    best = ran.iloc[0]
+    text = f"{best['label']} ({fmt_time(best['median_s'])})"
+    fastest = caveats.fastest(group, best, text)  # never a winner from a contended machine
+    winner = best if fastest == text else None
+    lo, hi = best.get("speedup_lo"), best.get("speedup_hi")
+    if not (_num(lo) and _num(hi) and lo == hi):  # not the reference itself
+        return fastest, fmt_speedup(best, mark=True), winner
+    if len(ran) == 1:
+        return fastest, f"{best['label']} alone ran", winner
+    runner_up = fmt_speedup(ran.iloc[1], mark=True)
+    words = f"{best['label']} fastest; next: {ran.iloc[1]['label']} {runner_up}"
+    return fastest, Hover(words, runner_up.title) if isinstance(runner_up, Hover) else words, winner
+
+
+def _winners(winners: list) -> str:
+    """The Answer's first sentence: who was fastest in how many groups, ``The fastest backend per comparison
+    group: native in 8 of 10 groups, numpy (the baseline) in 2.`` ("" when no group named one)."""
+    from harness.results.labels import backend_name
+
+    named = [w for w in winners if w is not None]
+    if not named:
+        return ""
+    counts: dict[str, int] = {}
+    for row in named:
+        who = row["label"] + (" (the baseline)" if str(row.get("baseline")) == backend_name(row) else "")
+        counts[who] = counts.get(who, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])  # stable: ties in the order the table meets them
+    parts = [f"{who} in {n}" + (f" of {len(winners)} groups" if i == 0 else "") for i, (who, n) in enumerate(ranked)]
+    return f"The fastest backend per comparison group: {', '.join(parts)}."
+
+
+def winners_line(timings: pd.DataFrame) -> str:
+    """Who was fastest in how many comparison groups (:func:`_winners`), from a run's rows."""
+    from harness.results.labels import reading_order
+
+    timed = timings[timings["workload"] != "train"] if len(timings) else timings
+    if timed.empty:
+        return ""
+    df = timed.assign(label=_labels(timed))
+    return _winners([group_answer(g)[2] for _, g in reading_order(df.groupby(SPEEDUP_BLOCK, sort=False, dropna=False))])
+
+
 def _answer_section(timings: pd.DataFrame, meta: dict | None = None) -> list:
-    """The report's first table: per comparison group, the fastest backend that ran and its speedup over
-    the baseline, the cells that did not run, and the speedups that missed their precision target."""
-    from harness.results.labels import group_label
+    """The report's first table: per comparison group, in :func:`reading_order`, the fastest backend that ran
+    and what it gains over the baseline (:func:`group_answer`), the cells that did not run, and the speedups
+    that missed their precision target; above it, who was fastest in how many groups."""
+    from harness.results.labels import group_label, reading_order
 
     timed = timings[timings["workload"] != "train"] if len(timings) else timings
     if timed.empty:
         return []
     df = timed.assign(label=_labels(timed))
-    rows = []
-    for _, g in df.groupby(SPEEDUP_BLOCK, sort=False, dropna=False):
+    rows, winners = [], []
+    for _, g in reading_order(df.groupby(SPEEDUP_BLOCK, sort=False, dropna=False)):
         head = g.iloc[0]
-        ran = g[(g["status"] == Status.OK) & g["median_s"].notna()]
-        if ran.empty:
-            fastest, speedup = "-", "-"
-        else:
-            best = ran.loc[ran["median_s"].idxmin()]
-            fastest, speedup = f"{best['label']} ({fmt_time(best['median_s'])})", fmt_speedup(best, mark=True)
-            fastest = caveats.fastest(g, best, fastest)  # never a winner from a contended machine
+        fastest, speedup, winner = group_answer(g)
+        winners.append(winner)
         missing = g[g["status"] != Status.OK]
         not_run = ", ".join(f"{r['label']}: {r['status']}" for _, r in missing.iterrows()) or "-"
         missed = sum(imprecise(r) for r in g.to_dict("records"))
         rows.append([f"{head['workload']} · {group_label(head)}", fastest, speedup, str(missed) if missed else "-",
                      _first_line(not_run, 120)])
-    return [Heading(2, "Answer")] + [Para(line) for line in caveats.lines(meta or {}, timings)] + [
-            Para(f"Per comparison group: the fastest backend that ran (its median) and its speedup over the baseline "
-                 f"with the 95% interval; {MISSED_MARK} {MISSED_NAME}: the interval missed its precision target. Details in "
+    first = _winners(winners)
+    return [Heading(2, "Answer")] + [Para(line) for line in caveats.lines(meta or {}, timings)] + \
+        ([Para(first)] if first else []) + [
+            Para(f"Per comparison group, a sweep's batches in a run of rows: the fastest backend that ran (its median) "
+                 f"and its speedup over the baseline with the 95% interval (where the baseline is itself the fastest, "
+                 f"the runner-up's); {MISSED_MARK} {MISSED_NAME}: the interval missed its precision target. Details in "
                  "Results below."),
             Table(["problem", "fastest", "speedup [95% CI]", f"{MISSED_MARK} in group", "did not run"], rows,
                   right={2, 3})]
@@ -186,7 +236,7 @@ def paired_answer(timings: pd.DataFrame) -> list:
 
 
 def _results_section(timings: pd.DataFrame) -> list:
-    from harness.results.labels import group_label
+    from harness.results.labels import group_label, reading_order
 
     out: list = [Heading(2, "Results")]
     if timings.empty:
@@ -201,7 +251,7 @@ def _results_section(timings: pd.DataFrame) -> list:
                     "all passes), with the spread of their own medians (slowest minus fastest). Rounds slowed "
                     "by a burst of load are kept: on both sides of a pair the pairing cancels them, on one side "
                     "they widen the interval (timings.parquet counts them per cell)."))
-    for _, g in df.groupby(SPEEDUP_BLOCK, sort=False, dropna=False):
+    for _, g in reading_order(df.groupby(SPEEDUP_BLOCK, sort=False, dropna=False)):  # as the Answer lists them
         head = g.iloc[0]
         out.append(Heading(3, f"{head['workload']} · {group_label(head)}"))
         if speedup_note(g):

@@ -124,6 +124,12 @@ class RunStore:
     lock: FolderLock | None = None
     #: run.json as it stands on disk (None before the first save): what a save that a kill parts leaves in force
     on_disk: dict | None = field(default=None, repr=False)
+    #: what hears of cells once they are saved (:meth:`listen`): the terminal's line per finished cell
+    listeners: list = field(default_factory=list, repr=False)
+
+    def listen(self, callback) -> None:
+        """Call ``callback(rows)`` with the rows of the cells each :meth:`add` records, once they are saved."""
+        self.listeners.append(callback)
 
     @classmethod
     def create(cls, path: Path, meta: dict, lock: bool = False) -> "RunStore":
@@ -235,6 +241,8 @@ class RunStore:
         for r in rows:
             statuses[r["cell_id"]] = r["status"]
         self.save()
+        for callback in self.listeners:
+            callback(rows)
 
     def save(self) -> None:
         """Write the tables and run.json. Each file is replaced atomically, but a kill can still land between

@@ -9,7 +9,7 @@ import time
 import pandas as pd
 from rich.markup import escape
 
-from harness.results.labels import backend_label, fmt_ratio, fmt_seconds, group_label, setting_label
+from harness.results.labels import backend_label, fmt_ratio, fmt_seconds, group_label, imprecise, setting_label
 from harness.results.schema import setting_values
 from harness.spec.status import Status
 
@@ -42,13 +42,14 @@ def header(name: str, groups, folder) -> str:
     return f"[bold]{escape(name)}[/]: {count} -> {escape(str(folder))}"
 
 
-def progress(console):
-    """The progress display for ``console``: a rich bar on a terminal, :class:`PlainProgress` elsewhere."""
+def progress(console, store=None):
+    """The progress display for ``console``: a rich bar on a terminal, :class:`PlainProgress` elsewhere, with a
+    line per cell ``store`` (the run's :class:`~harness.results.store.RunStore`) records."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     from rich.table import Column
 
     if not console.is_terminal:
-        return PlainProgress(console)
+        return PlainProgress(console, store)
     # the count and the time left first: a narrow window cuts the cell's name at its end, never them
     return Progress(MofNCompleteColumn(), TextColumn("eta"), TimeRemainingColumn(), BarColumn(bar_width=12),
                     TextColumn("{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
@@ -56,13 +57,19 @@ def progress(console):
 
 
 class PlainProgress:
-    """The progress display where the output is no terminal (a log file, CI): a plain line each time the bar
-    moves, ``[12/24 0:01:05] <what finished>``, and nothing redrawn."""
+    """The progress display where the output is no terminal (a log file, CI): nothing redrawn, a plain line
+    per finished cell, ``[12/24 0:01:05] train_step elman V=2000 H=100 T=20 B=1 float32 · jax: 474 µs, speedup
+    1.32x [1.25, 1.38]`` (the steps done of the bar's count, the time since the start, the cell as the
+    summary tables name it, its median and speedup or why it has none). Without a ``store`` to hear the
+    cells from, a line each time the bar moves, ``[12/24 0:01:05] done: <the group and pass>``."""
 
-    def __init__(self, console):
+    def __init__(self, console, store=None):
         self.console = console
         self.total, self.completed, self.description = 0.0, 0.0, ""
         self.started = time.monotonic()
+        self.per_cell = store is not None
+        if store is not None:
+            store.listen(self.cells_done)
 
     def __enter__(self):
         return self
@@ -84,14 +91,43 @@ class PlainProgress:
         if advance:
             self.advance(task_id, advance)
 
+    def _prefix(self) -> str:
+        seconds = int(time.monotonic() - self.started)
+        return f"[{self.completed:.0f}/{self.total:.0f} {seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}]"
+
     def advance(self, task_id, n):
         self.completed += n
-        seconds = int(time.monotonic() - self.started)
-        when = f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        if self.per_cell:  # the cells' own lines follow when their group is done
+            return
         # the group and pass that finished, without the phase it was last in ("round 5 (numpy, jax) · ...")
         done = self.description.partition(" · ")[2] or self.description
-        self.console.print(f"[{self.completed:.0f}/{self.total:.0f} {when}] done: {done}", highlight=False,
-                           soft_wrap=True, markup=False)
+        self.console.print(f"{self._prefix()} done: {done}", highlight=False, soft_wrap=True, markup=False)
+
+    def cells_done(self, rows: list[dict]) -> None:
+        """A line per cell just recorded (:func:`cell_line`)."""
+        df = pd.DataFrame(rows)
+        if df.empty:
+            return
+        for label, (_, r) in zip(backend_label(df), df.iterrows()):
+            self.console.print(f"{self._prefix()} {cell_line(r, label)}", highlight=False, soft_wrap=True, markup=False)
+
+
+def cell_line(row, label: str) -> str:
+    """A finished cell in a line: its group as the summary tables name it, its backend, its median and its
+    speedup over the baseline with the interval (the reference's own: ``1x (the reference)``), a training cell's final
+    loss, or the status of a cell that did not run."""
+    text = f"{row['workload']} {group_label(row)} · {label}: "
+    if row["status"] != Status.OK:
+        return text + str(row["status"])
+    text += fmt_seconds(row.get("median_s")) if pd.notna(row.get("median_s")) else "-"
+    if row["workload"] == "train":
+        loss = row.get("final_loss")
+        return text + (f", final loss {loss:.3f}" if pd.notna(loss) else "")
+    lo, hi = row.get("speedup_lo"), row.get("speedup_hi")
+    if pd.notna(lo) and lo == hi:  # the reference's own ratio, whose interval has no width
+        return text + ", 1x (the reference)"
+    ratio = _ratio(row, "speedup")
+    return text + (f", speedup {ratio}" + (f" {MISSED_MARK}" if imprecise(row) else "") if ratio != "-" else "")
 
 
 def summary_tables(timings: pd.DataFrame, meta: dict) -> list:
@@ -104,7 +140,8 @@ def summary_tables(timings: pd.DataFrame, meta: dict) -> list:
     from rich import box
     from rich.table import Table
     from harness.results import caveats
-    from harness.results.report import imprecise, speedup_note
+    from harness.results.labels import reading_order
+    from harness.results.report import group_answer, imprecise, speedup_note
 
     df = timings.assign(label=backend_label(timings))
     paired = "setting_baseline" in df and df["setting_speedup"].notna().any()
@@ -113,7 +150,7 @@ def summary_tables(timings: pd.DataFrame, meta: dict) -> list:
         values = setting_values(str(df["setting_baseline"].dropna().iloc[0]))
         first = setting_label(values, list(values))
     groups = []
-    for _, g in df.groupby("group", sort=False):
+    for _, g in reading_order(df.groupby("group", sort=False)):  # in the order the report's Answer lists them
         rows, reasons = [], []
         for _, r in g.iterrows():
             ok = r["status"] == Status.OK
@@ -134,17 +171,25 @@ def summary_tables(timings: pd.DataFrame, meta: dict) -> list:
                 row["note"] = f"final loss {r['final_loss']:.3f}" + (f", target at {ttt:.2f} s" if pd.notna(ttt) else "")
             rows.append(row)
         head = g.iloc[0]
-        groups.append((f"{head['workload']} {group_label(head)}", speedup_note(g), rows, list(dict.fromkeys(reasons))))
+        lines = [f"[bold]{escape(head['workload'] + ' ' + group_label(head))}[/]"]
+        if not paired and head["workload"] != "train":  # the answer under the group's name, then its rows
+            _, gain, winner = group_answer(g)
+            if gain != "-":
+                lines.append(escape(gain if winner is None or "fastest; next" in gain
+                                    else f"fastest: {winner['label']} {gain}"))
+        if speedup_note(g):
+            lines.append(f"[yellow]{escape(speedup_note(g))}[/]")
+        groups.append(("\n".join(lines), rows, list(dict.fromkeys(reasons))))
     # under pair_over the compile times give way to the paired column: both intervals fit 80 columns
     heads = ["backend", "median"] + ([f"over {first} [95% CI]"] if paired else []) + ["speedup [95% CI]"] + \
         ([] if paired else ["compile"])
-    widths = {h: max([len(h)] + [len(_plain(r[h])) for *_, rows, _ in groups for r in rows]) for h in heads}
+    widths = {h: max([len(h)] + [len(_plain(r[h])) for _, rows, _ in groups for r in rows]) for h in heads}
     out, shown = [], None
-    for title, note, rows, reasons in groups:
+    for title, rows, reasons in groups:
         # a column with nothing in this group (a training group's speedups) gives way to its notes (final loss)
         columns = [h for h in heads if h in ("backend", "median") or any(_plain(r[h]) != "-" for r in rows)]
         columns += ["note"] if any(r["note"] for r in rows) else []
-        table = Table(title=f"[bold]{escape(title)}[/]" + (f"\n[yellow]{escape(note)}[/]" if note else ""),
+        table = Table(title=title,
                       title_justify="left", box=box.SIMPLE_HEAD, show_header=columns != shown, pad_edge=False,
                       padding=(0, 1))
         shown = columns
@@ -184,7 +229,12 @@ def print_summary(timings: pd.DataFrame, meta: dict, console) -> None:
     """The summary tables under one heading (what the speedups are over), on ``console``."""
     if timings.empty:
         return
+    from harness.results.report import winners_line
+
     console.print(f"[bold]{escape(str(meta.get('name')))}[/]: median per call; speedup over "
                   f"{escape(str(meta.get('baseline')))}: its time / the backend's", highlight=False)
+    first = winners_line(timings)
+    if first:
+        console.print(escape(first), highlight=False)
     for table in summary_tables(timings, meta):
         console.print(table)

@@ -143,7 +143,9 @@ class GroupRun:
         threads = "|".join(dict.fromkeys(str(c.threads) for c in group)) if "threads" in paired else head.threads
         label = self.name(group) if self.name is not None else \
             f"{head.problem.workload} {head.problem.model.describe()} B={head.problem.batch} {dtypes} threads={threads}"
-        if policy.pass_limit > 1:
+        if head.problem.workload == "train":  # a training run goes once, whatever the timing's passes
+            label += " · training run"
+        elif policy.pass_limit > 1:
             most = policy.pass_count if policy.pass_limit == policy.pass_count else f"{policy.pass_count}-{policy.pass_limit}"
             label += f" · pass {self.passes_done + 1} of {most}"
 
