@@ -89,13 +89,23 @@ constexpr double kParStep = 1 << 18;
 constexpr double kParRows = 1 << 16;
 // Fewest sequences per thread for a recurrence split by batch rows: below it each
 // per-step product has too few rows to pay for reading all of W_hh, and splitting W_hh's
-// columns (one barrier a step) is faster (automatic choice only). float32, two threads:
-// at batch 16 (8 rows each) hidden units beat batch rows 1.09-1.26x (Elman H 256-1760,
-// LSTM H 256-1024, GRU H 256); at batch 32 (16 rows each) the two are within 3%, at 64
-// rows batch leads. bfloat16 products take half the time, so the barrier weighs more:
-// at batch 16 batch rows lead by 6-12% at H 256 and trail by 3-4% at H 512; it keeps 8.
+// columns (one barrier a step) is faster (automatic choice only). float32 through the
+// BLAS, which packs W_hh again at every call, two threads: at batch 16 (8 rows each)
+// hidden units beat batch rows 1.09-1.26x (Elman H 256-1760, LSTM H 256-1024, GRU H 256);
+// at batch 32 (16 rows each) the two are within 3%, at 64 rows batch leads. bfloat16
+// products take half the time, so the barrier weighs more: at batch 16 batch rows lead
+// by 6-12% at H 256 and trail by 3-4% at H 512; it keeps 8.
+// float32 on the engine's own kernel (own_recurrence), where each thread packs W_hh once
+// per pass instead of once per step, batch rows win from 8 rows each while W_hh is at most
+// kOwnBatchBytes: two threads at batch 16 (T 25, input H, mse head; AMD EPYC Zen 4 at load
+// 5-7, paired rounds; batch rows' time over hidden units') Elman H 256 0.20x, H 1024
+// 0.74x, LSTM H 512 0.71x, GRU H 512 0.60x; CPU time per thread per step 3.2 / 6.0,
+// 45 / 48, 31 / 33.5 and 24 / 27 ms. Past it each thread streams all of a W_hh that no
+// cache holds: LSTM H 1024 (16 MB) 0.96x and 1.16x in two runs, 140 / 128 CPU ms.
 constexpr int kMinRows = 16;
 constexpr int kMinRowsBf16 = 8;
+constexpr int kMinRowsOwn = 8;
+constexpr std::size_t kOwnBatchBytes = std::size_t(8) << 20;
 // The batch sizes whose per-step float32 products go to the engine's own kernel with
 // W_hh packed once per pass (gemm_f32.hpp) instead of the BLAS; see own_recurrence.
 constexpr int kOwnMinRows = 2;
@@ -761,8 +771,8 @@ class Worker {
 
     // How a per-step recurrence of Bn rows is shared by the team. By batch rows: each
     // thread runs its own sequences through every step with no barrier at all, but reads
-    // all of W_hh and needs kMinRows rows to pay for that. By hidden units: each
-    // thread keeps its block of W_hh's columns (rows of W_hh^T in the backward) and the
+    // all of W_hh and needs kMinRows rows (kMinRowsOwn, kMinRowsBf16) to pay for that. By
+    // hidden units: each thread keeps its block of W_hh's columns (rows of W_hh^T in the backward) and the
     // team meets at one barrier per step. Batch rows whenever they keep at least half the
     // team busy. On two threads (Elman 512, B 32, T 50) batch rows cut each thread's CPU
     // time per step 1.9-2.0x against one thread, hidden units 1.3x (111 barriers per step,
@@ -777,7 +787,9 @@ class Worker {
             parts = std::min(tm.nth, Bn);
             return Split::Batch;
         }
-        parts = std::min(tm.nth, Bn / (cfg_.bf16 ? kMinRowsBf16 : kMinRows));
+        const bool own_rows =
+            own_recurrence(Bn) && (std::size_t)cfg_.hidden * cfg_.gates() * sizeof(T) <= kOwnBatchBytes;
+        parts = std::min(tm.nth, Bn / (cfg_.bf16 ? kMinRowsBf16 : own_rows ? kMinRowsOwn : kMinRows));
         if (parts >= 2 && 2 * parts >= tm.nth) return Split::Batch;
         parts = 1;
         return Split::Hidden;
