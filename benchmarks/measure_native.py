@@ -13,6 +13,8 @@ settings of DESIGN.md, applied identically to all. GFLOP/s is
     python benchmarks/measure_native.py --shapes elman512 --contenders native --profile
     python benchmarks/measure_native.py --shapes db-lstm1024-b16 --contenders native --profile --ref-rounds 0 \
         --f32-kernel blas   # the recurrent products through the BLAS, for comparison with the own kernel
+    python benchmarks/measure_native.py --shapes split-lstm512-b16,split-lstm512-b32 --threads 2 \
+        --contenders native/batch,native/hidden --ref-rounds 0   # a recurrence shared by batch rows or hidden units
 
 ``--profile`` switches on the native engine's counters and prints, per native
 contender, each phase's CPU milliseconds per step on every thread (robust to a
@@ -39,6 +41,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -99,6 +102,10 @@ SHAPES = {
     "db-lstm1024-b16": dict(model={"kind": "lstm", "hidden": 1024, "head": "mse"}, input_size=1024,
                             output_size=1024, tokens=False, seq_len=10, batch=16),
 }
+# split-<kind><H>-b<B> (e.g. split-lstm512-b16): a dense mse-head step of that cell, hidden size and batch,
+# input size H, T 25; with contenders native/batch and native/hidden it compares the two ways a recurrence is
+# shared across threads (the engine's choice between them: kMinRows in backends/native/rnn.hpp)
+SPLIT_SHAPE = re.compile(r"split-(elman|lstm|gru)(\d+)-b(\d+)")
 BF16_SHAPE = "lstm512-b64"
 # --bf16: the products of one lstm512-b64 step (M, N, K, op(A) transposed, op(B) transposed)
 BF16_GEMMS = {
@@ -115,11 +122,31 @@ GEMM_N = 2048
 LR = 1e-3
 
 
+def _shape(name: str) -> dict:
+    """A named shape of SHAPES, or a split-<kind><H>-b<B> one."""
+    if name in SHAPES:
+        return SHAPES[name]
+    m = SPLIT_SHAPE.fullmatch(name)
+    if not m:
+        raise SystemExit(f"unknown shape {name!r}: one of {', '.join(SHAPES)} or split-<kind><H>-b<B>")
+    kind, hidden, batch = m.group(1), int(m.group(2)), int(m.group(3))
+    return dict(model={"kind": kind, "hidden": hidden, "head": "mse"}, input_size=hidden, output_size=hidden,
+                tokens=False, seq_len=25, batch=batch)
+
+
+def _contender(name: str) -> tuple[str, str]:
+    """A contender's backend name and, for native/batch and native/hidden, how the engine shares a recurrence."""
+    base, _, recurrence = name.partition("/")
+    if recurrence not in ("", "auto", "batch", "hidden"):
+        raise SystemExit(f"{name}: the part after '/' is how native shares a recurrence: auto, batch or hidden")
+    return base, recurrence
+
+
 def _contender_env(names, threads: int) -> dict[str, str]:
     import backends
 
     env: dict[str, str] = {}
-    for full in names:
+    for full in [_contender(n)[0] for n in names]:
         variant = backends.ref(full).variant
         try:
             cls = backends.ref(full).backend_class()
@@ -175,8 +202,9 @@ def _steppers(problem, params, x, y, threads: int, names, profile: bool = False,
 
     steps["reference"] = reference_step
     for full in names:
+        base, recurrence = _contender(full)
         try:
-            b = backends.create(full)
+            b = backends.create(base)
         except Exception as exc:
             notes[full] = f"skipped: {exc}"
             continue
@@ -190,6 +218,8 @@ def _steppers(problem, params, x, y, threads: int, names, profile: bool = False,
             b.profiling = True
         if hasattr(b, "f32_kernel"):
             b.f32_kernel = f32_kernel
+        if recurrence:  # and the whole team on every step: the two ways compared, not the team against one thread
+            b.recurrence, b.adapt_threads = recurrence, False
         b.prepare(problem, {k: v.copy() for k, v in params.items()}, device="cpu", threads=threads)
         b.warm_up((x, y))
         made[full] = b
@@ -223,7 +253,7 @@ def child(args) -> None:
     names = [n for n in args.contenders.split(",") if n]
     pinned = _numpy_blas_threads(args.threads)
     for shape_name in args.shapes.split(","):
-        problem, params, x, y = _make(SHAPES[shape_name])
+        problem, params, x, y = _make(_shape(shape_name))
         steps, notes, made = _steppers(problem, params, x, y, args.threads, names, args.profile, args.f32_kernel)
         for f in steps.values():  # one untimed call each: first-touch and lazy set-up
             f()
@@ -284,7 +314,7 @@ def bf16_child(args) -> None:
     for shape, workload in [(s, w) for s in shapes for w in ("train_step", "forward")]:
         steps = {}
         for dtype in ("float32", "bfloat16"):
-            problem, params, x, y = _make(SHAPES[shape], dtype)
+            problem, params, x, y = _make(_shape(shape), dtype)
             problem = dataclasses.replace(problem, workload=workload)
             b = NativeBackend()
             b.bf16_kernel = "portable" if args.portable else "auto"

@@ -174,6 +174,35 @@ def test_the_engine_runs_its_products_on_the_own_kernel():
     assert all(np.array_equal(own[k], again[k]) for k in own)
 
 
+def test_sixteen_rows_on_two_threads_are_shared_by_batch_rows_on_the_own_kernel():
+    # 8 rows a thread pay for reading all of W_hh where it is packed once per pass (kMinRowsOwn), not
+    # through the BLAS (kMinRows 16); split by hidden units the team meets at every step, by batch rows never
+    from backends.native_backend import NativeBackend
+
+    if not _kernels():
+        pytest.skip("no own float32 kernel on this CPU")
+    problem = Problem(ModelSpec.from_mapping({"kind": "elman", "hidden": 64}), 8, 5, False, "float32", 16, 12, "cpu",
+                      "train_step")
+    params = ref.init_params(problem.model, 8, 5, seed=4, dtype="float32")
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(12, 16, 8)).astype(np.float32), rng.integers(0, 5, size=(12, 16))
+    per_step = {}
+    for f32_kernel in ("auto", "blas"):
+        backend = NativeBackend()
+        backend.f32_kernel, backend.split_scale, backend.adapt_threads, backend.profiling = f32_kernel, 0.0, False, True
+        backend.prepare(problem, params, threads=2)
+        try:
+            for _ in range(3):
+                backend.sgd_step(x, y, 0.1)
+            prof = backend.profile()
+        finally:
+            backend.close()
+            _mod().set_f32_kernel("auto")
+        assert prof["team_sizes"] == {2: 3}
+        per_step[f32_kernel] = prof["barriers"][0] / 3
+    assert per_step["auto"] < 2 * 11 <= per_step["blas"], per_step
+
+
 def test_the_rule_is_recorded_in_the_versions():
     from backends.native_backend import NativeBackend
 

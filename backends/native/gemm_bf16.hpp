@@ -47,6 +47,8 @@
 #include <string>
 #include <vector>
 
+#include "packs.hpp"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define RNN_BF16_X86 1
@@ -470,69 +472,19 @@ inline bool set_kernel(const std::string& name) {
 inline std::size_t packed_a_words(int M, int K) { return round_up((std::size_t)M, MR) * (std::size_t)((K + 1) / 2); }
 inline std::size_t packed_b_words(int K, int N) { return round_up((std::size_t)N, NR) * (std::size_t)((K + 1) / 2); }
 
-// Packed B operands this thread may reuse while a ReuseScope is open on it: the engine
-// opens one around a recurrence over time, where every step multiplies by the same W_hh
-// (or its column blocks), so W_hh is rounded and packed once per pass, not once per step.
-struct PackedB {
-    const float* B = nullptr;
-    int ldb = 0, K = 0, N = 0;
-    bool tb = false;
-    std::uint64_t use = 0;
-    std::vector<std::uint32_t> words;
-};
-
-struct ThreadPacks {
-    int scopes = 0;  // open ReuseScopes on this thread
-    std::uint64_t clock = 0;
-    PackedB cache[4];  // a gate block each (the LSTM's split by hidden units uses four)
-    std::vector<std::uint32_t> a, b;
-};
-
-inline ThreadPacks& thread_packs() {
-    thread_local ThreadPacks t;
-    return t;
-}
-
-// While one is open on a thread, the B operands (pointer, stride, shape, transpose) that
-// the thread's products packed are taken to be unchanged: open it only where they are.
-class ReuseScope {
-  public:
-    explicit ReuseScope(bool on = true) : on_(on) {
-        if (on_) ++thread_packs().scopes;
-    }
-    ~ReuseScope() {
-        if (!on_) return;
-        ThreadPacks& t = thread_packs();
-        if (--t.scopes == 0)
-            for (PackedB& e : t.cache) e.B = nullptr;
-    }
-    ReuseScope(const ReuseScope&) = delete;
-    ReuseScope& operator=(const ReuseScope&) = delete;
-
-  private:
-    bool on_;
-};
+// Packed B operands reused across a recurrence (packs.hpp): W_hh is rounded and packed once
+// per pass, not once per step.
+using ReuseScope = rnn::ReuseScope<std::uint32_t>;
 
 inline const std::uint32_t* packed_b(bool tb, int K, int N, const float* B, int ldb) {
-    ThreadPacks& t = thread_packs();
-    const std::size_t words = packed_b_words(K, N);
-    if (t.scopes == 0) {
-        if (t.b.size() < words) t.b.resize(words);
-        dispatch().pack_b(tb, K, N, B, ldb, t.b.data());
-        return t.b.data();
-    }
-    PackedB* slot = &t.cache[0];
-    for (PackedB& e : t.cache) {
-        if (e.B == B && e.ldb == ldb && e.K == K && e.N == N && e.tb == tb) {
-            e.use = ++t.clock;
-            return e.words.data();
-        }
-        if (e.use < slot->use) slot = &e;
-    }
-    if (slot->words.size() < words) slot->words.resize(words);
-    dispatch().pack_b(tb, K, N, B, ldb, slot->words.data());
-    slot->B = B, slot->ldb = ldb, slot->K = K, slot->N = N, slot->tb = tb, slot->use = ++t.clock;
-    return slot->words.data();
+    return thread_packs<std::uint32_t>().get(tb, K, N, B, ldb, NR, packed_b_words(K, N),
+                                             [&](std::uint32_t* out) { dispatch().pack_b(tb, K, N, B, ldb, out); });
+}
+
+// This thread's scratch for op(A) packed.
+inline std::vector<std::uint32_t>& packed_a_scratch() {
+    thread_local std::vector<std::uint32_t> a;
+    return a;
 }
 
 // ---- the GEMM ----------------------------------------------------------------------------
@@ -549,19 +501,19 @@ inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float
     }
     const Dispatch& d = dispatch();
     const MacroFn fn = d.fn;
-    ThreadPacks& t = thread_packs();
     const int kp = (K + 1) / 2;
     const std::uint32_t* Bp = packed_b(tb, K, N, B, ldb);
+    std::vector<std::uint32_t>& a = packed_a_scratch();
     const std::size_t awords = packed_a_words(M, K);
-    if (t.a.size() < awords) t.a.resize(awords);
-    d.pack_a(ta, M, K, A, lda, t.a.data());
+    if (a.size() < awords) a.resize(awords);
+    d.pack_a(ta, M, K, A, lda, a.data());
     const std::size_t pa = (std::size_t)kp * MR, pb = (std::size_t)kp * NR;
     for (int p0 = 0; p0 < kp; p0 += KC) {
         const int kc = kp - p0 < KC ? kp - p0 : KC;
         const float b = p0 == 0 ? beta : 1.0f;
         for (int i0 = 0; i0 < M; i0 += MC) {
             const int rows = M - i0 < MC ? M - i0 : MC;
-            fn(kc, rows, N, t.a.data() + (std::size_t)(i0 / MR) * pa + (std::size_t)p0 * MR, pa,
+            fn(kc, rows, N, a.data() + (std::size_t)(i0 / MR) * pa + (std::size_t)p0 * MR, pa,
                Bp + (std::size_t)p0 * NR, pb, C + (std::size_t)i0 * ldc, ldc, alpha, b);
         }
     }

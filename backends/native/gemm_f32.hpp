@@ -35,6 +35,8 @@
 #include <string>
 #include <vector>
 
+#include "packs.hpp"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define RNN_F32_X86 1
@@ -289,67 +291,17 @@ inline bool set_kernel(const std::string& name) {
     return true;
 }
 
-// ---- packed operands reused across a recurrence ------------------------------------------
+// ---- packed operands reused across a recurrence (packs.hpp) -----------------------------
 
-struct PackedB {
-    const float* B = nullptr;
-    int ldb = 0, K = 0, N = 0, nr = 0;
-    bool tb = false;
-    std::uint64_t use = 0;
-    std::vector<float> words;
-};
-
-struct ThreadPacks {
-    int scopes = 0;  // open ReuseScopes on this thread
-    std::uint64_t clock = 0;
-    PackedB cache[4];  // a gate block each (the LSTM's split by hidden units uses four)
-};
-
-inline ThreadPacks& thread_packs() {
-    thread_local ThreadPacks t;
-    return t;
-}
-
-// While one is open on a thread, the B operands (pointer, stride, shape, transpose) of the
-// thread's products are taken to be unchanged, and each is packed once: the engine opens
-// one around each pass of a recurrence over time, where W_hh is read and never written.
-class ReuseScope {
-  public:
-    explicit ReuseScope(bool on = true) : on_(on) {
-        if (on_) ++thread_packs().scopes;
-    }
-    ~ReuseScope() {
-        if (!on_) return;
-        ThreadPacks& t = thread_packs();
-        if (--t.scopes == 0)
-            for (PackedB& e : t.cache) e.B = nullptr;
-    }
-    ReuseScope(const ReuseScope&) = delete;
-    ReuseScope& operator=(const ReuseScope&) = delete;
-
-  private:
-    bool on_;
-};
+using ReuseScope = rnn::ReuseScope<float>;
 
 // Whether a product on this thread would find its packed operand kept (a ReuseScope is open).
-inline bool reusing() { return thread_packs().scopes > 0; }
+inline bool reusing() { return thread_packs<float>().scopes > 0; }
 
 inline const float* packed_b(bool tb, int K, int N, const float* B, int ldb, int nr) {
-    ThreadPacks& t = thread_packs();
     const std::size_t words = (std::size_t)(N + nr - 1) / nr * nr * (std::size_t)K;
-    PackedB* slot = &t.cache[0];
-    for (PackedB& e : t.cache) {
-        if (t.scopes > 0 && e.B == B && e.ldb == ldb && e.K == K && e.N == N && e.tb == tb && e.nr == nr) {
-            e.use = ++t.clock;
-            return e.words.data();
-        }
-        if (e.use < slot->use) slot = &e;
-    }
-    if (slot->words.size() < words) slot->words.resize(words);
-    pack_b(tb, K, N, B, ldb, nr, slot->words.data());
-    slot->B = t.scopes > 0 ? B : nullptr;  // outside a scope nothing is kept for later calls
-    slot->ldb = ldb, slot->K = K, slot->N = N, slot->tb = tb, slot->nr = nr, slot->use = ++t.clock;
-    return slot->words.data();
+    return thread_packs<float>().get(tb, K, N, B, ldb, nr, words,
+                                     [&](float* out) { pack_b(tb, K, N, B, ldb, nr, out); });
 }
 
 // C (M x N, row stride ldc) = alpha * A op(B) + beta * C, A (M x K) row-major with row

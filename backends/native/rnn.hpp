@@ -89,13 +89,23 @@ constexpr double kParStep = 1 << 18;
 constexpr double kParRows = 1 << 16;
 // Fewest sequences per thread for a recurrence split by batch rows: below it each
 // per-step product has too few rows to pay for reading all of W_hh, and splitting W_hh's
-// columns (one barrier a step) is faster (automatic choice only). float32, two threads:
-// at batch 16 (8 rows each) hidden units beat batch rows 1.09-1.26x (Elman H 256-1760,
-// LSTM H 256-1024, GRU H 256); at batch 32 (16 rows each) the two are within 3%, at 64
-// rows batch leads. bfloat16 products take half the time, so the barrier weighs more:
-// at batch 16 batch rows lead by 6-12% at H 256 and trail by 3-4% at H 512; it keeps 8.
+// columns (one barrier a step) is faster (automatic choice only). float32 through the
+// BLAS, which packs W_hh again at every call, two threads: at batch 16 (8 rows each)
+// hidden units beat batch rows 1.09-1.26x (Elman H 256-1760, LSTM H 256-1024, GRU H 256);
+// at batch 32 (16 rows each) the two are within 3%, at 64 rows batch leads. bfloat16
+// products take half the time, so the barrier weighs more: at batch 16 batch rows lead
+// by 6-12% at H 256 and trail by 3-4% at H 512; it keeps 8.
+// float32 on the engine's own kernel (own_recurrence), where each thread packs W_hh once
+// per pass instead of once per step, batch rows win from 8 rows each while W_hh is at most
+// kOwnBatchBytes: two threads at batch 16 (T 25, input H, mse head; AMD EPYC Zen 4 at load
+// 5-7, paired rounds; batch rows' time over hidden units') Elman H 256 0.20x, H 1024
+// 0.74x, LSTM H 512 0.71x, GRU H 512 0.60x; CPU time per thread per step 3.2 / 6.0,
+// 45 / 48, 31 / 33.5 and 24 / 27 ms. Past it each thread streams all of a W_hh that no
+// cache holds: LSTM H 1024 (16 MB) 0.96x and 1.16x in two runs, 140 / 128 CPU ms.
 constexpr int kMinRows = 16;
 constexpr int kMinRowsBf16 = 8;
+constexpr int kMinRowsOwn = 8;
+constexpr std::size_t kOwnBatchBytes = std::size_t(8) << 20;
 // The batch sizes whose per-step float32 products go to the engine's own kernel with
 // W_hh packed once per pass (gemm_f32.hpp) instead of the BLAS; see own_recurrence.
 constexpr int kOwnMinRows = 2;
@@ -299,6 +309,16 @@ struct Team {
         per = (per + align - 1) / align * align;
         lo = std::min(n, tid * per);
         hi = std::min(n, lo + per);
+    }
+    // This member's share of [0, n) as share() gives it when `work` is worth a split
+    // (threshold `base`); otherwise all of it on the leader and none elsewhere.
+    void share_if(double work, double base, int n, int align, int& lo, int& hi) const {
+        if (split(work, base)) {
+            share(n, align, lo, hi);
+        } else {
+            lo = 0;
+            hi = leader() ? n : 0;
+        }
     }
     // This member's share of n rows among the first `parts` members (others get none).
     void share_among(int n, int parts, int& lo, int& hi) const {
@@ -657,9 +677,8 @@ class Worker {
     // run's step T-1-t (its state block T-t).
     void join_directions(const Team& tm, const Batch<T>& in, int l) {
         const int Tn = in.T_, Bn = in.B, H = cfg_.hidden, TB = Tn * Bn;
-        int lo = 0, hi = TB;
-        if (tm.split((double)TB * 2 * H, kParRows)) tm.share(TB, 1, lo, hi);
-        else if (!tm.leader()) hi = 0;
+        int lo, hi;
+        tm.share_if((double)TB * 2 * H, kParRows, TB, 1, lo, hi);
         LayerWs<T>&f = ws(l, 0), &r = ws(l, 1);
         for (int i = lo; i < hi; ++i) {
             const int t = i / Bn, b = i % Bn;
@@ -673,9 +692,8 @@ class Worker {
     // The gradient of a bidirectional layer's output rows, handed to each direction in its own time order.
     void split_directions(const Team& tm, const Batch<T>& in, int l) {
         const int Tn = in.T_, Bn = in.B, H = cfg_.hidden, TB = Tn * Bn;
-        int lo = 0, hi = TB;
-        if (tm.split((double)TB * 2 * H, kParRows)) tm.share(TB, 1, lo, hi);
-        else if (!tm.leader()) hi = 0;
+        int lo, hi;
+        tm.share_if((double)TB * 2 * H, kParRows, TB, 1, lo, hi);
         LayerWs<T>&f = ws(l, 0), &r = ws(l, 1);
         for (int i = lo; i < hi; ++i) {
             const int t = i / Bn, b = i % Bn;
@@ -689,9 +707,8 @@ class Worker {
     // Layer l-1's output gradient gets the reverse direction's dL/dx, time-reversed back.
     void add_reversed_dx(const Team& tm, const Batch<T>& in, int l) {
         const int Tn = in.T_, Bn = in.B, W = cfg_.out_width(), TB = Tn * Bn;
-        int lo = 0, hi = TB;
-        if (tm.split((double)TB * W, kParRows)) tm.share(TB, 1, lo, hi);
-        else if (!tm.leader()) hi = 0;
+        int lo, hi;
+        tm.share_if((double)TB * W, kParRows, TB, 1, lo, hi);
         T* dy = out_dh(l - 1);
         const T* dx = ws(l, 1).DXr.data();
         for (int i = lo; i < hi; ++i) {
@@ -754,8 +771,8 @@ class Worker {
 
     // How a per-step recurrence of Bn rows is shared by the team. By batch rows: each
     // thread runs its own sequences through every step with no barrier at all, but reads
-    // all of W_hh and needs kMinRows rows to pay for that. By hidden units: each
-    // thread keeps its block of W_hh's columns (rows of W_hh^T in the backward) and the
+    // all of W_hh and needs kMinRows rows (kMinRowsOwn, kMinRowsBf16) to pay for that. By
+    // hidden units: each thread keeps its block of W_hh's columns (rows of W_hh^T in the backward) and the
     // team meets at one barrier per step. Batch rows whenever they keep at least half the
     // team busy. On two threads (Elman 512, B 32, T 50) batch rows cut each thread's CPU
     // time per step 1.9-2.0x against one thread, hidden units 1.3x (111 barriers per step,
@@ -770,10 +787,58 @@ class Worker {
             parts = std::min(tm.nth, Bn);
             return Split::Batch;
         }
-        parts = std::min(tm.nth, Bn / (cfg_.bf16 ? kMinRowsBf16 : kMinRows));
+        const bool own_rows =
+            own_recurrence(Bn) && (std::size_t)cfg_.hidden * cfg_.gates() * sizeof(T) <= kOwnBatchBytes;
+        parts = std::min(tm.nth, Bn / (cfg_.bf16 ? kMinRowsBf16 : own_rows ? kMinRowsOwn : kMinRows));
         if (parts >= 2 && 2 * parts >= tm.nth) return Split::Batch;
         parts = 1;
         return Split::Hidden;
+    }
+
+    // One thread's part of a recurrence shared as recurrence_split says: rows [b0, b1) and
+    // hidden units [k0, k1) of every step. Split by hidden units (`units`), every thread is
+    // in every step and the team meets wherever a product reads the other threads' units
+    // (sync); otherwise a part is whole rows, its own sequences, and never waits.
+    struct Part {
+        const Team* tm;
+        int b0, b1, k0, k1, H;
+        bool units;
+        int rows() const { return b1 - b0; }
+        void sync() const {
+            if (units) tm->barrier();
+        }
+        // f(c, n) over this part's columns of `blocks` gate blocks (H columns each) from
+        // column `first`: the blocks whole in one go, or each block's units [k0, k1).
+        template <class F>
+        void columns(int first, int blocks, F&& f) const {
+            if (!units) {
+                f(first, blocks * H);
+                return;
+            }
+            if (k0 < k1)
+                for (int q = 0; q < blocks; ++q) f(first + q * H + k0, k1 - k0);
+        }
+    };
+
+    // A recurrence over Bn rows, shared by the team: body(part) on every thread that has a
+    // part (each its own sequences; each its hidden units; or the leader alone), then one
+    // barrier. The cells' forward and backward recurrences all run through it.
+    template <class F>
+    void recur(const Team& tm, int Bn, F&& body) const {
+        int parts;
+        const Split how = recurrence_split(tm, Bn, parts);
+        const int H = cfg_.hidden;
+        Part p{&tm, 0, Bn, 0, H, H, how == Split::Hidden};
+        bool mine = tm.leader();
+        if (how == Split::Batch) {  // this thread's sequences, start to end, no barrier
+            tm.share_among(Bn, parts, p.b0, p.b1);
+            mine = p.b0 < p.b1;
+        } else if (p.units) {
+            tm.share(H, (int)kAlign, p.k0, p.k1);
+            mine = true;
+        }
+        if (mine) body(p);
+        tm.barrier();
     }
 
     void forward_layer(const Team& tm, const T* P, const Batch<T>& in, int l, int d) {
@@ -789,9 +854,8 @@ class Worker {
         {
             PhaseScope ps(tm, kInputProj);
             if (l == 0 && cfg_.tokens) {  // x_t W_xh is the row gather W_xh[x_t]
-                int lo = 0, hi = TB;
-                if (tm.split((double)TB * G, kParRows)) tm.share(TB, 1, lo, hi);
-                else if (!tm.leader()) hi = 0;
+                int lo, hi;
+                tm.share_if((double)TB * G, kParRows, TB, 1, lo, hi);
                 const T* W = P + sl.W_in;
                 const std::int64_t* tok = in.tok;
                 if (d == 1) {  // the reverse run's step s reads x_{T-1-s}
@@ -804,9 +868,8 @@ class Worker {
             } else {
                 if (d == 1) {  // a time-reversed copy of the input rows
                     const T* X = l == 0 ? in.x : out_h(l - 1, Bn);
-                    int lo = 0, hi = TB;
-                    if (tm.split((double)TB * sl.din, kParRows)) tm.share(TB, 1, lo, hi);
-                    else if (!tm.leader()) hi = 0;
+                    int lo, hi;
+                    tm.share_if((double)TB * sl.din, kParRows, TB, 1, lo, hi);
                     for (int r = lo; r < hi; ++r)
                         std::memcpy(w.Xr.data() + (std::size_t)r * sl.din,
                                     X + ((std::size_t)(Tn - 1 - r / Bn) * Bn + r % Bn) * sl.din, sizeof(T) * sl.din);
@@ -825,56 +888,30 @@ class Worker {
         // bfloat16: every step multiplies by the same W_hh; this thread rounds and packs it once
         bf16::ReuseScope reuse(cfg_.bf16);
         f32::ReuseScope reuse32(own);  // float32 on the engine's kernel: W_hh packed once, likewise
-        int parts;
-        const Split how = recurrence_split(tm, Bn, parts);
+        if (cfg_.kind == Kind::Gru) {
+            gru_forward(tm, P, sl, w, Tn, Bn, transposed);
+            return;
+        }
         const T* Whh = P + sl.W_hh;
         const T* WhhT = w.WhhT.data();
-        if (cfg_.kind == Kind::Gru) {
-            gru_forward(tm, P, sl, w, Tn, Bn, how, parts, transposed);
-            return;
-        }
-        if (how == Split::Batch) {  // this thread's sequences, start to end, no barrier
-            int b0, b1;
-            tm.share_among(Bn, parts, b0, b1);
-            const int nb = b1 - b0;
-            if (nb > 0) {
-                for (int t = 0; t < Tn; ++t) {
-                    T* At = A + ((std::size_t)t * Bn + b0) * G;
-                    const T* hprev = w.Hs.data() + ((std::size_t)t * Bn + b0) * H;
-                    if (t > 0) {
-                        if (transposed)
-                            gemm(false, true, nb, G, H, T(1), hprev, H, WhhT, H, T(1), At, G);
-                        else
-                            gemm(false, false, nb, G, H, T(1), hprev, H, Whh, G, T(1), At, G, resident_);
-                    }
-                    step_rows(P, sl, w, t, Bn, b0, b1, 0, H);
-                }
-            }
-            tm.barrier();
-            return;
-        }
-        const bool par = how == Split::Hidden;
-        int k0 = 0, k1 = H;
-        if (par) tm.share(H, (int)kAlign, k0, k1);
-        if (par || tm.leader()) {
+        recur(tm, Bn, [&](const Part& p) {
             for (int t = 0; t < Tn; ++t) {
-                T* At = A + (std::size_t)t * Bn * G;
-                const T* hprev = w.Hs.data() + (std::size_t)t * Bn * H;
-                if (t > 0 && k0 < k1) {
-                    const int nq = par ? G / H : 1, n = par ? k1 - k0 : G;
-                    for (int q = 0; q < nq; ++q) {  // parallel: each gate block, this thread's units
-                        const std::size_t c = (std::size_t)q * H + (par ? k0 : 0);
+                const std::size_t r = (std::size_t)t * Bn + p.b0;
+                if (t > 0) {
+                    p.sync();  // the product reads every unit of h_{t-1}
+                    const T* hprev = w.Hs.data() + r * H;
+                    T* At = A + r * G;
+                    p.columns(0, G / H, [&](int c, int n) {
                         if (transposed)
-                            gemm(false, true, Bn, n, H, T(1), hprev, H, WhhT + c * H, H, T(1), At + c, G);
+                            gemm(false, true, p.rows(), n, H, T(1), hprev, H, WhhT + (std::size_t)c * H, H, T(1),
+                                 At + c, G);
                         else
-                            gemm(false, false, Bn, n, H, T(1), hprev, H, Whh + c, G, T(1), At + c, G, resident_);
-                    }
+                            gemm(false, false, p.rows(), n, H, T(1), hprev, H, Whh + c, G, T(1), At + c, G, resident_);
+                    });
                 }
-                step_rows(P, sl, w, t, Bn, 0, Bn, k0, k1);
-                if (par) tm.barrier();
+                step_rows(P, sl, w, t, Bn, p.b0, p.b1, p.k0, p.k1);
             }
-        }
-        if (!par) tm.barrier();
+        });
     }
 
     void step_rows(const T* P, const LayerSlots& sl, LayerWs<T>& w, int t, int Bn, int b0, int b1, int k0, int k1) {
@@ -886,9 +923,9 @@ class Worker {
 
     // out (cols x rows) = in (rows x cols)^T, in 32 x 32 tiles, rows split over the team.
     void transpose(const Team& tm, const T* in, int rows, int cols, Buf<T>& out) {
-        int r0 = 0, r1 = rows;
-        if (tm.split((double)rows * cols, kParRows)) tm.share(rows, 32, r0, r1);
-        else if (!tm.leader()) return;
+        int r0, r1;
+        tm.share_if((double)rows * cols, kParRows, rows, 32, r0, r1);
+        if (r0 >= r1) return;
         constexpr int W = 32;
         for (int i = r0; i < r1; i += W)
             for (int j = 0; j < cols; j += W)
@@ -955,8 +992,8 @@ class Worker {
     // at once into U; reset before takes r, z from it first, then (r * h_{t-1}) W_hn once
     // r is known: a second product. Shared like the other cells (batch rows without a
     // barrier, or hidden units with one barrier per step, two for reset before).
-    void gru_forward(const Team& tm, const T* P, const LayerSlots& sl, LayerWs<T>& w, int Tn, int Bn, Split how,
-                     int parts, bool transposed) {
+    void gru_forward(const Team& tm, const T* P, const LayerSlots& sl, LayerWs<T>& w, int Tn, int Bn,
+                     bool transposed) {
         const int H = cfg_.hidden, G = 3 * H;
         const bool after = cfg_.reset_after;
         const T* Whh = P + sl.W_hh;
@@ -969,49 +1006,24 @@ class Worker {
             else
                 gemm(false, false, rows, n, H, T(1), X, H, Whh + c0, G, T(0), Uo + c0, G, resident_);
         };
-        if (how == Split::Batch) {  // this thread's sequences, start to end, no barrier
-            int b0, b1;
-            tm.share_among(Bn, parts, b0, b1);
-            const int nb = b1 - b0;
-            if (nb > 0) {
-                T* Ub = U + (std::size_t)b0 * G;
-                for (int t = 0; t < Tn; ++t) {
-                    const std::size_t r = (std::size_t)t * Bn + b0;
-                    if (t > 0) product(nb, 0, after ? G : 2 * H, w.Hs.data() + r * H, Ub);
-                    gru_gates(P, sl, w, t, Bn, b0, b1, 0, H);
-                    if (!after) {
-                        if (t > 0) product(nb, 2 * H, H, w.UN.data() + r * H, Ub);
-                        gru_finish(P, sl, w, t, Bn, b0, b1, 0, H);
-                    }
-                }
-            }
-            tm.barrier();
-            return;
-        }
-        const bool par = how == Split::Hidden;
-        int k0 = 0, k1 = H;
-        if (par) tm.share(H, (int)kAlign, k0, k1);
-        if (par || tm.leader()) {
+        recur(tm, Bn, [&](const Part& p) {
+            T* Ub = U + (std::size_t)p.b0 * G;
             for (int t = 0; t < Tn; ++t) {
-                const T* hprev = w.Hs.data() + (std::size_t)t * Bn * H;
-                if (t > 0 && k0 < k1) {
-                    if (par)  // each gate block, this thread's units
-                        for (int q = 0; q < (after ? 3 : 2); ++q) product(Bn, q * H + k0, k1 - k0, hprev, U);
-                    else
-                        product(Bn, 0, after ? G : 2 * H, hprev, U);
+                const std::size_t r = (std::size_t)t * Bn + p.b0;
+                if (t > 0) {
+                    p.sync();  // the product reads every unit of h_{t-1}
+                    p.columns(0, after ? 3 : 2, [&](int c, int n) { product(p.rows(), c, n, w.Hs.data() + r * H, Ub); });
                 }
-                gru_gates(P, sl, w, t, Bn, 0, Bn, k0, k1);
+                gru_gates(P, sl, w, t, Bn, p.b0, p.b1, p.k0, p.k1);
                 if (!after) {
                     if (t > 0) {
-                        if (par) tm.barrier();  // the product needs every unit's r * h_{t-1}
-                        if (k0 < k1) product(Bn, 2 * H + k0, k1 - k0, w.UN.data() + (std::size_t)t * Bn * H, U);
+                        p.sync();  // the product needs every unit's r * h_{t-1}
+                        p.columns(2 * H, 1, [&](int c, int n) { product(p.rows(), c, n, w.UN.data() + r * H, Ub); });
                     }
-                    gru_finish(P, sl, w, t, Bn, 0, Bn, k0, k1);
+                    gru_finish(P, sl, w, t, Bn, p.b0, p.b1, p.k0, p.k1);
                 }
-                if (par) tm.barrier();
             }
-        }
-        if (!par) tm.barrier();
+        });
     }
 
     // r and z of step t (U holds h_{t-1} W_hh; at t = 0 it is zero); reset after also n and
@@ -1076,9 +1088,8 @@ class Worker {
     // inference writes the outputs instead.
     void head(const Team& tm, const T* P, const Batch<T>& in, bool train, T inv_b, T* Z) {
         const int TB = in.T_ * in.B, O = cfg_.output_size;
-        int lo = 0, hi = TB;
-        if (tm.split((double)TB * O, kParRows)) tm.share(TB, 1, lo, hi);
-        else if (!tm.leader()) hi = 0;
+        int lo, hi;
+        tm.share_if((double)TB * O, kParRows, TB, 1, lo, hi);
         const T* by = opt(P, lay_.b_y);
         for (int r = lo; r < hi; ++r) {
             T* z = Z + (std::size_t)r * O;
@@ -1160,9 +1171,9 @@ class Worker {
     // Column sums of X (n x cols, rows `ld` apart; 0: cols): the bias gradients.
     void colsum(const Team& tm, const Sink<T>& s, std::size_t off, const T* X, int n, int cols, int ld = 0) {
         if (ld == 0) ld = cols;
-        int c0 = 0, c1 = cols;
-        if (tm.split((double)n * cols, kParRows)) tm.share(cols, (int)kAlign, c0, c1);
-        else if (!tm.leader()) return;
+        int c0, c1;
+        tm.share_if((double)n * cols, kParRows, cols, (int)kAlign, c0, c1);
+        if (c0 >= c1) return;
         constexpr int W = 256;
         T acc[W];
         for (int c = c0; c < c1; c += W) {
@@ -1181,9 +1192,9 @@ class Worker {
     void peephole_sums(const Team& tm, const Sink<T>& s, const LayerSlots& sl, const LayerWs<T>& w, int Bn, int R0,
                        int n) {
         const int H = cfg_.hidden, G = 4 * H;
-        int c0 = 0, c1 = H;
-        if (tm.split((double)n * H, kParRows)) tm.share(H, (int)kAlign, c0, c1);
-        else if (!tm.leader()) return;
+        int c0, c1;
+        tm.share_if((double)n * H, kParRows, H, (int)kAlign, c0, c1);
+        if (c0 >= c1) return;
         constexpr int W = 128;
         T ai[W], af[W], ao[W];
         for (int c = c0; c < c1; c += W) {
@@ -1222,9 +1233,9 @@ class Worker {
                     touched_.push_back(tok[r]);
                 }
         }
-        int c0 = 0, c1 = G;
-        if (tm.split((double)n * G, kParRows)) tm.share(G, (int)kAlign, c0, c1);
-        else if (!tm.leader()) return;
+        int c0, c1;
+        tm.share_if((double)n * G, kParRows, G, (int)kAlign, c0, c1);
+        if (c0 >= c1) return;
         for (int r = 0; r < n; ++r) {
             const T* d = DA + (std::size_t)r * G;
             if (s.fused()) {
@@ -1254,55 +1265,28 @@ class Worker {
         const int Tn = in.T_, Bn = in.B, H = cfg_.hidden, G = cfg_.gates();
         const bool lstm = cfg_.kind == Kind::Lstm;
         const T* Whh = P + sl.W_hh;
-        int parts;
-        const Split how = recurrence_split(tm, Bn, parts);
-        if (how == Split::Batch) {  // this thread's sequences, end to start, no barrier
-            int b0, b1;
-            tm.share_among(Bn, parts, b0, b1);
-            const int nb = b1 - b0;
-            if (nb > 0) {
-                T* dc = w.dc.data() + (std::size_t)b0 * H;
-                if (lstm) std::fill(dc, dc + (std::size_t)nb * H, T(0));
-                for (int t = Tn - 1; t >= t0; --t) {
-                    const std::size_t r = (std::size_t)t * Bn + b0;
-                    if (lstm)
-                        lstm_back_rows(P, sl, w, r, nb, Bn, w.DH.data() + r * H, nullptr, dc, dc, 0,
-                                       w.DA.data() + r * G, nullptr, false, 0, H);
-                    else
-                        elman_back_rows(w, r, nb, Bn, w.DH.data() + r * H, nullptr, w.DA.data() + r * G, nullptr,
-                                        false, 0, H);
-                    if (t > t0)  // dL/dh_{t-1} += dL/da_t W_hh^T, this thread's rows
-                        gemm(false, true, nb, H, G, T(1), w.DA.data() + r * G, G, Whh, G, T(1),
-                             w.DH.data() + (r - Bn) * H, H, resident_);
-                }
-            }
-            tm.barrier();
-            return;
-        }
-        const bool par = how == Split::Hidden;
-        int k0 = 0, k1 = H;
-        if (par) tm.share(H, (int)kAlign, k0, k1);
-        if (par || tm.leader()) {
+        T *DH = w.DH.data(), *DA = w.DA.data();
+        recur(tm, Bn, [&](const Part& p) {
+            const int nb = p.rows(), k0 = p.k0, k1 = p.k1;
+            T* dc = w.dc.data() + (std::size_t)p.b0 * H;  // this part's rows of the LSTM's dc carry
             if (lstm)
-                for (int b = 0; b < Bn; ++b) std::fill(w.dc.data() + (std::size_t)b * H + k0, w.dc.data() + (std::size_t)b * H + k1, T(0));
+                for (int j = 0; j < nb; ++j) std::fill(dc + (std::size_t)j * H + k0, dc + (std::size_t)j * H + k1, T(0));
             for (int t = Tn - 1; t >= t0; --t) {
+                const std::size_t r = (std::size_t)t * Bn + p.b0;
                 if (lstm)
-                    lstm_back_rows(P, sl, w, (std::size_t)t * Bn, Bn, Bn, w.DH.data() + (std::size_t)t * Bn * H,
-                                   nullptr, w.dc.data(), w.dc.data(), 0, w.DA.data() + (std::size_t)t * Bn * G,
-                                   nullptr, false, k0, k1);
+                    lstm_back_rows(P, sl, w, r, nb, Bn, DH + r * H, nullptr, dc, dc, 0, DA + r * G, nullptr, false, k0,
+                                   k1);
                 else
-                    elman_back_rows(w, (std::size_t)t * Bn, Bn, Bn, w.DH.data() + (std::size_t)t * Bn * H, nullptr,
-                                    w.DA.data() + (std::size_t)t * Bn * G, nullptr, false, k0, k1);
+                    elman_back_rows(w, r, nb, Bn, DH + r * H, nullptr, DA + r * G, nullptr, false, k0, k1);
                 if (t > t0) {
-                    if (par) tm.barrier();  // the product needs every unit's dL/da_t
-                    // dL/dh_{t-1} += dL/da_t W_hh^T, for this thread's units
-                    gemm(false, true, Bn, k1 - k0, G, T(1), w.DA.data() + (std::size_t)t * Bn * G, G,
-                         Whh + (std::size_t)k0 * G, G, T(1), w.DH.data() + (std::size_t)(t - 1) * Bn * H + k0, H,
-                         resident_);
+                    p.sync();  // the product needs every unit's dL/da_t
+                    // dL/dh_{t-1} += dL/da_t W_hh^T, this part's rows and units
+                    if (k0 < k1)
+                        gemm(false, true, nb, k1 - k0, G, T(1), DA + r * G, G, Whh + (std::size_t)k0 * G, G, T(1),
+                             DH + (r - Bn) * H + k0, H, resident_);
                 }
             }
-        }
-        tm.barrier();
+        });
     }
 
     // The GRU's O(T) backward of one layer direction over steps T-1 down to t0, shared like
@@ -1319,52 +1303,30 @@ class Worker {
         // the rows that multiply W_hh^T into the carry: du (reset after), or da's r, z blocks
         const T* RG = after ? DU : DA;
         const int KG = after ? G : 2 * H;
-        int parts;
-        const Split how = recurrence_split(tm, Bn, parts);
-        if (how == Split::Batch) {  // this thread's sequences, end to start, no barrier
-            int b0, b1;
-            tm.share_among(Bn, parts, b0, b1);
-            const int nb = b1 - b0;
-            for (int t = Tn - 1; nb > 0 && t >= t0; --t) {
-                const std::size_t r = (std::size_t)t * Bn + b0;
-                T* co = t > t0 ? DH + r * H : nullptr;  // h_{t-1}'s rows, Bn back
-                gru_back_a(w, r, nb, DH + r * H, nullptr, co, Bn, true, DA + r * G, after ? DU + r * G : nullptr, 0, H);
-                if (!after) {
-                    T* drh = U + (std::size_t)b0 * G;
-                    gemm(false, true, nb, H, H, T(1), DA + r * G + 2 * H, G, Whh + 2 * H, G, T(0), drh, G);
-                    gru_back_b(w, r, nb, drh, G, DA + r * G, co, Bn, 0, H);
-                }
-                if (t > t0)  // dL/dh_{t-1} += (du_t or [da_r, da_z]) W_hh^T, this thread's rows
-                    gemm(false, true, nb, H, KG, T(1), RG + r * G, G, Whh, G, T(1), DH + (r - Bn) * H, H, resident_);
-            }
-            tm.barrier();
-            return;
-        }
-        const bool par = how == Split::Hidden;
-        int k0 = 0, k1 = H;
-        if (par) tm.share(H, (int)kAlign, k0, k1);
-        if (par || tm.leader()) {
+        recur(tm, Bn, [&](const Part& p) {
+            const int nb = p.rows(), k0 = p.k0, k1 = p.k1;
+            T* drh = U + (std::size_t)p.b0 * G;  // reset before: this part's rows of dL/d(r * h_{t-1})
             for (int t = Tn - 1; t >= t0; --t) {
-                const std::size_t r = (std::size_t)t * Bn;
-                T* co = t > t0 ? DH + r * H : nullptr;
-                gru_back_a(w, r, Bn, DH + r * H, nullptr, co, Bn, true, DA + r * G, after ? DU + r * G : nullptr, k0,
+                const std::size_t r = (std::size_t)t * Bn + p.b0;
+                T* co = t > t0 ? DH + r * H : nullptr;  // h_{t-1}'s rows, Bn back
+                gru_back_a(w, r, nb, DH + r * H, nullptr, co, Bn, true, DA + r * G, after ? DU + r * G : nullptr, k0,
                            k1);
                 if (!after) {
-                    if (par) tm.barrier();  // the product needs every unit's da_n
+                    p.sync();  // the product needs every unit's da_n
                     if (k0 < k1)
-                        gemm(false, true, Bn, k1 - k0, H, T(1), DA + r * G + 2 * H, G, Whh + (std::size_t)k0 * G + 2 * H,
-                             G, T(0), U + k0, G);
-                    gru_back_b(w, r, Bn, U, G, DA + r * G, co, Bn, k0, k1);
+                        gemm(false, true, nb, k1 - k0, H, T(1), DA + r * G + 2 * H, G,
+                             Whh + (std::size_t)k0 * G + 2 * H, G, T(0), drh + k0, G);
+                    gru_back_b(w, r, nb, drh, G, DA + r * G, co, Bn, k0, k1);
                 }
                 if (t > t0) {
-                    if (par) tm.barrier();  // the product needs every unit's dL/da_t
+                    p.sync();  // the product needs every unit's dL/da_t
+                    // dL/dh_{t-1} += (du_t or [da_r, da_z]) W_hh^T, this part's rows and units
                     if (k0 < k1)
-                        gemm(false, true, Bn, k1 - k0, KG, T(1), RG + r * G, G, Whh + (std::size_t)k0 * G, G, T(1),
+                        gemm(false, true, nb, k1 - k0, KG, T(1), RG + r * G, G, Whh + (std::size_t)k0 * G, G, T(1),
                              DH + (r - Bn) * H + k0, H, resident_);
                 }
             }
-        }
-        tm.barrier();
+        });
     }
 
     // GRU dL/da for n rows from row r0 of the forward state, units [k0, k1): dh = in + carry.
@@ -1457,9 +1419,8 @@ class Worker {
                 const T* input = top && j > 0 ? nullptr : w.DH.data();
                 const T* carry = j > 0 ? w.CH.data() : nullptr;
                 T *DAj = w.DAj.data(), *DUj = w.DUj.data(), *CD = w.CD.data();
-                int lo = 0, hi = n;
-                if (tm.split((double)n * G, kParRows)) tm.share(n, 1, lo, hi);
-                else if (!tm.leader()) hi = 0;
+                int lo, hi;
+                tm.share_if((double)n * G, kParRows, n, 1, lo, hi);
                 // this lag's rows into the sums over windows
                 auto sum = [&](const T* src, T* dst) {
                     for (int r = lo; r < hi; ++r) {
@@ -1614,9 +1575,8 @@ class Worker {
                 const bool top = l == cfg_.layers - 1;
                 const T* input = top && j > 0 ? nullptr : w.DH.data();
                 const T* carry = j > 0 ? w.CH.data() : nullptr;
-                int lo = 0, hi = n;
-                if (tm.split((double)n * G, kParRows)) tm.share(n, 1, lo, hi);
-                else if (!tm.leader()) hi = 0;
+                int lo, hi;
+                tm.share_if((double)n * G, kParRows, n, 1, lo, hi);
                 if (lo < hi) {
                     const std::size_t o = (std::size_t)lo;
                     if (lstm)
