@@ -37,15 +37,17 @@ def write_config(tmp_path):
 @pytest.fixture
 def run_config(tmp_path):
     """Run a config into a folder as ``harness run`` does (harness.run.session.run_into) and load it:
-    ``run_config(config, out=tmp_path / "run", peaks=None, executor=None)``; ``config`` is a path or a
-    loaded RunConfig, ``peaks`` GEMM peaks taken as measured (the run then times none)."""
+    ``run_config(config, out=tmp_path / "run", peaks=None, executor=None, progress=None, name_group=None)``;
+    ``config`` is a path or a loaded RunConfig, ``peaks`` GEMM peaks taken as measured (the run then times
+    none), ``progress`` and ``name_group`` what ``harness run`` passes for its progress line."""
     from harness.config import load_config
     from harness.config.cells import RunConfig
     from harness.results.store import RunStore, load_run
     from harness.run.runner import new_run_meta
     from harness.run.session import run_into
 
-    def run(config, out: Path | None = None, peaks: dict | None = None, executor=None):
+    def run(config, out: Path | None = None, peaks: dict | None = None, executor=None, progress=None,
+            name_group=None):
         cfg = config if isinstance(config, RunConfig) else load_config(config)
         out = tmp_path / "run" if out is None else Path(out)
         meta = new_run_meta(cfg)
@@ -53,7 +55,7 @@ def run_config(tmp_path):
             meta["gemm_peak_gflops"] = dict(peaks)
         store = RunStore.create(out, meta)
         try:
-            run_into(cfg, store, executor=executor)
+            run_into(cfg, store, progress, executor, name_group=name_group)
         finally:
             store.close()
         return load_run(out)

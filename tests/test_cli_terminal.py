@@ -212,13 +212,10 @@ timing: {warmup: 1, min_rounds: 3, min_time_s: 0.01, max_time_s: 0.5, timeout_s:
         assert any(unit in slow.split("ref:slow: ", 1)[1] for unit in ("ms", "µs", " s,"))
 
 
-def test_a_training_group_is_named_a_training_run_not_a_pass(fake_backends, write_config, tmp_path):
-    from harness.config import load_config
-    from harness.results.store import RunStore
+def test_a_training_group_is_named_a_training_run_not_a_pass(fake_backends, write_config, run_config):
     from harness.results.terminal import group_name
-    from harness.run.runner import Runner, finish_meta, new_run_meta
 
-    cfg = load_config(write_config("""
+    config = write_config("""
 name: trains
 seed: 1
 model: {kind: elman, hidden: 4}
@@ -228,13 +225,9 @@ batch: [2]
 backends: [ref]
 train: {epochs: 1, eval_every: 8}
 timing: {timeout_s: 30, passes: 3}
-"""))
-    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+""")
     bar = _Bar()
-    runner = Runner(cfg, store, name_group=group_name)
-    runner.gemm_peaks = {"float32|threads=1": 1.0}
-    runner.run(bar)
-    finish_meta(store)
+    run_config(config, peaks={"float32|threads=1": 1.0}, progress=bar, name_group=group_name)
     named = [d for d in bar.descriptions if " · " in d]
     assert named and all(d.endswith("train elman D=3 H=4 T=4 B=2 float32 · training run") for d in named), named
     assert not any("pass" in d for d in bar.descriptions)
@@ -264,13 +257,10 @@ timing: {warmup: 1, min_rounds: 3, min_time_s: 0.01, max_time_s: 0.5, timeout_s:
     assert group_name(cfg.groups()[0]) == "train_step elman D=3 H=4 T=4 B=1 float32"
 
 
-def test_the_runner_names_groups_on_the_bar_as_the_tables_do(fake_backends, write_config, tmp_path):
-    from harness.config import load_config
-    from harness.results.store import RunStore
+def test_the_runner_names_groups_on_the_bar_as_the_tables_do(fake_backends, write_config, run_config):
     from harness.results.terminal import group_name
-    from harness.run.runner import Runner, finish_meta, new_run_meta
 
-    cfg = load_config(write_config("""
+    config = write_config("""
 name: bar
 seed: 1
 model: {kind: elman, hidden: 4}
@@ -279,10 +269,8 @@ workloads: [train_step]
 batch: [2]
 backends: [ref]
 timing: {warmup: 1, min_rounds: 3, min_time_s: 0.01, max_time_s: 0.5, timeout_s: 30}
-"""))
-    store = RunStore.create(tmp_path / "run", new_run_meta(cfg))
+""")
     bar = _Bar()
-    Runner(cfg, store, name_group=group_name).run(bar)
-    finish_meta(store)
+    run_config(config, progress=bar, name_group=group_name)
     named = [d for d in bar.descriptions if " · " in d]
     assert named and all(d.split(" · ", 1)[1].startswith("train_step elman D=3 H=4 T=4 B=2 float32") for d in named)
