@@ -20,6 +20,14 @@ speedups and the pooled ratio (median half-width over 1.96 times the root of the
 variance). The load average before and after each run is printed beside the table: on a shared
 machine, read the figures with it.
 
+The machine's steadiness between the runs is measured too, since no interval from within one run can
+foresee a machine that changes between runs: every timed cell's own time (its median, the baseline's
+included) across the K runs, as the spread ``max / min - 1``. On a steady machine the cells' times
+move by a few percent between runs (median 1-3% on the 2-core development VM when it was steady);
+where their median spread is over STEADY_SPREAD the table says that the machine moved between the
+runs, and the coverage then measures the machine as much as the intervals (on that VM's unsteady
+host the same cells moved 7-59% between runs 30 s apart, with nothing else running on it).
+
     python benchmarks/calibration.py configs/quick.yaml -k 4 --out /tmp/cal-quick
     python benchmarks/calibration.py configs/quick.yaml -k 4 --out /tmp/cal-quick --aa
     python benchmarks/calibration.py --runs /tmp/cal-quick/run-*      # the table of runs made before
@@ -75,12 +83,17 @@ def run_config(config: str, out: Path, k: int, aa: bool, extra: list[str]) -> li
     return runs
 
 
-def cells_of(runs: list[Path]) -> tuple[dict, list[dict]]:
-    """Per speedup (by cell id), its label and, per run, (point, lo, hi, met, target); and each run's facts."""
+STEADY_SPREAD = 0.05  # a machine whose cells' times move more than this between runs (median over cells) moved
+
+
+def cells_of(runs: list[Path]) -> tuple[dict, list[dict], dict]:
+    """Per speedup (by cell id), its label and, per run, (point, lo, hi, met, target); each run's facts;
+    and per timed cell (by label), its median time in every run."""
     import harness
     from harness.results.labels import backend_label, group_label
 
     cells: dict[str, dict] = {}
+    times: dict[str, list[float]] = {}
     facts = []
     for path in runs:
         run = harness.load_run(path)
@@ -89,6 +102,8 @@ def cells_of(runs: list[Path]) -> tuple[dict, list[dict]]:
         facts.append({"run": str(path), "started": meta.get("started"), "finished": meta.get("finished"),
                       "loadavg_end": meta.get("loadavg_end"), "steal_share": meta.get("steal_share")})
         for _, row in t.iterrows():
+            if row["status"] == "ok" and np.isfinite(row.get("median_s", np.nan)):
+                times.setdefault(f"{row['label']} · {group_label(row)}", []).append(float(row["median_s"]))
             if row["status"] != "ok" or not np.isfinite(row.get("speedup_lo", np.nan)) \
                     or row["label"] == row.get("speedup_over"):
                 continue
@@ -98,7 +113,27 @@ def cells_of(runs: list[Path]) -> tuple[dict, list[dict]]:
             met = row.get("precision_met")
             entry["runs"].append((float(row["speedup"]), float(row["speedup_lo"]), float(row["speedup_hi"]),
                                   None if met is None or met != met else bool(met), row.get("speedup_precision")))
-    return {c: e for c, e in cells.items() if len(e["runs"]) == len(runs)}, facts
+    return ({c: e for c, e in cells.items() if len(e["runs"]) == len(runs)}, facts,
+            {c: v for c, v in times.items() if len(v) == len(runs)})
+
+
+def steadiness(times: dict[str, list[float]]) -> tuple[str, dict]:
+    """How far each timed cell's own time moved between the runs (``max / min - 1`` of its medians):
+    a line that says whether the machine held steady, and the figures."""
+    spreads = {c: max(v) / min(v) - 1 for c, v in times.items() if len(v) > 1 and min(v) > 0}
+    if not spreads:
+        return "", {}
+    median = float(np.median(list(spreads.values())))
+    worst = max(spreads, key=spreads.get)
+    figures = {"median_time_spread": median, "max_time_spread": spreads[worst], "max_spread_cell": worst,
+               "steady": median <= STEADY_SPREAD}
+    if figures["steady"]:
+        verdict = "the machine held steady between the runs"
+    else:
+        verdict = ("the machine moved between the runs: the coverage below measures the machine as much as "
+                   "the intervals (no interval from within one run foresees it)")
+    return (f"each timed cell's own time across the runs moved by median {median:.1%} (max {spreads[worst]:.1%}: "
+            f"{worst}): {verdict}"), figures
 
 
 def table(cells: dict, k: int) -> tuple[str, dict]:
@@ -162,11 +197,12 @@ def main(argv=None) -> int:
         runs = run_config(args.config, args.out, args.k, args.aa, extra)
     else:
         ap.error("expected CONFIG with --out, or --runs")
-    cells, facts = cells_of(runs)
+    cells, facts, times = cells_of(runs)
     text, overall = table(cells, len(runs))
+    steady, overall["steadiness"] = steadiness(times)
     load = ", ".join(f"{f['loadavg_end'][0]:.2f}" if f.get("loadavg_end") else "?" for f in facts)
     head = (f"{len(runs)} runs ({runs[0]} ...), load average (1 min) at each run's end: {load}; "
-            f"steal: {', '.join(str(f.get('steal_share')) for f in facts)}")
+            f"steal: {', '.join(str(f.get('steal_share')) for f in facts)}" + (f"; {steady}" if steady else ""))
     print(head + "\n\n" + text)
     out = args.out or Path(runs[0]).parent
     if args.out or args.runs:
