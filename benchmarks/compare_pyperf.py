@@ -60,6 +60,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
@@ -269,6 +270,7 @@ def pyperf_turn(config_path: str, index: int, env: dict[str, str], out: Path, ar
         cmd += ["--inherit-environ", ",".join(sorted(env))]
     if reference_first:
         cmd.append("--reference-first")
+    out.unlink(missing_ok=True)  # pyperf refuses to write over a file (a kept --out folder run again)
     full = {**os.environ, **env, "COMPARE_PYPERF_CHILD": "1"}
     for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX", "MALLOC_TOP_PAD_"):
         if k not in env:
@@ -336,15 +338,14 @@ def main(argv=None) -> None:
     for setup in setups:
         if setup not in SETUPS:
             ap.error(f"--setup: expected {', '.join(SETUPS)}, got {setup!r}")
+    began = time.monotonic()
     for setup in setups:
         compare(setup, env_names, out / setup, args)
-    print(f"files: {out}")
+    print(f"files: {out}; {time.monotonic() - began:.0f} s in all")
 
 
 def compare(setup: str, env_names: list[str], out: Path, args) -> None:
     """One set-up's comparison: its environments stated, its turns run, each shape's agreement."""
-    import time
-
     from harness.run import guard
 
     out.mkdir(parents=True, exist_ok=True)
@@ -356,7 +357,8 @@ def compare(setup: str, env_names: list[str], out: Path, args) -> None:
     print("pyperf environments:", json.dumps({e: envs_by_name[e] for e in env_names}), flush=True)
     shapes = cells(config_path)
     labels = [label(c) for c in shapes]
-    tools = [HARNESS] + [f"pyperf {e}" for e in env_names]
+    pyperf_env = {f"pyperf {e}": e for e in env_names}  # each pyperf environment is a tool of its own in a turn
+    tools = [HARNESS, *pyperf_env]
     # per shape and tool: each turn's result; the calibration of the first turn, fixed for the rest
     ran: dict[tuple[int, str], list[dict]] = {(s, tool): [] for s in range(len(shapes)) for tool in tools}
     calibrated: dict[tuple[int, str], int] = {}
@@ -372,7 +374,7 @@ def compare(setup: str, env_names: list[str], out: Path, args) -> None:
                 got = harness_turn(shapes[s], calibrated.get((s, tool)))
                 calibrated[(s, tool)] = got["inner"]
             else:
-                name = tool.split(" ", 1)[1]
+                name = pyperf_env[tool]
                 got = pyperf_turn(config_path, s, envs_by_name[name], out / f"pyperf-{name}-{s}-{turn + 1}.json", args,
                                   calibrated.get((s, tool)), reference_first=name.endswith("+reference"))
                 calibrated[(s, tool)] = got["loops"]
