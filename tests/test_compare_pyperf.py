@@ -3,6 +3,7 @@ verdict and its config (the timed comparison itself is run by hand: it takes min
 
 import importlib.util
 import math
+import statistics
 from collections import Counter
 
 import pytest
@@ -53,11 +54,14 @@ def test_the_agreement_is_read_within_turns_so_the_machines_drift_between_turns_
     far = [[v * 1.05 for v in turn] for turn in pyperf]
     assert compare.agreement(far, pyperf)["ratio"] == pytest.approx(1.05)
     assert not compare.agreement(far, pyperf)["within"]
-    # the pooled medians are printed beside it; with the tools' turns out of step they mislead, the turns do not
-    late = [[v * 1.01 for v in turn] for turn in [[600e-6 * d * w for w in wobble] for d in [1.4] * 8]]
-    early = [[600e-6 * w for w in wobble]] * 8
-    skew = compare.agreement(late, early)
-    assert skew["pooled"] == pytest.approx(1.4 * 1.01)
+    # the pooled medians are printed beside it: where one tool took more values in the slow turns they
+    # mislead, and the turns' ratios do not
+    slow, counts = [1.0, 1.4, 1.0, 1.4], [3, 9, 3, 9]
+    uneven = compare.agreement([[600e-6 * d * 1.01] * n for d, n in zip(slow, counts)], [[600e-6 * d] * 5 for d in slow])
+    assert uneven["ratio"] == pytest.approx(1.01) and uneven["within"]
+    assert uneven["pooled"] == pytest.approx(1.4 * 1.01 / 1.2)
+    # how far a tool's turns lie apart: the drift the turns' ratios cancel
+    assert compare.turn_spread(pyperf) == pytest.approx((1.4 - 0.8) / statistics.median(drift))
 
 
 def test_the_agreements_interval_needs_three_turns_and_every_turn_needs_both_tools(compare):
