@@ -191,7 +191,6 @@ def agreement(harness_turns: list[list[float]], pyperf_turns: list[list[float]],
     import numpy as np
 
     from harness.run.stats import resampled_medians
-
     from harness.spec.errors import HarnessError
 
     pairs = [(h, p) for h, p in zip(harness_turns, pyperf_turns) if h and p]
