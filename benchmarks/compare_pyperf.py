@@ -1,21 +1,35 @@
-"""The harness's absolute time of one NumPy SGD step against pyperf's, back to back.
+"""The harness's absolute time of one NumPy SGD step against pyperf's, in short turns taken in turn.
 
-The same cells (one config, NumPy only, one thread) are timed twice: by pyperf, as a user who
+The same cells (one config, NumPy only, one thread) are timed by both tools: by pyperf, as a user who
 trusts it would (fresh processes x values, pinned to one CPU, one BLAS/OpenMP thread, a plain
-``backends.create("numpy")``, ``prepare``, ``sgd_step(x, y, 0.005)`` loop), and by ``harness run``.
-Both take the problem, parameters and batch from the config through the harness's own spec
-(``reference.init_params``, ``make_dataset``), so only the timers differ.
+``backends.create("numpy")``, ``prepare``, ``sgd_step(x, y, 0.005)`` loop), and by the harness's own
+timing of a comparison group (:class:`harness.run.group.GroupRun`: a fresh worker, its warm-up,
+verification against the reference, calibrated rounds). Both take the problem, parameters and batch
+from the config through the harness's own spec (``reference.init_params``, ``make_dataset``), so only
+the timers differ.
+
+A shared VM's speed drifts by 20-40% over minutes, more than the 2% the comparison looks for, so the
+two tools never take turns minutes apart: the comparison is a series of short turns, and in each turn
+every shape is timed by one fresh worker process of each tool, back to back (a few seconds apart), the
+tools' order alternating from turn to turn as the harness orders its own rounds
+(:func:`harness.worker.measure.round_order`: harness first, pyperf first, pyperf first, harness first,
+...), so a drift within a turn favours neither. Each tool calibrates once, in the first turn (the
+harness its calls per round, pyperf its loops per value), and every later turn runs that many
+(``--loops``), so turns are alike. A shape's ratio is the **median over turns of each turn's ratio**
+(the harness's median over pyperf's, of that turn's values), with a 95% bootstrap interval over turns:
+each turn's ratio is read within seconds, so a drift between turns moves both tools alike and cancels;
+the ratio of the medians of all turns' pooled values is printed beside it.
 
 pyperf starts its workers with a clean environment (PATH, HOME and what ``--inherit-environ``
 names): what the harness sets for its workers beyond the thread counts, the allocator settings
 of the config's ``env`` above all (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``), is
 not there unless passed on. ``--pyperf-env`` says which environments pyperf runs under:
-``plain`` (the thread counts alone, as a plain pyperf run pinned to one thread has them),
-``harness`` (the variables of the harness's worker for this cell, read from
-:func:`harness.run.client.worker_settings`) and ``harness+reference`` (those, and one float64
-reference step before the timed ones, as a worker's verification ran it while NumPy's
-huge-page advice was on for it: with the raised malloc thresholds the heap kept the
-reference's huge pages for the step's buffers). The table gives the harness's time over each.
+``harness`` (the default: the variables of the harness's worker for this cell, read from
+:func:`harness.run.client.worker_settings`), ``plain`` (the thread counts alone, as a plain pyperf
+run pinned to one thread has them) and ``harness+reference`` (the harness's, and one float64
+reference step before the timed ones, as a worker's verification ran it while NumPy's huge-page
+advice was on for it: with the raised malloc thresholds the heap kept the reference's huge pages
+for the step's buffers). Each environment named takes its own process in every turn.
 
 The caller's variables that steer a numerical library (``OPENBLAS_CORETYPE``, ``OPENBLAS_L2_SIZE``,
 ``OMP_*``, ...: :mod:`harness.spec.tuning`) decide which kernels both tools run, so each comparison is
@@ -23,18 +37,17 @@ made in one of two set-ups, both tools alike (``--setup``): ``inherited``, where
 inherit them as usual and pyperf is told to pass them on (``--inherit-environ``), and ``clean``, where
 the harness runs with ``clean_env: true`` and pyperf as it starts by default, neither with them. Each
 set-up prints the variables both tools' workers got and the BLAS kernel each ran (the harness's
-``blas_kernel`` column, and the same reading in pyperf's workers, kept in its metadata), and the
-harness's own reading of the machine while it timed (other processes' CPU in cores, load average).
+worker's reading, and the same reading in pyperf's workers, kept in its metadata), and the harness's
+own reading of the machine over the turns (other processes' CPU in cores, steal, load average).
 
-    python benchmarks/compare_pyperf.py                       # 3 repeats of 6 processes x 5 values, CPU 0
-    python benchmarks/compare_pyperf.py --repeat 2 --out /tmp/cmp
+    python benchmarks/compare_pyperf.py                       # 8 turns x 3 shapes per set-up, CPU 0
+    python benchmarks/compare_pyperf.py --turns 4 --out /tmp/cmp
     OPENBLAS_CORETYPE=Haswell python benchmarks/compare_pyperf.py --setup inherited,clean --pyperf-env harness
 
-Prints the load average before and after each tool: on a shared machine, read the ratios
-together with it. pyperf runs in a session of its own, as each harness worker does: with
-the kernel's autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``) a session
-is one group sharing the CPU with every other, and a worker in the caller's session would
-get a smaller share than the harness's on a busy machine.
+pyperf runs in a session of its own, as each harness worker does: with the kernel's autogroup
+scheduling (``/proc/sys/kernel/sched_autogroup_enabled``) a session is one group sharing the CPU
+with every other, and a worker in the caller's session would get a smaller share than the
+harness's on a busy machine.
 """
 
 from __future__ import annotations
@@ -47,6 +60,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
@@ -123,15 +137,17 @@ def pyperf_main() -> None:
     import pyperf
 
     def forward(cmd, args):
-        cmd.extend(["--config", args.config] + (["--reference-first"] if args.reference_first else []))
+        cmd.extend(["--config", args.config, "--cell", str(args.cell)]
+                   + (["--reference-first"] if args.reference_first else []))
 
     runner = pyperf.Runner(add_cmdline_args=forward)
     runner.argparser.add_argument("--config", required=True)
+    runner.argparser.add_argument("--cell", type=int, required=True, help="which of the config's cells (from 0)")
     runner.argparser.add_argument("--reference-first", action="store_true")
     args = runner.parse_args()
-    for cell in cells(args.config):
-        step = plain_step(cell, args.reference_first)
-        runner.bench_time_func(label(cell), step, metadata={"blas_kernel": blas_kernel()})
+    cell = cells(args.config)[args.cell]
+    step = plain_step(cell, args.reference_first)
+    runner.bench_time_func(label(cell), step, metadata={"blas_kernel": blas_kernel()})
 
 
 def blas_kernel() -> str:
@@ -142,10 +158,70 @@ def blas_kernel() -> str:
     return kernel_text(kernels()) or "unreported"
 
 
-# -- the comparison ----------------------------------------------------------------------------------
+# -- the comparison's arithmetic (no timing here) -------------------------------------------------------
 
 SETUPS = ("inherited", "clean")
 
+#: the agreement the comparison looks for between the two tools' times
+AGREE = 0.02
+
+#: the harness's name among the tools of a turn (pyperf's are its environments' names)
+HARNESS = "harness"
+
+
+def schedule(n_shapes: int, tools: list[str], turns: int) -> list[tuple[int, int, str]]:
+    """The running order, ``(turn, shape, tool)``: turn by turn, every shape in each, each shape's tools one
+    process each, back to back, in the order the harness gives its own interleaved rounds
+    (:func:`harness.worker.measure.round_order` of the turn: every tool goes first as often as last)."""
+    from harness.worker.measure import round_order
+
+    return [(t, s, tool) for t in range(turns) for s in range(n_shapes) for tool in round_order(list(tools), t)]
+
+
+def agreement(harness_turns: list[list[float]], pyperf_turns: list[list[float]], n_boot: int = 2000,
+              seed: int = 0) -> dict:
+    """How far the harness's times lie from pyperf's over paired turns (the values of each tool's process in
+    turn ``i``; per call, in seconds).
+
+    ``ratio``: the median over turns of the turn's ratio (median of the harness's values over the median of
+    pyperf's), read within a turn so that the machine's drift between turns cancels; ``lo``/``hi``: its 95%
+    percentile-bootstrap interval, resampling turns (NaN with fewer than 3); ``pooled``: the median of all
+    the harness's values over the median of all pyperf's; ``turn_ratios``; ``within``: whether ``ratio``
+    lies within :data:`AGREE` of 1."""
+    import numpy as np
+
+    from harness.run.stats import resampled_medians
+    from harness.spec.errors import HarnessError
+
+    pairs = [(h, p) for h, p in zip(harness_turns, pyperf_turns) if h and p]
+    if not pairs or len(pairs) != len(harness_turns) or len(harness_turns) != len(pyperf_turns):
+        raise HarnessError(f"agreement: expected values of both tools in every turn, got {len(harness_turns)} "
+                           f"turn(s) of the harness and {len(pyperf_turns)} of pyperf, {len(pairs)} with both")
+    ratios = [statistics.median(h) / statistics.median(p) for h, p in pairs]
+    ratio = statistics.median(ratios)
+    lo = hi = float("nan")
+    if len(ratios) >= 3:
+        (meds,) = resampled_medians([np.asarray(ratios, dtype=np.float64)], n_boot, np.random.default_rng(seed))
+        lo, hi = (float(x) for x in np.percentile(meds, [2.5, 97.5]))
+    pooled = (statistics.median([v for h, _ in pairs for v in h])
+              / statistics.median([v for _, p in pairs for v in p]))
+    return {"ratio": ratio, "lo": lo, "hi": hi, "pooled": pooled, "turn_ratios": ratios, "within": within(ratio)}
+
+
+def within(ratio: float) -> bool:
+    """Whether a ratio of the two tools' times says they agree: within :data:`AGREE` of 1 as the table prints it
+    (three decimals: 1.020 agrees, 1.021 does not)."""
+    return round(abs(ratio - 1), 3) <= AGREE
+
+
+def turn_spread(turns: list[list[float]]) -> float:
+    """How far one tool's turns' medians lie apart: slowest minus fastest over their median (the drift between
+    turns and each process's own draw, which the turn ratios cancel and the pooled values keep)."""
+    medians = [statistics.median(v) for v in turns if v]
+    return (max(medians) - min(medians)) / statistics.median(medians) if medians else float("nan")
+
+
+# -- the comparison ----------------------------------------------------------------------------------
 
 def environments(config_path: str, setup: str) -> dict[str, dict[str, str]]:
     """The variables pyperf's workers get under each ``--pyperf-env`` choice in a set-up (one cell stands for
@@ -165,21 +241,35 @@ def environments(config_path: str, setup: str) -> dict[str, dict[str, str]]:
             "harness+reference": {**caller, **harness_env}}
 
 
-def config_text(setup: str) -> str:
-    """The comparison's config in a set-up: ``clean`` runs the harness's workers with ``clean_env: true``."""
-    return CONFIG.replace("baseline: numpy\n", "baseline: numpy\nclean_env: true\n") if setup == "clean" else CONFIG
+#: pyperf's values per process take about this long each (its --min-time default): the harness's rounds are
+#: made as long, so that a turn of each tool times the same stretch
+VALUE_S = 0.1
 
 
-def run_pyperf(config_path: str, env: dict[str, str], out: Path, args, reference_first: bool = False) -> dict[str, dict]:
-    """pyperf's medians per cell label, with its processes' spread."""
+def config_text(setup: str, values: int = 5) -> str:
+    """The comparison's config in a set-up: one worker process per cell and turn, ``values`` rounds of about
+    :data:`VALUE_S` each as pyperf takes its values; ``clean`` runs the harness's workers with ``clean_env: true``."""
+    timing = (f"timing: {{processes: 1, min_processes: 1, passes: 1, min_rounds: {max(3, values)}, "
+              f"min_time_s: {max(3, values) * VALUE_S:g}}}\n")
+    extra = timing + ("clean_env: true\n" if setup == "clean" else "")
+    return CONFIG.replace("baseline: numpy\n", "baseline: numpy\n" + extra)
+
+
+def pyperf_turn(config_path: str, index: int, env: dict[str, str], out: Path, args, loops: int | None = None,
+                reference_first: bool = False) -> dict:
+    """One pyperf process timing cell ``index`` (after a calibration process where ``loops`` is None): its
+    values (seconds per call), the loops per value and the BLAS kernel it ran."""
     import pyperf
 
-    cmd = [sys.executable, str(HERE), "--config", config_path, "--processes", str(args.processes),
-           "--values", str(args.values), "--affinity", str(args.cpu), "--quiet", "-o", str(out)]
+    cmd = [sys.executable, str(HERE), "--config", config_path, "--cell", str(index), "--processes", "1",
+           "--values", str(args.values), "--warmups", "1", "--affinity", str(args.cpu), "--quiet", "-o", str(out)]
+    if loops:
+        cmd += ["--loops", str(loops)]
     if env:
         cmd += ["--inherit-environ", ",".join(sorted(env))]
     if reference_first:
         cmd.append("--reference-first")
+    out.unlink(missing_ok=True)  # pyperf refuses to write over a file (a kept --out folder run again)
     full = {**os.environ, **env, "COMPARE_PYPERF_CHILD": "1"}
     for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX", "MALLOC_TOP_PAD_"):
         if k not in env:
@@ -188,38 +278,31 @@ def run_pyperf(config_path: str, env: dict[str, str], out: Path, args, reference
     # session is one group sharing the CPU fairly with every other, so on a busy machine a process in the
     # caller's session gets a smaller share than a worker in its own (pyperf read 1.5-4x the harness's
     # wall times that way on the 2-core VM under a load of 7)
-    subprocess.run(cmd, check=True, env=full, cwd=str(ROOT), start_new_session=True)
-    found = {}
-    for bench in pyperf.BenchmarkSuite.load(str(out)).get_benchmarks():
-        per_process = [statistics.median(r.values) for r in bench.get_runs() if r.values]
-        found[bench.get_name()] = {"median_s": bench.median(), "n_processes": len(per_process),
-                                   "process_spread": (max(per_process) - min(per_process)) / bench.median(),
-                                   "blas_kernel": bench.get_metadata().get("blas_kernel", "unreported")}
-    return found
+    # its one line per process ("Mean +- std dev") is left out: the table says what the turns found
+    subprocess.run(cmd, check=True, env=full, cwd=str(ROOT), start_new_session=True, stdout=subprocess.DEVNULL)
+    bench = pyperf.Benchmark.load(str(out))
+    timed = [r for r in bench.get_runs() if r.values]
+    return {"values": list(bench.get_values()), "loops": timed[-1].get_loops(),
+            "blas_kernel": bench.get_metadata().get("blas_kernel", "unreported")}
 
 
-def run_harness(config_path: str, out: Path) -> dict[str, dict]:
-    """The harness's medians per cell label, with the processes their rounds came from."""
-    import harness
+def harness_turn(cell, inner: int | None) -> dict:
+    """One fresh harness worker timing ``cell`` as a run's group does (start, warm-up, verification, rounds;
+    calibrated where ``inner`` is None): its rounds (seconds per call), its calls per round and the BLAS
+    kernel it ran."""
+    from harness.results.caveats import kernel_text
+    from harness.run.group import GroupRun
+    from harness.spec.status import Status
 
-    subprocess.run([sys.executable, "-m", "harness.cli", "run", config_path, "--out", str(out)], check=True,
-                   cwd=str(ROOT), stdout=subprocess.DEVNULL)
-    run = harness.load_run(out)
-    by_id = {c.cell_id: label(c) for c in cells(config_path)}
-    found = {}
-    for _, row in run.timings.iterrows():
-        found[by_id[row["cell_id"]]] = {
-            "median_s": float(row["median_s"]), "iqr_s": float(row["iqr_s"]),
-            "n_processes": int(row["n_worker_processes"]),
-            "process_spread": float(row["process_spread"]) if row["process_spread"] is not None else float("nan"),
-            "blas_kernel": row.get("blas_kernel") or "unreported", "contention": row.get("contention") or "unsampled"}
-    seen = (run.meta.get("conditions") or {}).get("run") or {}
-    found[None] = {"others_cores": seen.get("others_cores"), "load_max": seen.get("load_max")}
-    return found
-
-
-#: the agreement the comparison looks for between the two tools' medians
-AGREE = 0.02
+    state = GroupRun([cell])
+    if inner:
+        state.inner[cell.cell_id] = inner
+    state.run_pass()
+    outcome = state.outcomes[cell.cell_id]
+    if outcome.status != Status.OK or not outcome.samples:
+        raise SystemExit(f"harness: {label(cell)}: {outcome.status}: {outcome.error}")
+    return {"values": list(outcome.samples), "inner": state.inner[cell.cell_id],
+            "blas_kernel": kernel_text(outcome.blas) or "unreported"}
 
 
 def _t(s: float) -> str:
@@ -228,91 +311,107 @@ def _t(s: float) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--processes", type=int, default=6, help="pyperf's worker processes (besides its calibration)")
-    ap.add_argument("--values", type=int, default=5, help="pyperf's values per process")
+    ap.add_argument("--turns", type=int, default=8, help="turns per set-up: in each, every shape is timed by one "
+                                                        "fresh process of each tool, back to back")
+    ap.add_argument("--values", type=int, default=5, help="values per process: pyperf's values, the harness's rounds "
+                                                         "(about 0.1 s each)")
     ap.add_argument("--cpu", type=int, default=0, help="the CPU pyperf's workers are pinned to (the harness pins "
                                                       "its one-thread workers to the first of its own)")
-    ap.add_argument("--pyperf-env", default="plain,harness,harness+reference",
-                    help="comma-separated: plain, harness, harness+reference (see the module)")
-    ap.add_argument("--repeat", type=int, default=3, help="rounds of the whole comparison, back to back (their ratios "
-                                                          "are summed up by their median)")
+    ap.add_argument("--pyperf-env", default="harness",
+                    help="comma-separated: harness, plain, harness+reference (see the module)")
     ap.add_argument("--setup", default="inherited,clean",
                     help="comma-separated: inherited (both tools' workers get the caller's steering variables), "
                          "clean (neither does)")
-    ap.add_argument("--out", type=Path, help="keep the config, pyperf's JSON and the harness's runs here")
+    ap.add_argument("--out", type=Path, help="keep the configs, pyperf's JSON and every turn's values here")
     args = ap.parse_args(argv)
+    if args.turns < 1 or args.values < 1:
+        ap.error("--turns and --values: expected at least 1")
 
     out = args.out or Path(tempfile.mkdtemp(prefix="compare-pyperf-"))
     out.mkdir(parents=True, exist_ok=True)
     env_names = [e for e in args.pyperf_env.split(",") if e]
-    for setup in [s for s in args.setup.split(",") if s]:
+    for e in env_names:
+        if e not in ("harness", "plain", "harness+reference"):
+            ap.error(f"--pyperf-env: expected harness, plain or harness+reference, got {e!r}")
+    setups = [s for s in args.setup.split(",") if s]
+    for setup in setups:
         if setup not in SETUPS:
             ap.error(f"--setup: expected {', '.join(SETUPS)}, got {setup!r}")
+    began = time.monotonic()
+    for setup in setups:
         compare(setup, env_names, out / setup, args)
+    print(f"files: {out}; {time.monotonic() - began:.0f} s in all")
 
 
 def compare(setup: str, env_names: list[str], out: Path, args) -> None:
-    """One set-up's comparison: its environments stated, each repeat's table, the medians over repeats."""
+    """One set-up's comparison: its environments stated, its turns run, each shape's agreement."""
+    from harness.run import guard
+
     out.mkdir(parents=True, exist_ok=True)
     config_path = str(out / "compare_pyperf.yaml")
-    Path(config_path).write_text(config_text(setup))
+    Path(config_path).write_text(config_text(setup, args.values))
     envs_by_name = environments(config_path, setup)
     print(f"== set-up {setup}: " + ("the caller's steering variables reach both tools' workers" if setup == "inherited"
                                     else "neither tool's workers get the caller's steering variables"), flush=True)
     print("pyperf environments:", json.dumps({e: envs_by_name[e] for e in env_names}), flush=True)
-    labels = [label(c) for c in cells(config_path)]
-    history: list[tuple[dict, dict]] = []
-    for r in range(args.repeat):
-        results, ran = {}, {}
-        order = env_names + [None]  # None: the harness; every other round in reverse, so a drift of load favours none
-        for name in order if r % 2 == 0 else order[::-1]:
-            print(f"[{setup} {r + 1}] {'harness run' if name is None else f'pyperf ({name} env)'}, "
-                  f"load {os.getloadavg()[0]:.2f}", flush=True)
-            if name is None:
-                ran = run_harness(config_path, out / f"harness-{r + 1}")
+    shapes = cells(config_path)
+    labels = [label(c) for c in shapes]
+    pyperf_env = {f"pyperf {e}": e for e in env_names}  # each pyperf environment is a tool of its own in a turn
+    tools = [HARNESS, *pyperf_env]
+    # per shape and tool: each turn's result; the calibration of the first turn, fixed for the rest
+    ran: dict[tuple[int, str], list[dict]] = {(s, tool): [] for s in range(len(shapes)) for tool in tools}
+    calibrated: dict[tuple[int, str], int] = {}
+    sampler = guard.Sampler().start()
+    began = time.monotonic()
+    said = -1
+    try:
+        for turn, s, tool in schedule(len(shapes), tools, args.turns):
+            if turn != said:
+                said = turn
+                print(f"[{setup} turn {turn + 1}/{args.turns}] load {os.getloadavg()[0]:.2f}", flush=True)
+            if tool == HARNESS:
+                got = harness_turn(shapes[s], calibrated.get((s, tool)))
+                calibrated[(s, tool)] = got["inner"]
             else:
-                results[name] = run_pyperf(config_path, envs_by_name[name], out / f"pyperf-{name}-{r + 1}.json", args,
-                                           reference_first=name.endswith("+reference"))
-        seen = ran[None]
-        print(f"[{setup} {r + 1}] done, load {os.getloadavg()[0]:.2f}; while the harness timed: other processes' CPU "
-              f"{seen['others_cores']} cores, load average up to {seen['load_max']}", flush=True)
-        print("BLAS kernels: harness " + "; ".join(f"{lab}: {ran[lab]['blas_kernel']}" for lab in labels) + " | "
-              + " | ".join(f"pyperf {e}: " + "; ".join(dict.fromkeys(results[e][lab]["blas_kernel"] for lab in labels))
-                           for e in env_names), flush=True)
-        head = ["shape"] + [f"pyperf {e} env" for e in env_names] + ["harness"] + [f"harness / pyperf {e}" for e in env_names]
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for lab in labels:
-            h = ran[lab]
-            cols = [lab]
-            for e in env_names:
-                p = results[e][lab]
-                cols.append(f"{_t(p['median_s'])} ({p['n_processes']} proc, spread {p['process_spread']:.1%})")
-            cols.append(f"{_t(h['median_s'])} ({h['n_processes']} proc, spread {h['process_spread']:.1%}, "
-                        f"IQR {h['iqr_s'] / h['median_s']:.1%})")
-            cols += [f"{h['median_s'] / results[e][lab]['median_s']:.3f}" for e in env_names]
-            print("| " + " | ".join(cols) + " |", flush=True)
-        history.append((results, ran))
-    if len(history) > 1:  # each tool's median over the repeats, and the paired ratios
-        # A shared VM's speed drifts by several percent within a minute, so a ratio is read within a repeat
-        # (the two tools back to back) and the repeats' ratios are summed up by their median: the drift
-        # between repeats then moves both tools alike.
-        print(f"over the {len(history)} repeats: median of each tool's medians; median of the repeats' ratios "
-              f"(each repeat's ratio); within {AGREE:.0%}: whether that median lies within it")
-        head = (["shape"] + [f"pyperf {e} env" for e in env_names] + ["harness"]
-                + [f"harness / pyperf {e}" for e in env_names] + [f"within {AGREE:.0%}"])
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for lab in labels:
-            h = statistics.median(ran[lab]["median_s"] for _, ran in history)
-            p = {e: statistics.median(res[e][lab]["median_s"] for res, _ in history) for e in env_names}
-            ratios = {e: [ran[lab]["median_s"] / res[e][lab]["median_s"] for res, ran in history] for e in env_names}
-            paired = {e: statistics.median(ratios[e]) for e in env_names}
-            cols = [lab] + [_t(p[e]) for e in env_names] + [_t(h)]
-            cols += [f"{paired[e]:.3f} ({' / '.join(f'{x:.3f}' for x in ratios[e])})" for e in env_names]
-            cols.append(", ".join("yes" if abs(paired[e] - 1) <= AGREE else "no" for e in env_names))
-            print("| " + " | ".join(cols) + " |", flush=True)
-    print(f"files: {out}")
+                name = pyperf_env[tool]
+                got = pyperf_turn(config_path, s, envs_by_name[name], out / f"pyperf-{name}-{s}-{turn + 1}.json", args,
+                                  calibrated.get((s, tool)), reference_first=name.endswith("+reference"))
+                calibrated[(s, tool)] = got["loops"]
+            ran[(s, tool)].append(got)
+    finally:
+        sampler.stop()
+    seen = sampler.window(began, time.monotonic()) or {}
+    print(f"[{setup}] done in {time.monotonic() - began:.0f} s, load {os.getloadavg()[0]:.2f}; over the turns: other "
+          f"processes' CPU {seen.get('others_cores')} cores (most {seen.get('others_cores_max')}), steal "
+          f"{seen.get('steal_share', 0):.1%}, load average up to {seen.get('load_max')}", flush=True)
+    print("BLAS kernels: " + " | ".join(
+        f"{tool}: " + "; ".join(dict.fromkeys(r["blas_kernel"] for s in range(len(shapes)) for r in ran[(s, tool)]))
+        for tool in tools), flush=True)
+    print("calls per value (fixed after the first turn): " + "; ".join(
+        f"{lab}: " + ", ".join(f"{tool} {calibrated[(s, tool)]}" for tool in tools) for s, lab in enumerate(labels)))
+    print(f"per shape, over {args.turns} turns: each tool's median of all its values (processes; how far its turns' "
+          f"medians lie apart); harness / pyperf: the median of the turns' ratios [95% interval over turns] "
+          f"(the ratio of the pooled medians); within {AGREE:.0%}: the median of the turns' ratios")
+    head = (["shape", "harness"] + [f"{t} env" for t in tools[1:]] + [f"harness / {t}" for t in tools[1:]]
+            + [f"within {AGREE:.0%}"])
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    kept = {"setup": setup, "conditions": seen, "shapes": {}}
+    for s, lab in enumerate(labels):
+        values = {tool: [r["values"] for r in ran[(s, tool)]] for tool in tools}
+        cols = [lab]
+        for tool in tools:
+            pooled = [v for turn in values[tool] for v in turn]
+            cols.append(f"{_t(statistics.median(pooled))} ({len(values[tool])} proc, turns "
+                        f"{turn_spread(values[tool]):.1%} apart)")
+        found = {tool: agreement(values[HARNESS], values[tool]) for tool in tools[1:]}
+        for tool in tools[1:]:
+            a = found[tool]
+            cols.append(f"{a['ratio']:.3f} [{a['lo']:.3f}, {a['hi']:.3f}] ({a['pooled']:.3f})")
+        cols.append(", ".join("yes" if found[tool]["within"] else "no" for tool in tools[1:]))
+        print("| " + " | ".join(cols) + " |", flush=True)
+        kept["shapes"][lab] = {"values": values, "agreement": found}
+    (out / "turns.json").write_text(json.dumps(kept, indent=1))
 
 
 if __name__ == "__main__":

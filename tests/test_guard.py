@@ -126,6 +126,39 @@ def test_a_run_under_injected_load_is_marked_contended_and_a_quiet_one_is_not(fa
     assert "Contended" not in summary and "(contended)" not in summary
 
 
+@pytest.mark.slow
+def test_a_group_timed_in_a_dask_task_keeps_the_readings_of_the_host_that_timed_it(fake_backends, write_config,
+                                                                                   monkeypatch):
+    from harness.run import distributed
+
+    cfg = load_config(write_config(STEP + "backends: [ref, 'ref:slow']\n"))
+    group = cfg.groups()[0]
+    monkeypatch.setattr(roofs, "_measure", lambda *a, **k: 100.0)
+    real, cores = guard.Sampler, os.cpu_count() or 1
+    for others, contended in ((float(cores), True), (0.0, False)):
+        # the task builds its own sampler on its host: here one with the machine's readings injected
+        monkeypatch.setattr(guard, "Sampler", lambda *a, others=others, **k: real(_probe(others), interval_s=0.05))
+        result = distributed.run_group_task(cfg, group)
+        while result["outcomes"] is None:  # the group's next pass, as the executor asks for it
+            result = distributed.run_group_task(cfg, group, result["saved"])
+        assert [o.status for o in result["outcomes"]] == ["ok", "ok"]
+        for outcome in result["outcomes"]:
+            assert outcome.conditions and len(outcome.conditions) == outcome.cell.timing.pass_count
+            assert caveats.cell_columns(outcome, cores)["contended"] is contended
+
+
+def test_a_run_handed_to_an_executor_warns_at_its_start_on_a_busy_machine(fake_backends, write_config, tmp_path):
+    class Idle:  # an executor that runs nothing: the warning comes before any group is handed over
+        def run(self, runner, groups, progress=None, task_id=None):
+            self.groups = groups
+
+    cfg = load_config(write_config(STEP + "backends: [ref]\n"))
+    said, executor = io.StringIO(), Idle()
+    Runner(cfg, RunStore.create(tmp_path / "r", new_run_meta(cfg)), console=Console(file=said, width=300),
+           sampler=guard.Sampler(_probe(float(os.cpu_count() or 1)), interval_s=0.05)).run(executor=executor)
+    assert said.getvalue().startswith("warning: the machine is busy") and executor.groups
+
+
 def test_the_sampler_counts_the_harness_s_own_processes_as_its_own():
     # a child that spins is the harness's work, not another process's: its CPU time is counted as ours
     before = guard.own_cpu_s()

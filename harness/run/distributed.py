@@ -78,8 +78,9 @@ def run_group_task(config, group, saved: dict | None = None) -> dict:
     :meth:`GroupRun.saved` of its earlier passes, or None) left it: the same
     :meth:`GroupRun.run_pass` a local run makes, with the same stop rule carried in ``saved``.
     Returns this host's facts and either the group's outcomes (it is finished) or ``saved`` for
-    its next pass."""
-    from harness.run import machine, roofs
+    its next pass; each timed cell keeps what the busy-machine guard read on this host while it
+    was timed (:func:`harness.run.guard.note_windows`), as in a local run."""
+    from harness.run import guard, machine, roofs
     from harness.run.group import GroupRun
 
     _pin_to_worker_cpus()
@@ -89,7 +90,13 @@ def run_group_task(config, group, saved: dict | None = None) -> dict:
         if found is not None:
             _HOST_ROOFS["roofs"] = found
     state = GroupRun.restore(group, saved)
-    state.run_pass()
+    # the busy-machine guard on the host that times the group, as a local run's runner samples its own
+    sampler = guard.Sampler().start()
+    try:
+        state.run_pass()
+    finally:
+        sampler.stop()
+    guard.note_windows(sampler, state)
     done = {"outcomes": state.ordered() if state.finished else None,
             "saved": None if state.finished else state.saved()}
     return {**done, "host": machine.host_name(), "machine": machine.machine_info(),

@@ -172,6 +172,20 @@ class Sampler:
         return out
 
 
+def note_windows(sampler: Sampler, state) -> None:
+    """Keep with each cell of a comparison group's pass what the machine did while it was timed: each stretch
+    of rounds in ``state.windows`` (:class:`harness.run.group.GroupRun`) summed up by ``sampler`` and added to
+    its cells' ``conditions``, the stretches then cleared. The one place a cell's readings are taken, whether
+    the pass ran in the runner or in a Dask task on another host."""
+    for began, ended, ids in state.windows:
+        seen = sampler.window(began, ended)
+        for cid in ids:
+            outcome = state.outcomes.get(cid)
+            if outcome is not None and seen is not None:
+                outcome.conditions = (outcome.conditions or []) + [seen]
+    state.windows.clear()
+
+
 def combine(entries: list) -> dict | None:
     """Several :meth:`Sampler.window` summaries (a cell's passes) as one, weighted by their seconds."""
     entries = [e for e in entries or [] if e and e.get("seconds")]

@@ -74,6 +74,7 @@ class Runner:
         # the bar counts passes over cells: a group of passes 3 moves it three times, not once at its end
         planned = {id(g): planned_steps([g]) for g in todo}
         if executor is not None:  # it counts each group once, when it comes back
+            self.check_machine()  # each group's host samples its own machine while it times (distributed.py)
             task_id = progress.add_task("cells", total=sum(len(g) for g in todo)) if progress else None
             executor.run(self, todo, progress, task_id)
             return
@@ -126,13 +127,7 @@ class Runner:
 
     def note_conditions(self, state: GroupRun) -> None:
         """Keep with each cell what the machine did while it was timed in the pass just run."""
-        for began, ended, ids in state.windows:
-            seen = self.sampler.window(began, ended)
-            for cid in ids:
-                outcome = state.outcomes.get(cid)
-                if outcome is not None and seen is not None:
-                    outcome.conditions = (outcome.conditions or []) + [seen]
-        state.windows.clear()
+        guard.note_windows(self.sampler, state)
 
     @staticmethod
     def _count_pass(progress, task_id, state, planned: dict, counted: dict) -> None:
