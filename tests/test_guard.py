@@ -324,3 +324,15 @@ def test_an_unsteady_machine_is_said_when_many_cells_processes_disagree_on_a_qui
     # contended cells are the contention line's to say, not evidence of an unsteady machine
     loaded = [row("numpy", 0.24, True), row("native", 0.15, True), row("jax", 0.03), row("torch", 0.05)]
     assert not any(line.startswith("Unsteady") for line in caveats.lines({}, loaded))
+
+
+def test_a_worker_reaped_between_two_readings_is_not_read_as_another_process_s_load():
+    from harness.run.guard import Sample, summarise
+
+    # one core busy with the harness's own work throughout; at t=1 the harness's own count lost a
+    # worker's 3 s for one reading (it was reaped between its parent's reading and its own)
+    ours = [0.0, 0.5, -2.0, 1.5, 2.0]
+    samples = [Sample(t * 0.5, 1.0, busy_s=t * 0.5, steal_s=0.0, total_s=t, ours_s=o) for t, o in enumerate(ours)]
+    seen = summarise(samples)
+    assert seen["others_cores"] == 0.0
+    assert seen["others_cores_max"] == 0.0

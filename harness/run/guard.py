@@ -104,9 +104,12 @@ def summarise(samples: list[Sample]) -> dict | None:
 
     total = last.total_s - first.total_s
     loads = [s.load for s in samples]
+    # a window in which the harness's own CPU seconds went down read a worker's seconds between its
+    # parent's reading and its own (it was reaped in between): its busy seconds are no one else's
+    windows = [others(a, b) for a, b in zip(samples, samples[1:]) if b.ours_s >= a.ours_s]
     return {"seconds": round(seconds, 3), "n_samples": len(samples),
             "others_cores": round(others(first, last), 3),
-            "others_cores_max": round(max(others(a, b) for a, b in zip(samples, samples[1:])), 3),
+            "others_cores_max": round(max(windows, default=0.0), 3),
             "steal_share": round((last.steal_s - first.steal_s) / total, 4) if total > 0 else 0.0,
             "load_mean": round(sum(loads) / len(loads), 2), "load_max": round(max(loads), 2)}
 
