@@ -404,20 +404,26 @@ RNN_BF16_TARGET inline void rows_pairs8(const float* x, int ldx, int rows, int K
 RNN_BF16_TARGET __attribute__((flatten)) inline void pack_a_avx512(bool ta, int M, int K, const float* A, int lda,
                                                                    std::uint32_t* out) {
     const int kp = (K + 1) / 2;
-    for (int i0 = 0; i0 < M; i0 += MR) {
-        std::uint32_t* panel = out + (std::size_t)(i0 / MR) * kp * MR;
-        const int rows = M - i0 < MR ? M - i0 : MR;
-        if (ta) {  // A is K x M: the panel's 8 rows are 8 contiguous columns of A
+    if (ta) {  // A is K x M: two panels' 16 rows are 16 contiguous columns of A, paired in one vector
+        // (a whole cache line of each row of A per pass, not half of it twice)
+        for (int i0 = 0; i0 < M; i0 += 2 * MR) {
+            std::uint32_t* lo = out + (std::size_t)(i0 / MR) * kp * MR;
+            std::uint32_t* hi = lo + (std::size_t)kp * MR;  // the second panel, where M has one
+            const int rows = M - i0 < 2 * MR ? M - i0 : 2 * MR;
             const __mmask16 m = first(rows);
             for (int p = 0; p < kp; ++p) {
                 const float* e = A + (std::size_t)(2 * p) * lda + i0;
                 const __m512 o = 2 * p + 1 < K ? _mm512_maskz_loadu_ps(m, e + lda) : _mm512_setzero_ps();
-                _mm512_mask_storeu_epi32(panel + (std::size_t)p * MR, (__mmask16)0xff,
-                                         pairs16(_mm512_maskz_loadu_ps(m, e), o));
+                const __m512i w = pairs16(_mm512_maskz_loadu_ps(m, e), o);
+                _mm256_storeu_si256((__m256i*)(lo + (std::size_t)p * MR), _mm512_castsi512_si256(w));
+                if (rows > MR) _mm256_storeu_si256((__m256i*)(hi + (std::size_t)p * MR), _mm512_extracti64x4_epi64(w, 1));
             }
-            continue;
         }
-        rows_pairs8(A + (std::size_t)i0 * lda, lda, rows, K, panel, MR);
+        return;
+    }
+    for (int i0 = 0; i0 < M; i0 += MR) {
+        const int rows = M - i0 < MR ? M - i0 : MR;
+        rows_pairs8(A + (std::size_t)i0 * lda, lda, rows, K, out + (std::size_t)(i0 / MR) * kp * MR, MR);
     }
 }
 
