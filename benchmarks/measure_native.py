@@ -32,9 +32,13 @@ then that model's sgd_step and forward, native float32 against native bfloat16, 
 alternating rounds. Each GFLOP/s is also a share of that precision's FMA peak at the
 thread count (``_native.fma_peak``: bfloat16's VDPBF16PS, twice float32's rate on a CPU
 whose float32 FMAs are full width). The ratio column is float32 time / bfloat16 time.
+With ``--profile`` it adds each train step's CPU milliseconds per phase (the engine's
+counters, summed over the threads) in float32 and bfloat16: ratios that a loaded machine
+leaves standing.
 
     python benchmarks/measure_native.py --bf16 --threads 1,16
     python benchmarks/measure_native.py --bf16 --threads 1 --shapes lstm512-b64-t24,gru512-b64-t24   # other steps
+    python benchmarks/measure_native.py --bf16 --threads 1 --shapes gru512-b64-t24 --profile   # CPU ms by phase
     python benchmarks/measure_native.py --bf16 --portable --rounds 3   # any CPU: the emulation (no speed claim)
 """
 
@@ -325,12 +329,14 @@ def bf16_child(args) -> None:
                           "gflops": {p: 2.0 * M * N * K / m / 1e9 for p, m in med.items()}}), flush=True)
     shapes = args.shapes.split(",") if args.shapes != DEFAULT_SHAPES else [BF16_SHAPE]
     for shape, workload in [(s, w) for s in shapes for w in ("train_step", "forward")]:
-        steps = {}
+        steps, made = {}, {}
+        profile = args.profile and workload == "train_step"  # the engine's counters count SGD steps
         for dtype in ("float32", "bfloat16"):
             problem, params, x, y = _make(_shape(shape), dtype)
             problem = dataclasses.replace(problem, workload=workload)
             b = NativeBackend()
             b.bf16_kernel = "portable" if args.portable else "auto"
+            b.profiling = profile
             ok, why = b.supports(problem)
             if not ok:
                 raise SystemExit(f"native {dtype}: {why}")
@@ -339,11 +345,22 @@ def bf16_child(args) -> None:
             steps[dtype] = (lambda b=b, x=x, y=y: b.sgd_step(x, y, LR)) if workload == "train_step" else \
                 (lambda b=b, x=x: b.forward(x))
             steps[dtype]()
+            made[dtype] = b
+        if profile:
+            for b in made.values():
+                b.profile(reset=True)
         samples = measure.time_interleaved(steps, args.rounds)
         med = {p: float(np.median(v)) for p, v in samples.items()}
-        print(json.dumps({"kind": "step", "what": f"{shape} {workload}", "threads": args.threads,
+        what = f"{shape} {workload}"
+        print(json.dumps({"kind": "step", "what": what, "threads": args.threads,
                           "kernel": mod.bf16_kernel(), "ms": {p: m * 1e3 for p, m in med.items()},
                           "gflops": {p: problem.flops(workload) / m / 1e9 for p, m in med.items()}}), flush=True)
+        if profile:  # CPU ms per step by phase, summed over the threads: time off the core is not counted
+            prof = {p: _profile_summary(b.profile()) for p, b in made.items()}
+            phases = {name: {p: sum(prof[p]["phases"].get(name, {"cpu_ms": [0.0]})["cpu_ms"]) for p in prof}
+                      for name in dict.fromkeys(n for p in prof for n in prof[p]["phases"])}
+            print(json.dumps({"kind": "phases", "what": what, "threads": args.threads, "phases": phases,
+                              "cpu_ms": {p: sum(prof[p]["cpu_ms"]) for p in prof}}), flush=True)
 
 
 def _bf16_table(results) -> str:
@@ -351,8 +368,11 @@ def _bf16_table(results) -> str:
     (the "peaks" line of the same child; "-" where the CPU has no kernel for it)."""
     lines = ["| what | threads | kernel | float32 ms | bfloat16 ms | float32 GFLOP/s (% FMA peak) | "
              "bfloat16 GFLOP/s (% FMA peak) | ratio |", "|---|---|---|---|---|---|---|---|"]
-    peaks = {}
+    peaks, phases = {}, []
     for r in results:
+        if r["kind"] == "phases":
+            phases.append(r)
+            continue
         if r["kind"] == "peaks":
             peaks[r["threads"]] = r["gflops"]
             f32, bf16 = (f"{r['gflops'][p]:.1f}" if r["gflops"][p] else "-" for p in ("float32", "bfloat16"))
@@ -366,6 +386,14 @@ def _bf16_table(results) -> str:
 
         lines.append(f"| {r['what']} | {r['threads']} | {r['kernel']} | {ms['float32']:.3f} | {ms['bfloat16']:.3f} | "
                      f"{rate('float32')} | {rate('bfloat16')} | {ms['float32'] / ms['bfloat16']:.2f}x |")
+    if phases:  # --profile: the steps' engine counters, robust to a loaded machine
+        lines += ["", "| step | threads | phase | float32 CPU ms | bfloat16 CPU ms | ratio |", "|---|---|---|---|---|---|"]
+        for r in phases:
+            rows = [(name, d["float32"], d["bfloat16"]) for name, d in r["phases"].items()]
+            rows.append(("all (per step)", r["cpu_ms"]["float32"], r["cpu_ms"]["bfloat16"]))
+            for name, f32, bf16 in rows:
+                ratio = f"{f32 / bf16:.2f}x" if bf16 > 0 else "-"
+                lines.append(f"| {r['what']} | {r['threads']} | {name} | {f32:.2f} | {bf16:.2f} | {ratio} |")
     return "\n".join(lines)
 
 
