@@ -24,13 +24,21 @@ core's float32 FMA peak (the engine's own kernel, ``_native.fma_peak``).
 ``--bf16`` measures the engine's bfloat16 path against its float32 one instead, on a CPU
 with AVX512-BF16 (VDPBF16PS; elsewhere it stops, since the portable kernel only emulates
 the instruction): GFLOP/s of each product of the LSTM H=512, B=64, T=50 step (input 512,
-softmax 512: ``lstm512-b64``), the engine's float32 GEMM (SciPy's OpenBLAS sgemm) against
-its bfloat16 GEMM, column blocks split over the threads as the engine splits its panels;
+softmax 512: ``lstm512-b64``), the engine's float32 GEMM (SciPy's OpenBLAS sgemm; the
+per-step products on the engine's own kernel where it runs them there) against its
+bfloat16 GEMM, column blocks split over the threads as the engine splits its panels, the
+per-step products (recurrent, carry) T times over with W_hh packed once as in a pass;
 then that model's sgd_step and forward, native float32 against native bfloat16, in
-alternating rounds. The ratio column is float32 time / bfloat16 time.
+alternating rounds. Each GFLOP/s is also a share of that precision's FMA peak at the
+thread count (``_native.fma_peak``: bfloat16's VDPBF16PS, twice float32's rate on a CPU
+whose float32 FMAs are full width). The ratio column is float32 time / bfloat16 time.
+With ``--profile`` it adds each train step's CPU milliseconds per phase (the engine's
+counters, summed over the threads) in float32 and bfloat16: ratios that a loaded machine
+leaves standing.
 
     python benchmarks/measure_native.py --bf16 --threads 1,16
     python benchmarks/measure_native.py --bf16 --threads 1 --shapes lstm512-b64-t24,gru512-b64-t24   # other steps
+    python benchmarks/measure_native.py --bf16 --threads 1 --shapes gru512-b64-t24 --profile   # CPU ms by phase
     python benchmarks/measure_native.py --bf16 --portable --rounds 3   # any CPU: the emulation (no speed claim)
 """
 
@@ -107,13 +115,17 @@ SHAPES = {
 # shared across threads (the engine's choice between them: kMinRows in backends/native/rnn.hpp)
 SPLIT_SHAPE = re.compile(r"split-(elman|lstm|gru)(\d+)-b(\d+)")
 BF16_SHAPE = "lstm512-b64"
-# --bf16: the products of one lstm512-b64 step (M, N, K, op(A) transposed, op(B) transposed)
+# --bf16: the products of one lstm512-b64 step (M, N, K, op(A) transposed, op(B) transposed, per-step
+# product): a per-step product of the recurrence is timed as the engine runs it, T = 50 times over with
+# op(B) (W_hh, W_hh^T) packed once for them all; the others are one call each, packing both operands
+BF16_STEPS = 50
 BF16_GEMMS = {
-    "recurrent h W_hh 64x2048x512": (64, 2048, 512, False, False),
-    "input X W_ih 3200x2048x512": (3200, 2048, 512, False, False),
-    "output H W_hy 3200x512x512": (3200, 512, 512, False, False),
-    "carry dA W_hh^T 64x512x2048": (64, 512, 2048, False, True),
-    "weight grad X^T dA 512x2048x3200": (512, 2048, 3200, True, False),
+    "recurrent h W_hh 64x2048x512 (per step)": (64, 2048, 512, False, False, True),
+    "input X W_ih 3200x2048x512": (3200, 2048, 512, False, False, False),
+    "output H W_hy 3200x512x512": (3200, 512, 512, False, False, False),
+    "carry dA W_hh^T 64x512x2048 (per step)": (64, 512, 2048, False, True, True),
+    "carry dA W_hh^T 64x512x2048 (one call)": (64, 512, 2048, False, True, False),
+    "weight grad X^T dA 512x2048x3200": (512, 2048, 3200, True, False, False),
 }
 DEFAULT_SHAPES = "wildml-t4,wildml-full,dense512"
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1000000000", "MALLOC_TRIM_THRESHOLD_": "1000000000"}
@@ -297,27 +309,34 @@ def bf16_child(args) -> None:
                          "measure bfloat16 (--portable runs it anyway, to check this script)")
     mod.set_bf16_kernel("portable" if args.portable else "auto")
     mod.set_blas_threads(1)  # one single-threaded call per thread, as in the engine
+    # the roofs: one core's (or the threads') float32 and bfloat16 FMA peaks, the engine's own kernels
+    peaks = {p: mod.fma_peak(p, args.threads, 0.5)["gflops"] or None for p in ("float32", "bfloat16")}
+    print(json.dumps({"kind": "peaks", "threads": args.threads, "gflops": peaks}), flush=True)
     rng = np.random.default_rng(0)
-    for label, (M, N, K, ta, tb) in BF16_GEMMS.items():
+    for label, (M, N, K, ta, tb, per_step) in BF16_GEMMS.items():
         a = rng.normal(size=(K, M) if ta else (M, K)).astype(np.float32)
         b = rng.normal(size=(N, K) if tb else (K, N)).astype(np.float32)
         c = np.zeros((M, N), np.float32)
-        calls = {p: (lambda p=p: mod.gemm(a, b, c, ta, tb, 1.0, 0.0, p, args.threads)) for p in ("float32", "bfloat16")}
+        reps = BF16_STEPS if per_step else 1
+        calls = {p: (lambda p=p: mod.gemm(a, b, c, ta, tb, 1.0, 0.0, p, args.threads, per_step, reps))
+                 for p in ("float32", "bfloat16")}
         for f in calls.values():
             f()
         samples = measure.time_interleaved(calls, args.rounds)
-        med = {p: float(np.median(v)) for p, v in samples.items()}
+        med = {p: float(np.median(v)) / reps for p, v in samples.items()}
         print(json.dumps({"kind": "gemm", "what": label, "threads": args.threads, "kernel": mod.bf16_kernel(),
                           "ms": {p: m * 1e3 for p, m in med.items()},
                           "gflops": {p: 2.0 * M * N * K / m / 1e9 for p, m in med.items()}}), flush=True)
     shapes = args.shapes.split(",") if args.shapes != DEFAULT_SHAPES else [BF16_SHAPE]
     for shape, workload in [(s, w) for s in shapes for w in ("train_step", "forward")]:
-        steps = {}
+        steps, made = {}, {}
+        profile = args.profile and workload == "train_step"  # the engine's counters count SGD steps
         for dtype in ("float32", "bfloat16"):
             problem, params, x, y = _make(_shape(shape), dtype)
             problem = dataclasses.replace(problem, workload=workload)
             b = NativeBackend()
             b.bf16_kernel = "portable" if args.portable else "auto"
+            b.profiling = profile
             ok, why = b.supports(problem)
             if not ok:
                 raise SystemExit(f"native {dtype}: {why}")
@@ -326,20 +345,55 @@ def bf16_child(args) -> None:
             steps[dtype] = (lambda b=b, x=x, y=y: b.sgd_step(x, y, LR)) if workload == "train_step" else \
                 (lambda b=b, x=x: b.forward(x))
             steps[dtype]()
+            made[dtype] = b
+        if profile:
+            for b in made.values():
+                b.profile(reset=True)
         samples = measure.time_interleaved(steps, args.rounds)
         med = {p: float(np.median(v)) for p, v in samples.items()}
-        print(json.dumps({"kind": "step", "what": f"{shape} {workload}", "threads": args.threads,
+        what = f"{shape} {workload}"
+        print(json.dumps({"kind": "step", "what": what, "threads": args.threads,
                           "kernel": mod.bf16_kernel(), "ms": {p: m * 1e3 for p, m in med.items()},
                           "gflops": {p: problem.flops(workload) / m / 1e9 for p, m in med.items()}}), flush=True)
+        if profile:  # CPU ms per step by phase, summed over the threads: time off the core is not counted
+            prof = {p: _profile_summary(b.profile()) for p, b in made.items()}
+            phases = {name: {p: sum(prof[p]["phases"].get(name, {"cpu_ms": [0.0]})["cpu_ms"]) for p in prof}
+                      for name in dict.fromkeys(n for p in prof for n in prof[p]["phases"])}
+            print(json.dumps({"kind": "phases", "what": what, "threads": args.threads, "phases": phases,
+                              "cpu_ms": {p: sum(prof[p]["cpu_ms"]) for p in prof}}), flush=True)
 
 
 def _bf16_table(results) -> str:
-    lines = ["| what | threads | kernel | float32 ms | bfloat16 ms | float32 GFLOP/s | bfloat16 GFLOP/s | ratio |",
-             "|---|---|---|---|---|---|---|---|"]
+    """The --bf16 rows; GFLOP/s of each precision also as % of that precision's FMA peak at the thread count
+    (the "peaks" line of the same child; "-" where the CPU has no kernel for it)."""
+    lines = ["| what | threads | kernel | float32 ms | bfloat16 ms | float32 GFLOP/s (% FMA peak) | "
+             "bfloat16 GFLOP/s (% FMA peak) | ratio |", "|---|---|---|---|---|---|---|---|"]
+    peaks, phases = {}, []
     for r in results:
+        if r["kind"] == "phases":
+            phases.append(r)
+            continue
+        if r["kind"] == "peaks":
+            peaks[r["threads"]] = r["gflops"]
+            f32, bf16 = (f"{r['gflops'][p]:.1f}" if r["gflops"][p] else "-" for p in ("float32", "bfloat16"))
+            lines.append(f"| FMA peak | {r['threads']} | | | | {f32} | {bf16} | |")
+            continue
         ms, gf = r["ms"], r["gflops"]
+
+        def rate(p, r=r, gf=gf):
+            peak = peaks.get(r["threads"], {}).get(p)
+            return f"{gf[p]:.1f} ({100 * gf[p] / peak:.0f}%)" if peak else f"{gf[p]:.1f}"
+
         lines.append(f"| {r['what']} | {r['threads']} | {r['kernel']} | {ms['float32']:.3f} | {ms['bfloat16']:.3f} | "
-                     f"{gf['float32']:.1f} | {gf['bfloat16']:.1f} | {ms['float32'] / ms['bfloat16']:.2f}x |")
+                     f"{rate('float32')} | {rate('bfloat16')} | {ms['float32'] / ms['bfloat16']:.2f}x |")
+    if phases:  # --profile: the steps' engine counters, robust to a loaded machine
+        lines += ["", "| step | threads | phase | float32 CPU ms | bfloat16 CPU ms | ratio |", "|---|---|---|---|---|---|"]
+        for r in phases:
+            rows = [(name, d["float32"], d["bfloat16"]) for name, d in r["phases"].items()]
+            rows.append(("all (per step)", r["cpu_ms"]["float32"], r["cpu_ms"]["bfloat16"]))
+            for name, f32, bf16 in rows:
+                ratio = f"{f32 / bf16:.2f}x" if bf16 > 0 else "-"
+                lines.append(f"| {r['what']} | {r['threads']} | {name} | {f32:.2f} | {bf16:.2f} | {ratio} |")
     return "\n".join(lines)
 
 

@@ -138,7 +138,7 @@ def test_each_operand_is_packed_with_the_rounding(kernel, ta, tb):
     ties and carries into the exponent included, at every position of a panel (odd K, partial tiles);
     a NaN stays NaN."""
     mod, rng = _mod(), np.random.default_rng(5)
-    for M, K in ((9, 33), (8, 64), (17, 7), (1, 70), (40, 3)):
+    for M, K in ((9, 33), (8, 64), (17, 7), (1, 70), (40, 3), (33, 97), (16, 5), (25, 4)):
         bits = rng.integers(0, 2**32, size=(M, K), dtype=np.uint64).astype(np.uint32)
         bits[:, ::3] = (bits[:, ::3] & np.uint32(0xFFFF0000)) | np.uint32(0x8000)  # ties
         bits[:, 1::5] |= np.uint32(0x7FFF)  # one below a tie, and carries (0x..7FFF + 1)

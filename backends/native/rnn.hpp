@@ -846,11 +846,13 @@ class Worker {
         LayerWs<T>& w = ws(l, d);
         const int Tn = in.T_, Bn = in.B, TB = Tn * Bn, H = cfg_.hidden, G = cfg_.gates();
         T* A = w.A.data();
-        // A W_hh too big for L2 is repacked by every per-step product, and OpenBLAS packs
-        // it 1.2-1.8x faster as a transposed operand (measured at 32 x 2048 x 512); a single
-        // row goes to GEMV, which streams W_hh as it is
+        // A W_hh too big for L2 is repacked by every per-step product of the BLAS, and
+        // OpenBLAS packs it 1.2-1.8x faster as a transposed operand (measured at 32 x 2048 x
+        // 512); a single row goes to GEMV, which streams W_hh as it is. The engine's own
+        // kernels (float32, bfloat16) pack W_hh once per pass, fastest as it is: for them the
+        // transposed copy would only cost its pass (GRU 512, B 64, T 24 bfloat16: 2 ms a step)
         const bool own = own_recurrence(Bn);
-        const bool transposed = !own && !resident_ && Tn > 2 && !(Bn == 1 && has_gemv(T(0)));
+        const bool transposed = !own && !cfg_.bf16 && !resident_ && Tn > 2 && !(Bn == 1 && has_gemv(T(0)));
         {
             PhaseScope ps(tm, kInputProj);
             if (l == 0 && cfg_.tokens) {  // x_t W_xh is the row gather W_xh[x_t]
