@@ -336,6 +336,22 @@ RNN_BF16_TARGET inline __mmask16 first(int n) {
     return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
 }
 
+// Pairs p and p + 1 of eight rows, of np in all, to base + p * stride: lanes [a.L, b.L, c.L,
+// d.L] of x = [a.L, a.L, c.L, c.L] and y = [b.L, b.L, d.L, d.L]. A function of its own, not a
+// lambda inside rows_pairs8: GCC does not give a lambda its enclosing function's target, so on a
+// compiler targeting a CPU without AVX-512 a lambda's intrinsics fail to inline.
+RNN_BF16_TARGET inline void put_pairs2(std::uint32_t* base, int stride, int np, int p, __m512i x, __m512i y) {
+    if (p >= np) return;
+    const __m512i w = _mm512_mask_blend_epi64(0xcc, x, y);
+    std::uint32_t* o = base + (std::size_t)p * stride;
+    if (stride == 8) {
+        _mm512_mask_storeu_epi32(o, p + 1 < np ? (__mmask16)0xffff : (__mmask16)0x00ff, w);
+        return;
+    }
+    _mm256_storeu_si256((__m256i*)o, _mm512_castsi512_si256(w));
+    if (p + 1 < np) _mm256_storeu_si256((__m256i*)(o + stride), _mm512_extracti64x4_epi64(w, 1));
+}
+
 // Eight rows of K contiguous elements (row i at x + i * ldx; rows from `rows` on read as
 // zero) as pairs: out[p * stride + i] = pair(row i [2p], [2p + 1]) (an odd K's last partner
 // zero); stride is MR (an A panel) or NR (eight columns of a B panel). Per 32 elements of K:
@@ -377,22 +393,11 @@ RNN_BF16_TARGET inline void rows_pairs8(const float* x, int ldx, int rows, int K
             o[3] = _mm512_unpackhi_epi64(t1, t3);
         }
         std::uint32_t* base = out + (std::size_t)(k / 2) * stride;
-        // pairs p and p + 1 of the 8 rows: lanes [a.L, b.L, c.L, d.L] of x = [a.L, a.L, c.L, c.L]
-        // and y = [b.L, b.L, d.L, d.L]
-        auto put = [&](int p, __m512i x, __m512i y) {
-            if (p >= np) return;
-            const __m512i w = _mm512_mask_blend_epi64(0xcc, x, y);
-            std::uint32_t* o = base + (std::size_t)p * stride;
-            if (stride == 8) {
-                _mm512_mask_storeu_epi32(o, p + 1 < np ? (__mmask16)0xffff : (__mmask16)0x00ff, w);
-                return;
-            }
-            _mm256_storeu_si256((__m256i*)o, _mm512_castsi512_si256(w));
-            if (p + 1 < np) _mm256_storeu_si256((__m256i*)(o + stride), _mm512_extracti64x4_epi64(w, 1));
-        };
 #define RNN_BF16_LANE(L, IMM)                                                                                   \
-    put(4 * (L), _mm512_shuffle_i64x2(u[0], u[1], IMM), _mm512_shuffle_i64x2(v[0], v[1], IMM));             \
-    put(4 * (L) + 2, _mm512_shuffle_i64x2(u[2], u[3], IMM), _mm512_shuffle_i64x2(v[2], v[3], IMM));
+    put_pairs2(base, stride, np, 4 * (L), _mm512_shuffle_i64x2(u[0], u[1], IMM),                              \
+               _mm512_shuffle_i64x2(v[0], v[1], IMM));                                                       \
+    put_pairs2(base, stride, np, 4 * (L) + 2, _mm512_shuffle_i64x2(u[2], u[3], IMM),                          \
+               _mm512_shuffle_i64x2(v[2], v[3], IMM));
         RNN_BF16_LANE(0, 0x00)
         RNN_BF16_LANE(1, 0x55)
         RNN_BF16_LANE(2, 0xaa)
