@@ -58,7 +58,11 @@ def test_failures_become_statuses_and_the_run_goes_on(run_config, fake_backends,
         assert t.loc[name, "median_s"] > 0 and t.loc[name, "compile_s"] is not None
     assert t.loc["ref:plain", "speedup"] == pytest.approx(1.0)
     assert 0 <= t.loc["ref:plain", "verified_ratio"] < 1  # float32 oracle within the float32 bound
-    assert t.loc["ref:slow", "speedup"] < 1 and t.loc["ref:slow", "speedup_hi"] < 1.0
+    # slower, with an interval about its point: not necessarily below 1 as a whole, since two processes give
+    # the process term one degree of freedom, and under a loaded test machine (another test process on the
+    # other core) the two can lie 20% apart (seen once on a 2-core Zen 3 VM: 0.22x [0.17, 1.46])
+    slow = t.loc["ref:slow"]
+    assert slow["speedup"] < 1 and slow["speedup_lo"] <= slow["speedup"] <= slow["speedup_hi"]
     assert run.meta["cells"] and run.meta["finished"] and run.meta["machine"]["cores"] >= 1
     assert set(run.meta["summary"]) >= {"ok", "error", "timeout", "diverged", "oom", "mismatch", "unsupported"}
     assert (run.path / "timings.parquet").exists() and (run.path / "run.json").exists()
