@@ -183,11 +183,12 @@ inline void macro(int M, int N, int Kd, float alpha, const float* A, int lda, co
             const float* b = panel + (std::size_t)k0 * NR;
             // the block after this one: the panel's next KC rows, or the next panel's first (none after
             // the last); prefetched only when it has as many rows as this one, so no row past it is read
+            // (the next panel's first block always has: min(Kd, KC) rows, at least this last one's kc)
             const float* next = nullptr;
             if (K::kPrefetchNext) {
                 if (k0 + KC < Kd) {
                     if (Kd - k0 - KC >= kc) next = b + (std::size_t)KC * NR;
-                } else if (j + NR < N && Kd >= kc) {
+                } else if (j + NR < N) {
                     next = panel + (std::size_t)Kd * NR;
                 }
             }
