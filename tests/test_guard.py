@@ -347,3 +347,23 @@ def test_a_worker_reaped_between_two_readings_is_not_read_as_another_process_s_l
     seen = summarise(samples)
     assert seen["others_cores"] == 0.0
     assert seen["others_cores_max"] == 0.0
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["avx2", "fma", "avx512f"], "OpenBLAS picks a SkylakeX-class kernel on its own"),
+    (["avx2", "fma"], "picks Haswell's kernels on its own: the core type forced here is the one it would run"),
+])
+def test_a_forced_core_type_is_set_beside_what_openblas_picks_on_this_cpu(flags, says):
+    from harness.results import caveats
+
+    meta = {"machine": {"cpu_flags": flags}, "worker_environment": {"numpy|threads=1": {
+        "variables": {"OPENBLAS_CORETYPE": {"value": "Haswell", "origin": "caller"}},
+        "blas": [{"user_api": "blas", "internal_api": "openblas", "version": "0.3.31", "architecture": "Haswell"}]}}}
+    [line] = [p for p in caveats.lines(meta, []) if p.startswith("OPENBLAS_CORETYPE=Haswell")]
+    assert says in line and "workers of numpy" in line
+    other = "SkylakeX-class" if "avx512f" not in flags else "the one it would run"
+    assert other not in line
+    # a core type other than the CPU's own is not called harmless on an AVX2 CPU
+    meta["worker_environment"]["numpy|threads=1"]["variables"]["OPENBLAS_CORETYPE"]["value"] = "Sandybridge"
+    [line] = [p for p in caveats.lines(meta, []) if p.startswith("OPENBLAS_CORETYPE=Sandybridge")]
+    assert "the one it would run" not in line

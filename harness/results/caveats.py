@@ -182,13 +182,23 @@ def _forcing_lines(meta: dict) -> list[str]:
         names = " and ".join(f"{n}={v}" for n, v, _ in variables)
         whats = " and ".join(dict.fromkeys(w for _, _, w in variables))
         ran = ", ".join(sorted({k for b in backends for k in kernels.get(b, ()) if k})) or "kernel unreported"
-        cpu = " This CPU has AVX-512 (avx512f), where OpenBLAS picks a SkylakeX-class kernel on its own." \
-            if any(n == "OPENBLAS_CORETYPE" for n, _, _ in variables) and "avx512f" in flags else ""
+        cpu = "".join(_own_openblas_choice(v, flags) for n, v, _ in variables if n == "OPENBLAS_CORETYPE")
         fix = " `clean_env: true` in the config runs the workers without the caller's steering variables." \
             if origin == "caller" else ""
         out.append(f"{names} ({words.get(origin, origin)}) forced {whats} in the workers of {', '.join(backends)}: "
                    f"they ran {ran}.{cpu}{fix}")
     return out
+
+
+def _own_openblas_choice(forced: str, flags) -> str:
+    """What OpenBLAS would pick on this CPU by itself, beside the core type a variable forced: on AVX-512 a
+    SkylakeX-class kernel; on AVX2 without it Haswell's, so that forcing Haswell there changes no kernel."""
+    if "avx512f" in flags:
+        return " This CPU has AVX-512 (avx512f), where OpenBLAS picks a SkylakeX-class kernel on its own."
+    if "avx2" in flags and forced.strip().lower() == "haswell":
+        return (" This CPU has AVX2 and no AVX-512, where OpenBLAS picks Haswell's kernels on its own: "
+                "the core type forced here is the one it would run.")
+    return ""
 
 
 def _clean_lines(meta: dict) -> list[str]:
