@@ -109,6 +109,9 @@ SHAPES = {
                            tokens=False, seq_len=10, batch=32),
     "db-lstm1024-b16": dict(model={"kind": "lstm", "hidden": 1024, "head": "mse"}, input_size=1024,
                             output_size=1024, tokens=False, seq_len=10, batch=16),
+    # configs/native_ab.yaml's LSTM at its largest batch (dense input 128, softmax 128, H 256, T 32)
+    "ab-lstm256-b64": dict(model={"kind": "lstm", "hidden": 256}, input_size=128, output_size=128, tokens=False,
+                           seq_len=32, batch=64),
 }
 # split-<kind><H>-b<B> (e.g. split-lstm512-b16): a dense mse-head step of that cell, hidden size and batch,
 # input size H, T 25; with contenders native/batch and native/hidden it compares the two ways a recurrence is
