@@ -838,7 +838,7 @@ class Worker {
             mine = true;
         }
         if (mine) {
-            if (Bn < kOwnMinRows && !cfg_.bf16)
+            if (Bn == 1 && !cfg_.bf16)
                 narrow_loops(body, p);
             else
                 body(p);
@@ -850,9 +850,12 @@ class Worker {
     // cores by default (the module is built with -mprefer-vector-width=512, CMakeLists.txt). A
     // recurrence of one row is OpenBLAS's 256-bit GEMV step after step, and there the wider loops
     // made the GRU's step 4% slower (Intel Xeon, family 6 model 167: 741 against 713 us).
+    // (GCC on x86 only: elsewhere the body runs as it is.)
     template <class F>
-    __attribute__((target("prefer-vector-width=256"), flatten, noinline)) void narrow_loops(F& body,
-                                                                                         const Part& p) const {
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__clang__)
+    __attribute__((target("prefer-vector-width=256"), flatten, noinline))
+#endif
+    void narrow_loops(F& body, const Part& p) const {
         body(p);
     }
 
