@@ -285,7 +285,7 @@ def reproduce_cmd(
 @app.command("unpack")
 def unpack_cmd(
     archive: Annotated[Path, typer.Argument(help="A .tgz of runs that `harness reproduce --archive` wrote.")],
-    into: Annotated[Path, typer.Option("--into", help="The folder the runs go into, each replacing its namesake.")] = Path("results/examples"),
+    into: Annotated[Path, typer.Option("--into", help="The folder the runs go into (it must exist), each where nothing is or over a run folder of its name; never over a folder that is not a run.")] = Path("results/examples"),
 ):
     """Bring archived runs back: regular files and folders only, no absolute or '..' path, no link; each run checked before it replaces its folder."""
     from harness import reproduce

@@ -20,12 +20,14 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import shutil
 import sys
 import tarfile
 import tempfile
 import time
+import zlib
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
@@ -609,42 +611,157 @@ def archive(out: Path, path: Path, exps: list[Experiment] | None = None, note=No
     return names
 
 
+#: the most bytes one member of an archive of runs may hold, and all its members together (a run's tables and
+#: plots are megabytes; a member past this is no run's, and is refused before a byte of it is written)
+UNPACK_MEMBER_BYTES = 1 << 30
+UNPACK_TOTAL_BYTES = 4 << 30
+#: what a run writes at the top of its folder: an existing run folder holding anything else (a user's notes)
+#: is not replaced by :func:`unpack`
+RUN_ENTRIES = ("run.json", "timings.parquet", "curves.parquet", "report.md", "report.html", "plots", ".lock",
+               lifeline.WORKERS_FILE)
+
+
 def unpack(path: Path, into: Path) -> list[str]:
-    """The runs of an archive that ``--archive`` made, each into ``into/<run>`` (``results/examples``): only
-    regular files and folders, each under a run's name (a plain folder name), no absolute path, no ``..``, no
-    link of any kind; each run is checked as a run (``run.json`` and its tables) in a folder beside its
-    target, then replaces the folder of that name whole. Nothing is written when any member is refused.
-    Returns the run names."""
+    """The runs of an archive that ``--archive`` made, each into ``into/<run>`` (``results/examples``): the
+    archive a regular file; its members only regular files and folders, each under a run's name (a plain
+    folder name), no absolute path, no ``..``, no link of any kind, no name twice, none past
+    :data:`UNPACK_MEMBER_BYTES`. Each run goes only where nothing is or over a run folder that holds nothing
+    a run does not write (:func:`_check_place`): never over a folder that is not a run, or a user's file.
+    Each run is streamed into a folder beside its target, checked as a run (``run.json`` and its tables),
+    then replaces the folder of that name whole. Nothing is written when anything is refused, and no
+    staging folder outlives the call. Returns the run names."""
     from harness.results.store import read_folder
 
-    into = writes.check_folder(into, "--into")
+    into = _into_folder(into)
+    staged: dict[str, Path] = {}
     try:
-        with tarfile.open(path, "r:*") as tar:
-            members = tar.getmembers()
-            runs: dict[str, list[tarfile.TarInfo]] = {}
-            for m in members:
-                runs.setdefault(_member_run(path, m), []).append(m)
-            if not runs:
-                raise HarnessError(f"{path}: holds no run folder")
-            for run, ms in runs.items():
-                if not any(m.isfile() and m.name == f"{run}/run.json" for m in ms):
-                    raise HarnessError(f"{path}: {run}: no {run}/run.json, not a run folder")
-                writes.check_no_links(into, into / run, "--into")
-                if (into / run).exists() and not (into / run).is_dir():
-                    raise HarnessError(f"--into {into}: {run} is a file, not a run folder")
-            staged = {run: _stage(tar, path, into, run, ms, read_folder) for run, ms in runs.items()}
-    except (OSError, tarfile.TarError, EOFError) as exc:
-        raise HarnessError(f"{path}: not a readable archive ({getattr(exc, 'strerror', None) or exc})") from None
-    for run, folder in staged.items():
-        old = into / run
-        if old.is_dir():
-            aside = Path(tempfile.mkdtemp(dir=into, prefix=f".{run}.old-"))
-            os.replace(old, aside / run)
-            os.replace(folder, old)
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.replace(folder, old)
+        with _open_archive(path) as raw:
+            try:
+                with tarfile.open(fileobj=raw, mode="r:*") as tar:
+                    runs = _runs_of(path, tar.getmembers())
+                    for run in runs:
+                        _check_place(into, run)
+                    for run, ms in runs.items():
+                        staged[run] = _stage(tar, path, into, run, ms, read_folder)
+            except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
+                raise HarnessError(f"{path}: not a readable archive ({getattr(exc, 'strerror', None) or exc})") from None
+        for run, folder in staged.items():
+            _check_place(into, run)  # again, just before the swap: what may have appeared meanwhile
+            _replace(into, run, folder)
+    finally:
+        for folder in staged.values():
+            shutil.rmtree(folder, ignore_errors=True)
     return list(staged)
+
+
+def _into_folder(into: Path) -> Path:
+    """``--into`` as :func:`unpack` takes it: an existing folder, inside no run, one this process can write in."""
+    into = Path(into)
+    if not os.path.lexists(into):
+        raise HarnessError(f"--into {into}: no such folder; make it first, or name the folder the runs go into")
+    return writes.check_folder(into, "--into")
+
+
+def _open_archive(path: Path):
+    """The archive opened for reading: a regular file (a link to one taken as named), never a FIFO or a
+    device, which a read would hang on or never finish."""
+    path = Path(path)
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise HarnessError(f"{path}: {writes.kind_of(st.st_mode)}, not a regular file; expected an archive of "
+                               f"runs that `harness reproduce --archive` wrote")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise HarnessError(f"{path}: no such file") from None
+    except (OSError, ValueError) as exc:
+        raise HarnessError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # it changed between the check and the open
+        os.close(fd)
+        raise HarnessError(f"{path}: {writes.kind_of(mode)}, not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def _runs_of(path: Path, members: list[tarfile.TarInfo]) -> dict[str, list[tarfile.TarInfo]]:
+    """The archive's members by run, each checked (:func:`_member_run`); a name twice, a member past
+    :data:`UNPACK_MEMBER_BYTES`, members past :data:`UNPACK_TOTAL_BYTES` together, or a run without its
+    ``run.json`` refused."""
+    from pathlib import PurePosixPath
+
+    runs: dict[str, list[tarfile.TarInfo]] = {}
+    seen: set[str] = set()
+    total = 0
+    for m in members:
+        run = _member_run(path, m)
+        name = "/".join(PurePosixPath(m.name).parts)
+        if name in seen:
+            raise HarnessError(f"{path}: member {name[:200]!r} appears twice; an archive of runs names each file "
+                               f"once (which one would be the run's?)")
+        seen.add(name)
+        if m.isfile():
+            total += m.size
+            if m.size > UNPACK_MEMBER_BYTES or total > UNPACK_TOTAL_BYTES:
+                limit = (f"{UNPACK_MEMBER_BYTES} bytes a member" if m.size > UNPACK_MEMBER_BYTES
+                         else f"{UNPACK_TOTAL_BYTES} bytes in all")
+                raise HarnessError(f"{path}: member {name[:200]!r} holds {m.size} bytes, past the {limit} that an "
+                                   f"archive of runs holds")
+        runs.setdefault(run, []).append(m)
+    if not runs:
+        raise HarnessError(f"{path}: holds no run folder")
+    for run, ms in runs.items():
+        if not any(m.isfile() and "/".join(PurePosixPath(m.name).parts) == f"{run}/run.json" for m in ms):
+            raise HarnessError(f"{path}: {run}: no {run}/run.json, not a run folder")
+    return runs
+
+
+def _check_place(into: Path, run: str) -> None:
+    """``into/run`` may take the unpacked run: nothing is there, or a run folder (``run.json`` and
+    ``timings.parquet``) holding only what a run writes (:data:`RUN_ENTRIES`), with no link, device or FIFO,
+    and no run writing to it now. Anything else, a user's folder or file, is refused, named."""
+    target = into / run
+    name = f"--into {writes._cut(into)}"
+    writes.check_no_links(into, target, "--into")
+    st = os.lstat(target) if os.path.lexists(target) else None
+    if st is None:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise HarnessError(f"{name}: {writes._cut(target)} is {writes.kind_of(st.st_mode)}, not a run folder; unpack "
+                           f"puts a run only where nothing is or over a run folder: move it away or choose another --into")
+    if not writes.is_run_folder(target):
+        raise HarnessError(f"{name}: {writes._cut(target)} is a folder that is not a run (no run.json and "
+                           f"timings.parquet); unpack puts a run only where nothing is or over a run folder: move it "
+                           f"away or choose another --into")
+    try:
+        entries = sorted(os.listdir(target))
+    except OSError as exc:
+        raise HarnessError(f"{name}: cannot read {writes._cut(target)} ({exc.strerror or exc})") from None
+    foreign = [e for e in entries if e not in RUN_ENTRIES and not re.fullmatch(writes.TEMP_PATTERN, e)]
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise HarnessError(f"{name}: the run folder {writes._cut(target)} holds {', '.join(writes._cut(e, 80) for e in foreign[:3])}"
+                           f"{more}, which no run writes; unpack replaces a run folder whole: move them away first")
+    writes.check_only_files(target, "--into")
+    if writes.held_lock(target / ".lock"):
+        raise HarnessError(f"{name}: a run is writing to {writes._cut(target)}; wait for it to finish")
+
+
+def _replace(into: Path, run: str, folder: Path) -> None:
+    """The staged ``folder`` in place of ``into/run`` (a run folder :func:`_check_place` let through, or nothing)."""
+    old = into / run
+    try:
+        if os.path.lexists(old):
+            aside = Path(tempfile.mkdtemp(dir=into, prefix=f".{run}.old-"))
+            try:
+                os.replace(old, aside / run)
+                os.replace(folder, old)
+            finally:
+                shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.rename(folder, old)
+    except OSError as exc:
+        raise writes.disk_error(old, exc, "runs") from None
 
 
 def _member_run(path: Path, m: tarfile.TarInfo) -> str:
@@ -665,19 +782,45 @@ def _member_run(path: Path, m: tarfile.TarInfo) -> str:
 
 
 def _stage(tar, path: Path, into: Path, run: str, members, read_folder) -> Path:
-    """One run's members written into a new folder beside its target, and checked as a run."""
+    """One run's members streamed into a new folder beside its target (never a member whole in memory), and
+    checked as a run; the folder is removed when anything fails."""
     from pathlib import PurePosixPath
 
-    folder = Path(tempfile.mkdtemp(dir=into, prefix=f".{run}.new-"))
+    try:
+        folder = Path(tempfile.mkdtemp(dir=into, prefix=f".{run}.new-"))
+    except OSError as exc:
+        raise writes.disk_error(into / run, exc, "runs") from None
     try:
         for m in members:
             target = folder.joinpath(*PurePosixPath(m.name).parts[1:])
             if m.isdir():
                 writes.make_folder(target, below=folder)
             else:
-                writes.write_file(target, tar.extractfile(m).read(), below=folder, run=folder)
+                writes.write_file(target, _copier(tar, path, m), below=folder, run=folder)
         read_folder(folder)  # the one rule for a run: run.json and tables that are this run's
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
     return folder
+
+
+def _copier(tar, path: Path, m: tarfile.TarInfo):
+    """A writer of member ``m`` into the file it is given, in chunks, stopping past the member's stated size."""
+
+    def copy(tmp: Path) -> None:
+        source = tar.extractfile(m)
+        n = 0
+        with open(tmp, "wb") as sink:
+            while True:
+                try:
+                    chunk = source.read(1 << 20)
+                except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
+                    raise HarnessError(f"{path}: not a readable archive ({getattr(exc, 'strerror', None) or exc})") from None
+                if not chunk:
+                    break
+                n += len(chunk)
+                if n > m.size or n > UNPACK_MEMBER_BYTES:
+                    raise HarnessError(f"{path}: member {m.name[:200]!r} holds more than the {m.size} bytes it states")
+                sink.write(chunk)
+
+    return copy

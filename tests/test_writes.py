@@ -148,11 +148,12 @@ def test_an_archive_holds_no_link_and_names_what_it_left_out(run, tmp_path):
     assert any(s.startswith("left out sobel: a symbolic link") for s in said)
     # and back through harness unpack: the run is checked, then replaces its folder whole
     into = tmp_path / "examples"
-    (into / "quick").mkdir(parents=True)
-    (into / "quick" / "stale.png").write_text("old")
+    shutil.copytree(out / "quick", into / "quick", symlinks=True, ignore=shutil.ignore_patterns("evil_link"))
+    (into / "quick" / "plots").mkdir()
+    (into / "quick" / "plots" / "stale.png").write_text("old")
     result = CliRunner().invoke(app, ["unpack", str(tmp_path / "runs.tgz"), "--into", str(into)])
     assert result.exit_code == 0, result.output
-    assert (into / "quick" / "run.json").is_file() and not (into / "quick" / "stale.png").exists()
+    assert (into / "quick" / "run.json").is_file() and not (into / "quick" / "plots").exists()
     assert not (into / "quick" / "evil_link").exists()
 
 

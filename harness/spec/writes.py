@@ -114,31 +114,43 @@ def check_no_links(below, path, option: str | None = None) -> None:
             raise HarnessError(f"{_name(path, option)}: {step} is {kind_of(st.st_mode)}, not a folder")
 
 
-def run_folder_of(path) -> Path | None:
-    """The run folder (one holding :data:`RUN_FILES`) that ``path`` is or lies in, resolved; None where there is none."""
-    path = Path(path)
+def is_run_folder(folder) -> bool:
+    """Whether ``folder`` holds :data:`RUN_FILES` (as files: a link to one, followed, counts, as a reader takes it)."""
     try:
-        real = Path(os.path.realpath(path.parent)) / path.name
+        return all((Path(folder) / name).is_file() for name in RUN_FILES)
     except (OSError, ValueError):
-        return None
-    for folder in (real, *real.parents):
-        try:
-            if all((folder / name).is_file() for name in RUN_FILES):
-                return folder
-        except OSError:
-            continue
-    return None
+        return False
+
+
+def _runs_holding(path: Path) -> list[Path]:
+    """The run folders, resolved, that ``path`` is or lies in: as named (a link at its end taken as a name)
+    and as it resolves (a folder named by a link into another run lies in that run)."""
+    try:
+        starts = dict.fromkeys((Path(os.path.realpath(path.parent)) / path.name, Path(os.path.realpath(path))))
+    except (OSError, ValueError):
+        return []
+    found = []
+    for start in starts:
+        folder = next((f for f in (start, *start.parents) if is_run_folder(f)), None)
+        if folder is not None:
+            found.append(Path(os.path.realpath(folder)))
+    return list(dict.fromkeys(found))
+
+
+def run_folder_of(path) -> Path | None:
+    """The run folder (one holding :data:`RUN_FILES`) that ``path`` is or lies in, resolved; None where there is
+    none. A folder named by a link into another run lies in that run."""
+    found = _runs_holding(Path(path))
+    return found[0] if found else None
 
 
 def check_run(path, option: str | None = None, run=None) -> None:
     """``path`` lies in no run folder, or in the run folder ``run`` (the one the command writes for)."""
-    found = run_folder_of(path)
-    if found is None:
-        return
-    mine = run is not None and found == Path(os.path.realpath(run))
-    if not mine:
-        raise HarnessError(f"{_name(Path(path), option)}: inside the run folder {_cut(found)}, which this command "
-                           f"does not write; choose a path outside every run folder")
+    mine = Path(os.path.realpath(run)) if run is not None else None
+    for found in _runs_holding(Path(path)):
+        if found != mine:
+            raise HarnessError(f"{_name(Path(path), option)}: inside the run folder {_cut(found)}, which this command "
+                               f"does not write; choose a path outside every run folder")
 
 
 def _nearest(path: Path) -> Path:
@@ -221,6 +233,27 @@ def disk_error(path, exc: OSError, noun: str | None = None) -> HarnessError:
     head, kept = ((f"cannot write {noun}", f"the {noun} saved before are kept") if noun
                   else ("cannot write it", "what was there before is kept"))
     return HarnessError(f"{_cut(path)}: {head}: {hint} ({why}); {kept}")
+
+
+#: the name of a temporary file :func:`write_file` writes beside its target (``.NAME.<random>.tmp``)
+TEMP_PATTERN = r"\..+\.[0-9a-z_]{8}\.tmp"
+
+
+def held_lock(path) -> bool:
+    """Whether the lock file ``path`` (a run folder's ``.lock``) is held by a process now; False where there is none."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def _umask() -> int:
