@@ -319,3 +319,25 @@ def test_pair_over_a_single_value_is_refused(write_config, setting):
                         f"backends: [numpy]\n{setting}\n")
     with pytest.raises(HarnessError, match="pair_over: .* has the one value"):
         load_config(path)
+
+
+# -- harness run --out at another run, or at a link into one ----------------------------------------------
+def _names(folder: Path) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
+
+
+def test_run_out_a_link_into_another_run_is_refused_before_any_lock(run, tmp_path):
+    (run / "sub").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(run / "sub")
+    before = _names(run)
+    said = _error(CliRunner().invoke(app, ["run", "quick", "--out", str(link)]))
+    assert f"inside the run folder {run}" in said
+    assert _names(run) == before and not (run / "sub" / ".lock").exists()
+
+
+def test_run_out_at_an_existing_run_is_refused_and_leaves_no_lock(run):
+    before = _names(run)
+    said = _error(CliRunner().invoke(app, ["run", "quick", "--out", str(run)]))
+    assert "a run already exists there" in said
+    assert _names(run) == before and not (run / ".lock").exists()

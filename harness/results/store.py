@@ -135,11 +135,14 @@ class RunStore:
     def create(cls, path: Path, meta: dict, lock: bool = False) -> "RunStore":
         """A new run in ``path``; with ``lock`` the folder stays locked until :meth:`close` (or exit)."""
         path = Path(path)
+        taken = HarnessError(f"{path}: a run already exists there; use --resume {path} to finish it or choose another --out")
+        if os.path.lexists(path / "run.json"):  # refused before the lock: a refused --out leaves nothing in the run
+            raise taken
         held = FolderLock(path) if lock else None
-        if (path / "run.json").exists():
+        if os.path.lexists(path / "run.json"):  # one started meanwhile
             if held:
                 held.release()
-            raise HarnessError(f"{path}: a run already exists there; use --resume {path} to finish it or choose another --out")
+            raise taken
         return cls(path, meta, lock=held)._first_save()
 
     def _first_save(self) -> "RunStore":
