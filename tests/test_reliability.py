@@ -249,11 +249,11 @@ def test_a_full_or_read_only_disk_is_a_clear_error_and_keeps_finished_cells(fake
     saves = []
     real = results.os.replace
 
-    def replace(src, dst):
+    def replace(src, dst, **at):
         saves.append(dst)
         if str(dst).endswith("timings.parquet") and len([s for s in saves if str(s).endswith("timings.parquet")]) > 2:
             raise OSError(code, os.strerror(code))  # the disk fills up after the first group was saved
-        return real(src, dst)
+        return real(src, dst, **at)
 
     monkeypatch.setattr(results.os, "replace", replace)
     result = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "run"), "--no-plots"])
@@ -269,10 +269,10 @@ def test_a_full_or_read_only_disk_is_a_clear_error_and_keeps_finished_cells(fake
 def test_a_read_only_output_folder_is_refused_before_the_run(fake_backends, tmp_path, monkeypatch):
     import harness.spec.writes as writes
 
-    def mkstemp(*a, **k):
+    def new_temp(*a, **k):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
-    monkeypatch.setattr(writes.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(writes, "_new_temp", new_temp)
     path = tmp_path / "cfg.yaml"
     path.write_text(BASE + FAST_TIMING)
     result = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "out")])

@@ -341,3 +341,129 @@ def test_run_out_at_an_existing_run_is_refused_and_leaves_no_lock(run):
     said = _error(CliRunner().invoke(app, ["run", "quick", "--out", str(run)]))
     assert "a run already exists there" in said
     assert _names(run) == before and not (run / ".lock").exists()
+
+
+# -- a folder swapped for a link while a file is written -----------------------------------------------------
+@pytest.fixture
+def two_runs(run, tmp_path):
+    """RUN (being written) and OTHER, another run whose plots must never change."""
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    for folder in (run, other):
+        (folder / "plots").mkdir()
+        (folder / "plots" / "speedup.png").write_bytes(b"drawn by " + folder.name.encode())
+    return run, other
+
+
+def _swap_plots(run: Path, other: Path, n: int) -> None:
+    """RUN/plots renamed away and a link RUN/plots -> OTHER/plots put in its place."""
+    os.rename(run / "plots", run / f"plots.away-{n}")
+    (run / "plots").symlink_to(other / "plots")
+
+
+def _restore_plots(run: Path) -> None:
+    if (run / "plots").is_symlink():
+        (run / "plots").unlink()
+    for away in sorted(run.glob("plots.away-*")):
+        if not (run / "plots").exists():
+            os.rename(away, run / "plots")
+        else:
+            shutil.rmtree(away)
+
+
+@pytest.mark.parametrize("how", ["bytes", "writer"])
+def test_a_folder_swapped_while_its_file_is_written_sends_nothing_elsewhere(two_runs, how):
+    from harness.spec import writes
+
+    run, other = two_runs
+    before = _snapshot(other)
+
+    def writer(tmp):
+        _swap_plots(run, other, 0)  # the worst moment: the temporary file exists, nothing is written yet
+        Path(tmp).write_bytes(b"new")
+
+    with pytest.raises(HarnessError, match="was moved or replaced while the file was written"):
+        if how == "writer":
+            writes.write_file(run / "plots" / "speedup.png", writer, run=run)
+        else:
+            real = writes._new_temp
+
+            def new_temp(dfd, target):  # swapped as the temporary file appears
+                made = real(dfd, target)
+                _swap_plots(run, other, 0)
+                return made
+
+            writes._new_temp, saved = new_temp, real
+            try:
+                writes.write_file(run / "plots" / "speedup.png", b"new", run=run)
+            finally:
+                writes._new_temp = saved
+    assert _snapshot(other) == before and sorted(os.listdir(other / "plots")) == ["speedup.png"]
+    # the link in place before the write starts: refused (a link, into another run)
+    with pytest.raises(HarnessError, match="symbolic link|inside the run folder"):
+        writes.write_file(run / "plots" / "speedup.png", b"new", run=run)
+    assert _snapshot(other) == before
+
+
+def test_a_watcher_swapping_plots_for_a_link_200_times_never_writes_into_the_other_run(two_runs):
+    import threading
+    import time
+
+    from harness.spec import writes
+
+    run, other = two_runs
+    before = _snapshot(other)
+    stop, swapped = threading.Event(), []
+
+    def watch():
+        n = 0
+        while not stop.is_set():
+            try:
+                if not (run / "plots").is_symlink() and any(e.endswith(".tmp") for e in os.listdir(run / "plots")):
+                    n += 1
+                    _swap_plots(run, other, n)
+                    swapped.append(n)
+            except OSError:
+                pass
+
+    def writer(tmp):
+        time.sleep(0.002)
+        Path(tmp).write_bytes(b"new")
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        for k in range(200):
+            try:
+                writes.write_file(run / "plots" / "speedup.png", writer if k % 2 else b"new", run=run)
+            except HarnessError:
+                pass
+            stop.set() if k == 199 else None
+            while (run / "plots").is_symlink() is False and not (run / "plots").exists():
+                time.sleep(0.001)
+            _restore_plots(run)
+    finally:
+        stop.set()
+        watcher.join(5)
+    _restore_plots(run)
+    assert swapped, "the watcher never saw a temporary file"
+    assert _snapshot(other) == before and sorted(os.listdir(other / "plots")) == ["speedup.png"]
+
+
+def test_temporary_files_a_killed_write_left_are_removed_by_the_next_write_there(run):
+    import fcntl
+
+    from harness.spec import writes
+
+    plots = run / "plots"
+    plots.mkdir()
+    stale, fresh, held = (plots / f".speedup.png.{k}.tmp" for k in ("abcd1234", "efgh5678", "ijkl9012"))
+    for f in (stale, fresh, held):
+        f.write_bytes(b"half a png")
+    for f in (stale, held):
+        os.utime(f, (1_000_000_000, 1_000_000_000))
+    os.mkfifo(plots / ".scaling.png.mnop3456.tmp")
+    with open(held, "rb") as holder:  # a write still under way holds its temporary file
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        writes.write_file(plots / "plots.json", "{}", run=run)
+    assert sorted(os.listdir(plots)) == sorted([fresh.name, held.name, ".scaling.png.mnop3456.tmp", "plots.json"])

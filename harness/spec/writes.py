@@ -13,6 +13,11 @@ pages and build caches.
   for that purpose: an export, archive, page or multi-run report whose path falls inside a run is refused.
 * Output paths are checked (:func:`check_file`, :func:`check_folder`) before any work starts; each
   write checks its target again just before the rename.
+* A write opens its target's folder once (walked from the folder it was given, no link followed) and
+  makes the temporary file, the last check and the rename relative to that descriptor, checking that
+  the path still leads to the same folder (device and inode) before the rename: a parent renamed or
+  swapped for a link meanwhile cannot send the file elsewhere. Temporary files a killed write left
+  are removed by the next write into that folder.
 
 Only the standard library: the worker side and the backends write through this too.
 """
@@ -256,42 +261,210 @@ def held_lock(path) -> bool:
     return False
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+#: a temporary file of :data:`TEMP_PATTERN` this old, that no write holds, was left by a killed write
+STALE_TEMP_S = 60.0
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+_TEMP_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_"
+
+
+def _inside(path: Path, folder) -> bool:
+    try:
+        path.relative_to(folder)
+        return True
+    except ValueError:
+        return False
+
+
+def _open_walk(base: Path, parts, name: str, make: bool) -> int:
+    """A descriptor of the folder ``base/parts...``: ``base`` taken as named, each part below it opened
+    relative to the one before without following a link (made where missing, with ``make``), so no
+    rename or link swapped in on the way can send a write elsewhere. HarnessError for a link or a file."""
+    fd = os.open(base, _DIR_FLAGS)
+    step = Path(base)
+    try:
+        for part in parts:
+            step = step / part
+            try:
+                nxt = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                if not make:
+                    raise
+                try:
+                    os.mkdir(part, 0o777, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                nxt = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except (NotADirectoryError, OSError) as exc:
+                if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                st = os.lstat(part, dir_fd=fd)
+                if stat.S_ISLNK(st.st_mode):
+                    _refuse_link(step, name)
+                raise HarnessError(f"{name}: {_cut(step)} is {kind_of(st.st_mode)}, not a folder") from None
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_parent(path: Path, name: str, base, make: bool) -> int:
+    """A descriptor of ``path``'s folder: walked from ``base`` (:func:`_open_walk`) where ``path`` lies in it,
+    else the folder as named."""
+    if base is not None and _inside(path.parent, base):
+        if make and not os.path.lexists(base):
+            make_folder(base)
+        return _open_walk(Path(base), path.parent.relative_to(base).parts, name, make)
+    if make:
+        make_folder(path.parent)
+    return os.open(path.parent, _DIR_FLAGS)
+
+
+def _same_folder(fd: int, path: Path, name: str, base) -> bool:
+    """Whether ``path``'s folder, walked again, is still the folder of descriptor ``fd`` (device and inode)."""
+    try:
+        again = _open_parent(path, name, base, make=False)
+    except (OSError, HarnessError):
+        return False
+    try:
+        a, b = os.fstat(fd), os.fstat(again)
+    finally:
+        os.close(again)
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _new_temp(dfd: int, target: str) -> tuple[int, str]:
+    """A new temporary file beside ``target`` in folder ``dfd``, opened for writing and locked (a lock held
+    while it is written: :func:`_clear_stale` leaves it alone)."""
+    import fcntl
+    import secrets
+
+    for _ in range(100):
+        tmp = f".{target[:200]}.{''.join(secrets.choice(_TEMP_CHARS) for _ in range(8))}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                         0o666, dir_fd=dfd)  # the umask applies: results are shared files like any other
+        except FileExistsError:
+            continue
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd, tmp
+    raise FileExistsError(errno.EEXIST, "no free temporary name")
+
+
+def _clear_stale(dfd: int) -> None:
+    """Remove from folder ``dfd`` the temporary files (:data:`TEMP_PATTERN`) an earlier write left (killed, or
+    refused after a race): older than :data:`STALE_TEMP_S` and held by no write."""
+    import fcntl
+    import re
+    import time
+
+    try:
+        names = [n for n in os.listdir(dfd) if re.fullmatch(TEMP_PATTERN, n)]
+    except OSError:
+        return
+    for tmp in names:
+        try:
+            st = os.lstat(tmp, dir_fd=dfd)
+            if not stat.S_ISREG(st.st_mode) or time.time() - st.st_mtime < STALE_TEMP_S:
+                continue
+            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=dfd)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = os.fstat(fd)
+            now = os.lstat(tmp, dir_fd=dfd)
+            if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+                os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def write_file(path, data: Data, option: str | None = None, *, run=None, below=None, noun: str | None = None) -> Path:
     """Write ``data`` (text as UTF-8, bytes, or a function that writes the file it is given) to ``path`` by
     the rule: checked as :func:`check_file` does, written beside it, renamed into place. HarnessError when
-    the rule refuses the target or the disk refuses the write (``noun`` names what was being written)."""
+    the rule refuses the target or the disk refuses the write (``noun`` names what was being written).
+
+    The target's folder is opened once (from ``below``, else from ``run`` where the path lies in it, one
+    part at a time without following a link) and the temporary file, the last check and the rename are all
+    made relative to it; the folder is checked to be the same one (device and inode) before the rename. A
+    folder renamed or swapped for a link meanwhile cannot send the file, or its temporary, anywhere else."""
     path = Path(path)
+    name = _name(path, option)
     check_file(path, option, run=run, below=below, probe=False)
-    make_folder(path.parent)  # what check_file found on the way from below is no link; what it makes is none
+    base = below if below is not None else run
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:200]}.", suffix=".tmp")
+        dfd = _open_parent(path, name, base, make=True)
     except OSError as exc:
         raise disk_error(path, exc, noun) from None
+    tmp = None
     try:
-        if callable(data):
-            os.close(fd)
-            data(Path(tmp))
-        else:
-            with os.fdopen(fd, "wb") as sink:
-                sink.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are shared files like any other
-        check_target(path, option)  # again, just before the rename: what may have appeared meanwhile
-        os.replace(tmp, path)
+        _clear_stale(dfd)
+        tfd, tmp = _new_temp(dfd, path.name)
+        try:
+            if callable(data):
+                # the file by its folder's descriptor: where the folder is now, whatever was renamed meanwhile
+                via = Path(f"/proc/self/fd/{dfd}")
+                data((via if via.is_dir() else path.parent) / tmp)
+            else:
+                with os.fdopen(os.dup(tfd), "wb") as sink:
+                    sink.write(data.encode("utf-8") if isinstance(data, str) else data)
+        finally:
+            os.close(tfd)
+        st = _lstat_at(path.name, dfd, name)
+        if st is not None and not stat.S_ISREG(st.st_mode):  # again, just before the rename: what appeared meanwhile
+            check_target(path, option)
+            raise HarnessError(f"{name}: {kind_of(st.st_mode)}, not a regular file; {ALLOWED}")
+        if not _same_folder(dfd, path, name, base):
+            raise HarnessError(f"{name}: its folder {_cut(path.parent)} was moved or replaced while the file was "
+                               f"written; nothing was written there")
+        os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        tmp = None
     except OSError as exc:
         raise disk_error(path, exc, noun) from None
     finally:
-        if os.path.lexists(tmp):
+        if tmp is not None:
             try:
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=dfd)
             except OSError:
                 pass
+        os.close(dfd)
     return path
+
+
+def _lstat_at(entry: str, dfd: int, name: str):
+    try:
+        return os.lstat(entry, dir_fd=dfd)
+    except FileNotFoundError:
+        return None
+
+
+def remove_file(path, *, run=None, below=None) -> None:
+    """Remove the regular file ``path`` (a drawing no longer drawn), found as :func:`write_file` finds its
+    target: relative to its folder opened once, never through a link; nothing there is nothing to do."""
+    path = Path(path)
+    name = _cut(path)
+    base = below if below is not None else run
+    try:
+        dfd = _open_parent(path, name, base, make=False)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise disk_error(path, exc) from None
+    try:
+        st = _lstat_at(path.name, dfd, name)
+        if st is None:
+            return
+        if not stat.S_ISREG(st.st_mode):
+            raise HarnessError(f"{name}: {kind_of(st.st_mode)}, not a file the harness wrote; left as it is")
+        os.unlink(path.name, dir_fd=dfd)
+    except OSError as exc:
+        raise disk_error(path, exc) from None
+    finally:
+        os.close(dfd)
 
 
 def open_private(path, mode: str = "a+"):
