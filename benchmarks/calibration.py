@@ -31,6 +31,10 @@ host the same cells moved 7-59% between runs 30 s apart, with nothing else runni
     python benchmarks/calibration.py configs/quick.yaml -k 4 --out /tmp/cal-quick
     python benchmarks/calibration.py configs/quick.yaml -k 4 --out /tmp/cal-quick --aa
     python benchmarks/calibration.py --runs /tmp/cal-quick/run-*      # the table of runs made before
+
+Paths are the caller's (``harness run`` runs from the caller's folder); what it writes goes through the
+harness's one write rule, and inside the project only under ``results/``. A bad input is one ``error:``
+line and exit 2.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from harness.spec import writes  # noqa: E402
+from harness.spec.errors import HarnessError  # noqa: E402
+
 
 def expected_coverage(k: int, n: int = 200_000, seed: int = 0) -> float:
     """How often a calibrated 95% interval (point +- 1.96 sd) holds the median of ``k - 1`` other points
@@ -58,28 +65,70 @@ def expected_coverage(k: int, n: int = 200_000, seed: int = 0) -> float:
     return float(np.mean(np.abs(x[:, 0] - others) <= 1.959964))
 
 
-def run_config(config: str, out: Path, k: int, aa: bool, extra: list[str]) -> list[Path]:
-    """``harness run`` of ``config`` ``k`` times into ``out/run-i``, with the load before and after each."""
-    source = Path(config)
+def source_config(config: str) -> Path:
+    """The config argument as ``harness run`` takes it, from the caller's folder: a file, or a shipped config's name."""
+    from harness.cli import _config_path
+
+    path = _config_path(Path(config))
+    if not path.is_file():
+        raise HarnessError(f"{config}: expected a config file, got {'a folder' if path.is_dir() else 'no file'}")
+    return path
+
+
+def check_out(out: Path, k: int, names: list[str], runs_made: bool = True) -> Path:
+    """Refuse, before any run, an ``--out`` the write rule forbids: a file, a folder inside a run, one among
+    the project's own files (inside the project, only under ``results/``); any of the files ``names`` it would
+    write there that is a link or not a regular file; a ``run-i`` that is a run already."""
+    writes.check_folder(out, "--out")
+    writes.check_outside_project(out, ROOT, "--out")
+    for name in names:
+        writes.check_file(out / name, "--out", probe=False)
+    for i in range(k if runs_made else 0):
+        path = out / f"run-{i + 1}"
+        writes.check_folder(path, "--out", may_be_run=True, probe=False)
+        if os.path.lexists(path / "run.json"):
+            raise HarnessError(f"--out {out}: {path} is a run already; choose another --out")
+    return out
+
+
+def run_config(source: Path, out: Path, k: int, aa: bool, extra: list[str]) -> list[Path]:
+    """``harness run`` of ``source`` ``k`` times into ``out/run-i``, with the load before and after each, from
+    the caller's folder (its relative paths and shipped names mean what they mean to ``harness run``)."""
     if aa:  # the same config with the A/A check on, in its first document (later ones inherit it)
         import yaml
 
-        docs = list(yaml.safe_load_all(source.read_text()))
+        docs = list(yaml.safe_load_all(source.read_text(encoding="utf-8")))
+        if not docs or not isinstance(docs[0], dict):
+            raise HarnessError(f"{source}: expected a config (a mapping), got {type(docs[0] if docs else None).__name__}")
         docs[0]["baseline_twice"] = True
-        out.mkdir(parents=True, exist_ok=True)
-        source = out / source.name
-        source.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        writes.make_folder(out)
+        copy = out / source.name
+        writes.write_file(copy, yaml.safe_dump_all(docs, sort_keys=False), "--out")
+        source = copy
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     runs = []
     for i in range(k):
         path = out / f"run-{i + 1}"
         before = os.getloadavg()
         cmd = [sys.executable, "-m", "harness.cli", "run", str(source), "--out", str(path), *extra]
         print(f"[{i + 1}/{k}] load {before[0]:.2f}: {' '.join(cmd)}", flush=True)
-        done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
+        done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL)
         if done.returncode:
-            raise SystemExit(f"harness run exited with {done.returncode} ({path})")
+            raise SystemExit(f"error: harness run exited with {done.returncode} ({path})")
         print(f"    load after: {os.getloadavg()[0]:.2f}", flush=True)
         runs.append(path)
+    return runs
+
+
+def check_runs(runs: list[Path]) -> list[Path]:
+    """``--runs`` as run folders, at least two (the spread between runs is what the table sets intervals against)."""
+    if len(runs) < 2:
+        raise HarnessError(f"--runs: expected at least 2 runs (the spread between runs is what it measures), "
+                           f"got {len(runs)}")
+    for path in runs:
+        if not writes.is_run_folder(path):
+            what = "no such folder" if not os.path.lexists(path) else "not a run folder (no run.json and timings.parquet)"
+            raise HarnessError(f"--runs {path}: {what}")
     return runs
 
 
@@ -169,7 +218,8 @@ def table(cells: dict, k: int) -> tuple[str, dict]:
             aa = f"{ones}/{k}"
         lines.append(f"| {entry['label']} | {', '.join(f'{p:.3g}' for p in pts)} | {sum(held)}/{k} | "
                      f"{np.median(half):.2%} | {needs:.2%} | {ratio:.2f} | {len(met)}/{k} ({sum(agree)}) | {aa} |")
-    pooled = float(np.median(widths) / (1.959964 * np.sqrt(np.mean(variances)))) if variances else float("nan")
+    spread = 1.959964 * np.sqrt(np.mean(variances)) if variances else 0.0
+    pooled = float(np.median(widths) / spread) if spread > 0 else float("nan") if not variances else float("inf")
     overall = {"speedups": len(cells), "runs": k, "held": float(np.mean(held_all)) if held_all else float("nan"),
                "expected_held": expected_coverage(k), "median_width_over_needs": float(np.median(ratios)) if ratios else float("nan"),
                "pooled_width_over_needs": pooled, "met": n_met, "met_agree": n_agree, "pairs": len(held_all),
@@ -183,32 +233,49 @@ def table(cells: dict, k: int) -> tuple[str, dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("config", nargs="?", help="the config to run K times")
-    ap.add_argument("-k", type=int, default=4, help="runs (default 4)")
+    ap.add_argument("config", nargs="?", help="the config to run K times (a file, or a shipped config's name)")
+    ap.add_argument("-k", type=int, default=4, help="runs (default 4, at least 2)")
     ap.add_argument("--out", type=Path, help="where the runs go (run-1 ... run-K) and calibration.md/.json")
     ap.add_argument("--aa", action="store_true", help="turn the A/A check on (baseline_twice: true)")
     ap.add_argument("--runs", type=Path, nargs="+", help="runs made before: only the table")
     ap.add_argument("--profile", help="passed to harness run")
     args = ap.parse_args(argv)
+    try:
+        return _main(args)
+    except HarnessError as exc:  # one line, as the harness's CLI says it
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(args) -> int:
     extra = ["--profile", args.profile] if args.profile else []
+    names = ["calibration.md", "calibration.json"]
     if args.runs:
-        runs = args.runs
+        runs = check_runs(args.runs)
+        out = args.out or Path(runs[0]).parent
+        check_out(out, 0, names, runs_made=False)
     elif args.config and args.out:
-        runs = run_config(args.config, args.out, args.k, args.aa, extra)
+        if args.k < 2:
+            raise HarnessError(f"-k: expected at least 2 runs (the spread between runs is what it measures), got {args.k}")
+        source = source_config(args.config)
+        check_out(args.out, args.k, names + ([source.name] if args.aa else []))
+        out = args.out
+        runs = run_config(source, args.out, args.k, args.aa, extra)
     else:
-        ap.error("expected CONFIG with --out, or --runs")
+        raise HarnessError("expected CONFIG with --out, or --runs")
     cells, facts, times = cells_of(runs)
+    if not cells:
+        raise HarnessError(f"the {len(runs)} runs share no speedup with an interval in every run: nothing to set "
+                           f"against the spread")
     text, overall = table(cells, len(runs))
     steady, overall["steadiness"] = steadiness(times)
     load = ", ".join(f"{f['loadavg_end'][0]:.2f}" if f.get("loadavg_end") else "?" for f in facts)
     head = (f"{len(runs)} runs ({runs[0]} ...), load average (1 min) at each run's end: {load}; "
             f"steal: {', '.join(str(f.get('steal_share')) for f in facts)}" + (f"; {steady}" if steady else ""))
     print(head + "\n\n" + text)
-    out = args.out or Path(runs[0]).parent
-    if args.out or args.runs:
-        (out / "calibration.md").write_text(head + "\n\n" + text + "\n")
-        (out / "calibration.json").write_text(json.dumps({"overall": overall, "runs": facts,
-                                                          "cells": cells}, indent=2, default=str))
+    writes.write_file(out / "calibration.md", head + "\n\n" + text + "\n", "--out")
+    writes.write_file(out / "calibration.json", json.dumps({"overall": overall, "runs": facts, "cells": cells},
+                                                           indent=2, default=str), "--out")
     return 0
 
 

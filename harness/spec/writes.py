@@ -215,6 +215,25 @@ def check_folder(path, option: str | None = None, *, may_be_run: bool = False, b
     return path
 
 
+def check_outside_project(path, root, option: str | None = None, under: tuple[str, ...] = ("results",)) -> Path:
+    """An output of one of the project's own programs (its benchmarks): inside the project folder ``root`` it
+    goes only under ``under`` (``results/``), never onto or among the project's own files (a config, the
+    docs, the code), which a write there would replace or litter. HarnessError otherwise; returns ``path``."""
+    path = Path(path)
+    try:
+        real, home = Path(os.path.realpath(path)), Path(os.path.realpath(root))
+    except (OSError, ValueError) as exc:
+        raise HarnessError(f"{_name(path, option)}: not a usable path ({type(exc).__name__})") from None
+    if real != home and home not in real.parents:
+        return path
+    rel = real.relative_to(home).parts
+    if not rel or rel[0] not in under:
+        places = " or ".join(f"{u}/" for u in under)
+        raise HarnessError(f"{_name(path, option)}: among the project's own files ({_cut(home)}); inside the project "
+                           f"an output goes under {places} only: choose a folder there or outside the project")
+    return path
+
+
 def make_folder(path, below=None) -> Path:
     """``mkdir -p path``; with ``below``, no link may stand between it and ``path`` (checked after making)."""
     path = Path(path)
