@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -65,6 +66,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+
+from harness.spec.errors import HarnessError  # noqa: E402
 
 # three shapes: WildML's Elman language model at vocabulary 2000 (batch 1 and 16) and an
 # LSTM on dense input; every cell one NumPy thread
@@ -261,6 +265,11 @@ def pyperf_turn(config_path: str, index: int, env: dict[str, str], out: Path, ar
     values (seconds per call), the loops per value and the BLAS kernel it ran."""
     import pyperf
 
+    from harness.spec import writes
+
+    # pyperf writes its file itself: into a fresh private folder, then the copy kept in --out by the write rule
+    kept, private = out, Path(tempfile.mkdtemp(prefix="compare-pyperf-turn-"))
+    out = private / kept.name
     cmd = [sys.executable, str(HERE), "--config", config_path, "--cell", str(index), "--processes", "1",
            "--values", str(args.values), "--warmups", "1", "--affinity", str(args.cpu), "--quiet", "-o", str(out)]
     if loops:
@@ -269,7 +278,6 @@ def pyperf_turn(config_path: str, index: int, env: dict[str, str], out: Path, ar
         cmd += ["--inherit-environ", ",".join(sorted(env))]
     if reference_first:
         cmd.append("--reference-first")
-    out.unlink(missing_ok=True)  # pyperf refuses to write over a file (a kept --out folder run again)
     full = {**os.environ, **env, "COMPARE_PYPERF_CHILD": "1"}
     for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX", "MALLOC_TOP_PAD_"):
         if k not in env:
@@ -279,8 +287,12 @@ def pyperf_turn(config_path: str, index: int, env: dict[str, str], out: Path, ar
     # caller's session gets a smaller share than a worker in its own (pyperf read 1.5-4x the harness's
     # wall times that way on the 2-core VM under a load of 7)
     # its one line per process ("Mean +- std dev") is left out: the table says what the turns found
-    subprocess.run(cmd, check=True, env=full, cwd=str(ROOT), start_new_session=True, stdout=subprocess.DEVNULL)
-    bench = pyperf.Benchmark.load(str(out))
+    try:
+        subprocess.run(cmd, check=True, env=full, cwd=str(ROOT), start_new_session=True, stdout=subprocess.DEVNULL)
+        bench = pyperf.Benchmark.load(str(out))
+        writes.write_file(kept, out.read_bytes(), "--out")
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
     timed = [r for r in bench.get_runs() if r.values]
     return {"values": list(bench.get_values()), "loops": timed[-1].get_loops(),
             "blas_kernel": bench.get_metadata().get("blas_kernel", "unreported")}
@@ -309,7 +321,7 @@ def _t(s: float) -> str:
     return f"{s * 1e6:.0f} us" if s < 1e-3 else f"{s * 1e3:.3g} ms"
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--turns", type=int, default=8, help="turns per set-up: in each, every shape is timed by one "
                                                         "fresh process of each tool, back to back")
@@ -324,32 +336,58 @@ def main(argv=None) -> None:
                          "clean (neither does)")
     ap.add_argument("--out", type=Path, help="keep the configs, pyperf's JSON and every turn's values here")
     args = ap.parse_args(argv)
-    if args.turns < 1 or args.values < 1:
-        ap.error("--turns and --values: expected at least 1")
+    try:
+        return _main(args)
+    except HarnessError as exc:  # one line, as the harness's CLI says it
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
-    out = args.out or Path(tempfile.mkdtemp(prefix="compare-pyperf-"))
-    out.mkdir(parents=True, exist_ok=True)
+
+def check_out(out: Path, setups: list[str]) -> Path:
+    """Refuse, before any turn, an ``--out`` the write rule forbids (a file, a folder inside a run, one among the
+    project's own files, a link or a device where a set-up's files go); the folder, absolute (pyperf's processes
+    run from the project's folder: a relative path keeps meaning the caller's)."""
+    from harness.spec import writes
+
+    writes.check_folder(out, "--out")
+    writes.check_outside_project(out, ROOT, "--out")
+    for setup in setups:
+        writes.check_folder(out / setup, "--out", probe=False)
+        for name in ("compare_pyperf.yaml", "turns.json"):
+            writes.check_file(out / setup / name, "--out", probe=False)
+    return Path(os.path.abspath(out))
+
+
+def _main(args) -> int:
+    if args.turns < 1 or args.values < 1:
+        raise HarnessError(f"--turns and --values: expected at least 1, got {args.turns} and {args.values}")
     env_names = [e for e in args.pyperf_env.split(",") if e]
     for e in env_names:
         if e not in ("harness", "plain", "harness+reference"):
-            ap.error(f"--pyperf-env: expected harness, plain or harness+reference, got {e!r}")
+            raise HarnessError(f"--pyperf-env: expected harness, plain or harness+reference, got {e!r}")
     setups = [s for s in args.setup.split(",") if s]
     for setup in setups:
         if setup not in SETUPS:
-            ap.error(f"--setup: expected {', '.join(SETUPS)}, got {setup!r}")
+            raise HarnessError(f"--setup: expected {', '.join(SETUPS)}, got {setup!r}")
+    if not env_names or not setups:
+        raise HarnessError("--pyperf-env and --setup: expected at least one name each")
+    out = check_out(args.out, setups) if args.out else Path(tempfile.mkdtemp(prefix="compare-pyperf-"))
     began = time.monotonic()
     for setup in setups:
         compare(setup, env_names, out / setup, args)
     print(f"files: {out}; {time.monotonic() - began:.0f} s in all")
+    return 0
 
 
 def compare(setup: str, env_names: list[str], out: Path, args) -> None:
     """One set-up's comparison: its environments stated, its turns run, each shape's agreement."""
     from harness.run import guard
 
-    out.mkdir(parents=True, exist_ok=True)
+    from harness.spec import writes
+
+    writes.make_folder(out)
     config_path = str(out / "compare_pyperf.yaml")
-    Path(config_path).write_text(config_text(setup, args.values))
+    writes.write_file(config_path, config_text(setup, args.values), "--out")
     envs_by_name = environments(config_path, setup)
     print(f"== set-up {setup}: " + ("the caller's steering variables reach both tools' workers" if setup == "inherited"
                                     else "neither tool's workers get the caller's steering variables"), flush=True)
@@ -411,11 +449,11 @@ def compare(setup: str, env_names: list[str], out: Path, args) -> None:
         cols.append(", ".join("yes" if found[tool]["within"] else "no" for tool in tools[1:]))
         print("| " + " | ".join(cols) + " |", flush=True)
         kept["shapes"][lab] = {"values": values, "agreement": found}
-    (out / "turns.json").write_text(json.dumps(kept, indent=1))
+    writes.write_file(out / "turns.json", json.dumps(kept, indent=1), "--out")
 
 
 if __name__ == "__main__":
     if os.environ.get("COMPARE_PYPERF_CHILD") or "--worker" in sys.argv:
         pyperf_main()
     else:
-        main()
+        raise SystemExit(main())

@@ -118,8 +118,41 @@ def _time(torch, fn, rounds: int, inner: int, on_gpu: bool, mode: str) -> list[f
     return [s / inner for s in measure.time_rounds(graph.replay, sync, rounds, 1)]
 
 
+def check_args(args, stamp: str) -> Path:
+    """Refuse, before any import or kernel, what the CLI would refuse: a size that is not a positive integer, an
+    ``--out`` the write rule forbids (a file, a folder inside a run, one among the project's own files, a link
+    or a device where kernels.parquet or kernels.json go). Returns the output folder."""
+    from harness.spec import writes
+    from harness.spec.errors import HarnessError
+
+    for option, value in (("--hidden", args.hidden), ("--seq-len", args.seq_len), ("--rounds", args.rounds),
+                          ("--inner", args.inner)):
+        if value < 1:
+            raise HarnessError(f"{option}: expected a positive integer, got {value}")
+    try:
+        batches = [int(b) for b in args.batch.split(",")]
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1:
+        raise HarnessError(f"--batch: expected comma-separated positive integers, got {args.batch!r}")
+    out = Path(args.out) if args.out else ROOT / "results" / f"measure-cuda-{stamp}"
+    writes.check_folder(out, "--out")
+    writes.check_outside_project(out, ROOT, "--out")
+    for name in ("kernels.parquet", "kernels.json"):
+        writes.check_file(out / name, "--out", probe=False)
+    return out
+
+
 def main(argv=None) -> int:
+    from harness.spec.errors import HarnessError
+
     args = _args(argv)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    try:
+        out = check_args(args, stamp)
+    except HarnessError as exc:  # one line, as the harness's CLI says it
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
     if args.smoke and not interpreted:
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernel modules are imported
@@ -130,7 +163,7 @@ def main(argv=None) -> int:
 
     on_gpu = torch.cuda.is_available() and not interpreted
     if not on_gpu and not interpreted:
-        print("no CUDA device: run on a GPU machine, or with --smoke for the interpreter", file=sys.stderr)
+        print("error: no CUDA device: run on a GPU machine, or with --smoke for the interpreter", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     K = {m: importlib.import_module(f"backends.cuda.{m}") for m in ("elementwise", "lstm", "elman", "persistent")}
@@ -162,9 +195,6 @@ def main(argv=None) -> int:
                       f"  {row['gbs']:7.1f} GB/s{extra}", flush=True)
     from harness.results.store import write_json, write_table
 
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(args.out or ROOT / "results" / f"measure-cuda-{stamp}")
-    out.mkdir(parents=True, exist_ok=True)
     write_table(out / "kernels.parquet", rows)
     import triton
 
