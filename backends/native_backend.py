@@ -32,13 +32,16 @@ are busy a team loses to one thread, and more threads should never be slower.
 
 Mixed precision: ``bfloat16`` is the float32 engine with every product (forward and
 backward, the same panels and threads) going through the bfloat16 GEMM of
-``native/gemm_bf16.hpp``: both operands rounded to bfloat16 (nearest even) while they are
-packed in pairs for AVX512-BF16's VDPBF16PS, the products summed in float32; parameters,
-gradients, state, element-wise maths and the update stay float32, which is the spec's
-rounding and nothing more. A recurrence packs W_hh once per pass, not once per step. The
-kernel is picked at run time; on a CPU without AVX512-BF16 bfloat16 is unsupported, since
-the portable kernel only emulates the instruction (``bf16_kernel = "portable"`` accepts
-it anyway, for tests). ``float16`` is unsupported: no float16 dot-product instruction is
+``native/bf16.hpp``: both operands rounded to bfloat16 (nearest even) while they are
+packed in pairs, the products summed in float32; parameters, gradients, state, element-wise
+maths and the update stay float32, which is the spec's rounding and nothing more. A
+recurrence packs W_hh once per pass, not once per step. The kernel is picked at run time:
+AMX tiles (TDPBF16PS, ``native/gemm_amx.hpp``) where the CPU has AMX-BF16 and Linux grants
+this process the tile data (Intel's server cores, whose VDPBF16PS runs at half their
+float32 rate), else AVX512-BF16's VDPBF16PS (``native/gemm_bf16.hpp``: AMD Zen 4 and 5);
+on a CPU with neither, bfloat16 is unsupported, since the portable kernel only emulates the
+instruction (``bf16_kernel = "portable"`` accepts it anyway, for tests; "amx" and
+"avx512bf16" force a unit, for A/B measurements). ``float16`` is unsupported: no float16 dot-product instruction is
 used. ``benchmarks/measure_native.py --bf16`` measures bfloat16 against float32.
 
 Revisions: ``native@rev:<commit>`` (any variant: ``native:sync@rev:HEAD``) runs the engine's sources at
@@ -60,7 +63,7 @@ from harness.spec.errors import HarnessError
 from harness.spec.model import Problem
 
 _INT32_MAX = 2**31 - 1
-_BF16_KERNELS = ("auto", "portable")
+_BF16_KERNELS = ("auto", "amx", "avx512bf16", "portable")
 _F32_KERNELS = ("auto", "avx512", "avx2", "blas")
 _OPENMP_VERSIONS = {201511: "4.5", 201811: "5.0", 202011: "5.1", 202111: "5.2"}
 
@@ -115,6 +118,15 @@ def _gemm_rule(mod, blas: dict) -> str:
             f"all other products (projections, weight gradients, float64, other batch sizes): BLAS, {routes}")
 
 
+def _bf16_rule(mod) -> str:
+    """The bfloat16 products' unit here: which this CPU and OS offer, and which kernel runs them."""
+    units = ["AVX512-BF16 (vdpbf16ps)" if mod.bf16_cpu() else "no AVX512-BF16 on this CPU"]
+    if hasattr(mod, "amx_why_not"):  # an engine older than its AMX kernel has none
+        why_not = mod.amx_why_not()
+        units.append("AMX-BF16 tiles (tdpbf16ps), granted" if not why_not else f"no AMX: {why_not}")
+    return f"{', '.join(units)}; kernel {mod.bf16_kernel()}, every bfloat16 product (W_hh packed once per pass)"
+
+
 def _engine_spec(problem: Problem) -> dict:
     m = problem.model
     return {
@@ -165,8 +177,9 @@ class NativeBackend(Backend):
         #: let the engine time one thread against all ``threads`` per call shape and run
         #: the faster (now and then a call tries the other); off: every call forks the whole team
         self.adapt_threads = True
-        #: the bfloat16 GEMM's kernel: "auto" (AVX512-BF16 where the CPU has it; bfloat16 is
-        #: refused elsewhere) or "portable" (the instruction's emulation, accepted on any CPU:
+        #: the bfloat16 GEMM's kernel: "auto" (AMX tiles where granted, else AVX512-BF16 where the CPU
+        #: has it; bfloat16 is refused elsewhere), "amx" or "avx512bf16" (that unit, for A/B measurements;
+        #: refused where it cannot run), or "portable" (the instruction's emulation, accepted on any CPU:
         #: for tests, which check the engine's bfloat16 path on machines without the instruction)
         self.bf16_kernel = "auto"
         #: the float32 recurrent products' kernel: "auto" (AVX-512 where the CPU has it, else AVX2 +
@@ -206,7 +219,8 @@ class NativeBackend(Backend):
         if record is not None:
             return record["facts"]
         mod = _load()
-        return {"kinds": ["elman", "lstm", "gru"], "bidirectional": True, "bf16_gemm": True, "bf16_cpu": mod.bf16_cpu()}
+        return {"kinds": ["elman", "lstm", "gru"], "bidirectional": True, "bf16_gemm": True, "bf16_cpu": mod.bf16_cpu(),
+                "amx_why_not": mod.amx_why_not()}
 
     @classmethod
     def environment_variables(cls, variant: str, threads: int, device: str, dtype: str) -> dict[str, str]:
@@ -251,6 +265,9 @@ class NativeBackend(Backend):
             return unsupported(f"native extension not usable ({type(exc).__name__}: {exc})")
         if not facts["bf16_gemm"]:
             return unsupported(f"the engine at {self.revision} has no bfloat16 GEMM")
+        if self.bf16_kernel == "amx":
+            why_not = facts.get("amx_why_not", "this engine has no AMX kernel")
+            return (True, "") if facts["bf16_cpu"] and not why_not else unsupported(f"bf16_kernel amx: {why_not}")
         if self.bf16_kernel == "portable" or facts["bf16_cpu"]:
             return True, ""
         return unsupported("bfloat16: this CPU has no AVX512-BF16 (VDPBF16PS); the engine's portable kernel emulates "
@@ -276,15 +293,15 @@ class NativeBackend(Backend):
         where = os.path.realpath(blas["library"]) if blas["library"] else "library not located: BLAS threads uncontrolled"
         out["blas"] = f"{source} via scipy.linalg.cython_blas ({where})"
         if hasattr(mod, "bf16_cpu"):  # an engine older than its bfloat16 GEMM has none
-            out["bf16_gemm"] = ("AVX512-BF16 (vdpbf16ps)" if mod.bf16_cpu() else "no AVX512-BF16 on this CPU") + \
-                f"; kernel {mod.bf16_kernel()}"
+            out["bf16_gemm"] = _bf16_rule(mod)
         if self.revision is not None:
             out["engine_commit"] = self._build()["commit"]
         else:  # an A/B against another commit (native@rev:) means little if this build is not the checkout's
             newer = sources_newer_than(getattr(mod, "__file__", "") or "")
             out["engine_sources"] = (f"{', '.join(newer)} changed after this build: pip install -e . rebuilds it"
                                      if newer else "the checkout's (no source newer than the build)")
-        out["gemm_routes"] = _gemm_rule(mod, blas)
+        out["gemm_routes"] = _gemm_rule(mod, blas) + (
+            f"; bfloat16 products: every one on the {mod.bf16_kernel()} kernel" if hasattr(mod, "bf16_kernel") else "")
         return out
 
     def prepare(self, problem: Problem, params: dict[str, np.ndarray], device: str = "cpu", threads: int = 1) -> None:
@@ -310,7 +327,7 @@ class NativeBackend(Backend):
             ok, why = self._mixed_precision(problem.dtype)
             if not ok:
                 raise HarnessError(f"native: {why}")
-            mod.set_bf16_kernel("portable" if self.bf16_kernel == "portable" else "auto")
+            mod.set_bf16_kernel(self.bf16_kernel)
         spec = _engine_spec(problem) | {"split_scale": float(self.split_scale), "recurrence": self.recurrence,
                                         "adapt_threads": bool(self.adapt_threads), "bf16": problem.reduced}
         self._threads = max(1, int(threads))

@@ -307,14 +307,25 @@ def bf16_child(args) -> None:
     from harness.worker import measure
 
     mod = _load()
-    if not mod.bf16_cpu() and not args.portable:
+    if args.portable:
+        args.bf16_kernel = "portable"
+    if not mod.bf16_cpu() and args.bf16_kernel != "portable":
         raise SystemExit("this CPU has no AVX512-BF16 (vdpbf16ps): the portable kernel emulates it and would not "
                          "measure bfloat16 (--portable runs it anyway, to check this script)")
-    mod.set_bf16_kernel("portable" if args.portable else "auto")
+    try:
+        mod.set_bf16_kernel(args.bf16_kernel)
+    except ValueError as exc:
+        raise SystemExit(f"--bf16-kernel {args.bf16_kernel}: {exc}") from None
     mod.set_blas_threads(1)  # one single-threaded call per thread, as in the engine
-    # the roofs: one core's (or the threads') float32 and bfloat16 FMA peaks, the engine's own kernels
+    # the roofs: one core's (or the threads') float32 and bfloat16 peaks, the engine's own kernels (bfloat16:
+    # the best unit, AMX where granted; the VDPBF16PS peak beside it where that is another unit)
     peaks = {p: mod.fma_peak(p, args.threads, 0.5)["gflops"] or None for p in ("float32", "bfloat16")}
-    print(json.dumps({"kind": "peaks", "threads": args.threads, "gflops": peaks}), flush=True)
+    print(json.dumps({"kind": "peaks", "threads": args.threads, "gflops": peaks,
+                      "kernel": mod.fma_peak("bfloat16", args.threads, 0.0)["kernel"]}), flush=True)
+    if mod.fma_peak("bfloat16", 1, 0.0)["kernel"].startswith("amx"):
+        vdp = mod.fma_peak("bfloat16", args.threads, 0.5, "avx512bf16")["gflops"] or None
+        print(json.dumps({"kind": "peaks", "threads": args.threads, "kernel": "avx512bf16 vdpbf16ps",
+                          "gflops": {"float32": None, "bfloat16": vdp}}), flush=True)
     rng = np.random.default_rng(0)
     for label, (M, N, K, ta, tb, per_step) in BF16_GEMMS.items():
         a = rng.normal(size=(K, M) if ta else (M, K)).astype(np.float32)
@@ -338,7 +349,7 @@ def bf16_child(args) -> None:
             problem, params, x, y = _make(_shape(shape), dtype)
             problem = dataclasses.replace(problem, workload=workload)
             b = NativeBackend()
-            b.bf16_kernel = "portable" if args.portable else "auto"
+            b.bf16_kernel = args.bf16_kernel
             b.profiling = profile
             ok, why = b.supports(problem)
             if not ok:
@@ -377,9 +388,9 @@ def _bf16_table(results) -> str:
             phases.append(r)
             continue
         if r["kind"] == "peaks":
-            peaks[r["threads"]] = r["gflops"]
+            peaks.setdefault(r["threads"], r["gflops"])  # the first line: each precision's best unit
             f32, bf16 = (f"{r['gflops'][p]:.1f}" if r["gflops"][p] else "-" for p in ("float32", "bfloat16"))
-            lines.append(f"| FMA peak | {r['threads']} | | | | {f32} | {bf16} | |")
+            lines.append(f"| FMA peak | {r['threads']} | {r.get('kernel', '')} | | | {f32} | {bf16} | |")
             continue
         ms, gf = r["ms"], r["gflops"]
 
@@ -451,6 +462,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bf16", action="store_true",
                     help=f"the engine's bfloat16 GEMM and {BF16_SHAPE} step against its float32 ones (AVX512-BF16 CPUs)")
     ap.add_argument("--portable", action="store_true", help="with --bf16: the portable kernel (checks the script)")
+    ap.add_argument("--bf16-kernel", default="auto", choices=("auto", "amx", "avx512bf16", "portable"),
+                    help="with --bf16: the bfloat16 kernel (auto: AMX tiles where granted, else VDPBF16PS)")
     ap.add_argument("--f32-kernel", default="auto", choices=("auto", "avx512", "avx2", "blas"),
                     help="the native engine's float32 recurrent-product kernel (blas: every product through the BLAS)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -469,6 +482,7 @@ def main(argv=None) -> int:
                "--contenders", args.contenders, "--rounds", str(args.rounds), "--ref-rounds", str(args.ref_rounds)]
         cmd += (["--profile"] if args.profile else []) + ["--f32-kernel", args.f32_kernel]
         cmd += (["--bf16"] if args.bf16 else []) + (["--portable"] if args.portable else [])
+        cmd += ["--bf16-kernel", args.bf16_kernel]
         if args.bf16:  # native alone
             env = {**os.environ, **MALLOC_ENV, **_contender_env(["native"], threads)}
         cpus = worker_cpus(threads)  # as the harness confines its workers: the first `threads` cores

@@ -2,8 +2,9 @@
 (backends/native/gemm_bf16.hpp) against NumPy with ml_dtypes' rounding, and the engine's
 mixed-precision steps against the reference with the spec's roundings.
 
-On a CPU with AVX512-BF16 these run the VDPBF16PS kernel (and compare it with the portable
-emulation); elsewhere the backend refuses bfloat16, and the tests ask for the emulation
+On a CPU with AVX512-BF16 these run the VDPBF16PS kernel, and where the CPU has AMX-BF16 and
+Linux grants the tiles the AMX kernel (backends/native/gemm_amx.hpp), and compare each with the
+portable emulation; elsewhere the backend refuses bfloat16, and the tests ask for the emulation
 (``NativeBackend.bf16_kernel = "portable"``), which runs the same packing, blocking and
 engine code with the instruction emulated lane by lane."""
 
@@ -27,15 +28,22 @@ def _mod():
 
 
 def _kernels():
-    """The kernels this CPU can run: the emulation, and VDPBF16PS where the CPU has it."""
-    return ["portable"] + (["avx512bf16"] if _mod().bf16_cpu() else [])
+    """The kernels this CPU can run: the emulation, VDPBF16PS where the CPU has it, AMX where it is granted."""
+    mod = _mod()
+    return ["portable"] + (["avx512bf16"] if mod.bf16_cpu() else []) + \
+        (["amx"] if mod.bf16_cpu() and mod.amx_why_not() == "" else [])
 
 
-@pytest.fixture(params=["portable", "avx512bf16"])
+def _why_not(kernel):
+    mod = _mod()
+    return mod.amx_why_not() or "this CPU has no AVX512-BF16" if kernel == "amx" else "this CPU has no AVX512-BF16"
+
+
+@pytest.fixture(params=["portable", "avx512bf16", "amx"])
 def kernel(request):
     mod = _mod()
     if request.param not in _kernels():
-        pytest.skip("this CPU has no AVX512-BF16")
+        pytest.skip(_why_not(request.param))
     before = mod.set_bf16_kernel(request.param)
     yield request.param
     mod.set_bf16_kernel("auto" if before != "portable" else "portable")
@@ -180,12 +188,13 @@ def test_gemm_edge_cases(kernel):
         mod.gemm(np.zeros((3, 2), np.float32), np.zeros((3, 4), np.float32), C, precision="bfloat16")
 
 
-def test_both_kernels_agree():
-    """Where the CPU has VDPBF16PS: the emulation gives the instruction's results (exactly on sums that
-    are exact, within float32 summation order otherwise)."""
+@pytest.mark.parametrize("other", ["avx512bf16", "amx"])
+def test_both_kernels_agree(other):
+    """Where the CPU has VDPBF16PS (and AMX): the emulation gives the instruction's results (exactly on sums
+    that are exact, within float32 summation order otherwise)."""
     mod = _mod()
-    if not mod.bf16_cpu():
-        pytest.skip("this CPU has no AVX512-BF16: the portable kernel alone runs here")
+    if other not in _kernels():
+        pytest.skip(_why_not(other) + ": the portable kernel alone runs here")
     rng = np.random.default_rng(3)
     eps = float(np.finfo(np.float32).eps)
     try:
@@ -193,12 +202,12 @@ def test_both_kernels_agree():
             for M, N, K in SHAPES:
                 A, Ar, B, Br = _operands(rng, M, N, K, False, True, exact=exact)
                 got = {}
-                for k in ("portable", "avx512bf16"):
+                for k in ("portable", other):
                     mod.set_bf16_kernel(k)
                     got[k] = np.zeros((M, N), np.float32)
                     mod.gemm(A, B, got[k], False, True, 1.0, 0.0, "bfloat16")
                 bound = 0 if exact else 2 * K * eps * (np.abs(Ar) @ np.abs(Br))
-                assert (np.abs(got["portable"] - got["avx512bf16"]) <= bound).all(), (M, N, K, exact)
+                assert (np.abs(got["portable"] - got[other]) <= bound).all(), (M, N, K, exact)
     finally:
         mod.set_bf16_kernel("auto")
 
@@ -240,8 +249,8 @@ def test_support_follows_the_cpu():
     backend = NativeBackend()
     problem = Problem(ModelSpec(kind="lstm", hidden=8), 5, 6, False, "bfloat16", 3, 7)
     ok, why = backend.supports(problem)
-    if mod.bf16_cpu():
-        assert ok and why == "" and mod.bf16_kernel() == "avx512bf16"
+    if mod.bf16_cpu():  # the fastest unit this process may run
+        assert ok and why == "" and mod.bf16_kernel() == ("amx" if "amx" in _kernels() else "avx512bf16")
     else:
         assert not ok and "AVX512-BF16" in why and "would not measure bfloat16" in why
     backend.bf16_kernel = "portable"
@@ -249,6 +258,32 @@ def test_support_follows_the_cpu():
     ok, why = backend.supports(Problem(ModelSpec(kind="lstm", hidden=8), 5, 6, False, "float16", 3, 7))
     assert not ok and "float16" in why
     assert "bf16_gemm" in backend.versions()
+
+
+def test_each_unit_is_forced_or_refused_with_its_reason():
+    """bf16_kernel "amx" / "avx512bf16" force a unit (for A/B runs) where this process can run it, and are
+    unsupported, with the reason, elsewhere; the run's gemm_routes names the kernel that runs."""
+    from backends.native_backend import NativeBackend
+
+    mod = _mod()
+    problem = Problem(ModelSpec(kind="gru", hidden=8), 5, 6, False, "bfloat16", 3, 7)
+    for unit in ("amx", "avx512bf16"):
+        backend = NativeBackend()
+        backend.bf16_kernel = unit
+        ok, why = backend.supports(problem)
+        if unit in _kernels():
+            assert (ok, why) == (True, "")
+            backend.prepare(problem, ref.init_params(problem.model, 5, 6, seed=1, dtype="float32"))
+            assert mod.bf16_kernel() == unit
+            assert f"bfloat16 products: every one on the {unit} kernel" in backend.versions()["gemm_routes"]
+            backend.close()
+        else:
+            assert not ok and why.startswith("unsupported:")
+            with pytest.raises(ValueError):
+                mod.set_bf16_kernel(unit)
+    if "amx" not in _kernels() and mod.bf16_cpu():
+        assert mod.amx_why_not() in NativeBackend().versions()["bf16_gemm"]
+    mod.set_bf16_kernel("auto")
 
 
 @pytest.mark.parametrize("variant", ["default", "sync"])

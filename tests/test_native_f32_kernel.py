@@ -222,8 +222,26 @@ def test_fma_peak_is_the_kernels_rate(precision):
     if not one["kernel"]:
         assert precision == "bfloat16" and not mod.bf16_cpu() and one["gflops"] == 0.0
         return
-    assert ("vdpbf16ps" if precision == "bfloat16" else "vfmadd231ps") in one["kernel"]
+    # bfloat16: the best unit this process may run, AMX's tiles where granted
+    best = "tdpbf16ps" if precision == "bfloat16" and not mod.amx_why_not() else "vdpbf16ps"
+    assert (best if precision == "bfloat16" else "vfmadd231ps") in one["kernel"]
     # a core does at least 8 float32 multiply-adds per cycle at 0.5 GHz: 8 GFLOP/s, a loaded machine included
     assert one["gflops"] > 8.0
     with pytest.raises(ValueError):
         mod.fma_peak("float16", 1, 0.01)
+    with pytest.raises(ValueError, match="unit"):
+        mod.fma_peak(precision, 1, 0.01, "fp8")
+
+
+def test_each_bfloat16_unit_has_its_peak():
+    """Where AMX is granted, its tile peak beside VDPBF16PS's; a unit this process cannot run has none."""
+    mod = _mod()
+    if not mod.bf16_cpu():
+        pytest.skip("this CPU has no AVX512-BF16")
+    vdp = mod.fma_peak("bfloat16", 1, 0.05, "avx512bf16")
+    assert vdp["kernel"] == "avx512bf16 vdpbf16ps" and vdp["gflops"] > 8.0
+    tiles = mod.fma_peak("bfloat16", 1, 0.05, "amx")
+    if mod.amx_why_not():
+        assert tiles == {"kernel": "", "gflops": 0.0}
+    else:  # 16 x 16 x 32 multiply-adds an instruction: far above VDPBF16PS on any AMX core
+        assert tiles["kernel"] == "amx tdpbf16ps" and tiles["gflops"] > 2 * vdp["gflops"]

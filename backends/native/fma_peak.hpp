@@ -4,6 +4,8 @@
 // no memory traffic, on each of `threads` OpenMP threads at once. Sixteen chains cover
 // an FMA latency of 4 cycles at two issues per cycle (Zen 5, Intel server cores), so the
 // rate is the hardware's issue rate times the clock it holds: the roof no product can pass.
+// For bfloat16 on a CPU with AMX the unit is the tile multiplier: four TDPBF16PS on four
+// accumulator tiles from tiles loaded once (gemm_amx.hpp, peak_loop).
 #pragma once
 
 #include <omp.h>
@@ -12,7 +14,7 @@
 #include <cstdint>
 #include <string>
 
-#include "gemm_bf16.hpp"
+#include "bf16.hpp"
 #include "gemm_f32.hpp"
 
 #pragma GCC diagnostic push
@@ -68,15 +70,19 @@ RNN_BF16_TARGET __attribute__((noinline)) inline float dp_avx512bf16(std::int64_
 #endif
 
 // The kernel a precision's peak is measured with on this CPU ("" where there is none), and
-// the floating-point operations one of its iterations does.
-inline std::string kernel(const std::string& precision, double* flops_per_iter = nullptr) {
+// the floating-point operations one of its iterations does. bfloat16's is the best unit this
+// process can run (`unit` "auto"): AMX's TDPBF16PS where the tiles are granted, else
+// VDPBF16PS; `unit` "avx512bf16" or "amx" asks for one of them.
+inline std::string kernel(const std::string& precision, double* flops_per_iter = nullptr,
+                          const std::string& unit = "auto") {
     double f = 0;
     std::string k;
     if (precision == "float32") {
         if (f32::cpu_has("avx512")) k = "avx512 vfmadd231ps", f = 2.0 * 16 * kChains;
         else if (f32::cpu_has("avx2")) k = "avx2 vfmadd231ps", f = 2.0 * 8 * 12;
     } else if (precision == "bfloat16") {
-        if (bf16::cpu_has_avx512bf16()) k = "avx512bf16 vdpbf16ps", f = 4.0 * 16 * kChains;
+        if (unit != "avx512bf16" && amx::available()) k = "amx tdpbf16ps", f = amx::kPeakFlopsPerIter;
+        else if (unit != "amx" && bf16::cpu_has_avx512bf16()) k = "avx512bf16 vdpbf16ps", f = 4.0 * 16 * kChains;
     }
     if (flops_per_iter) *flops_per_iter = f;
     return k;
@@ -84,9 +90,9 @@ inline std::string kernel(const std::string& precision, double* flops_per_iter =
 
 // GFLOP/s of `iters` iterations of the precision's kernel on each of `threads` threads at once
 // (their flops summed over the wall time of the slowest); 0 where this CPU has no such kernel.
-inline double rate(const std::string& precision, std::int64_t iters, int threads) {
+inline double rate(const std::string& precision, std::int64_t iters, int threads, const std::string& unit = "auto") {
     double per = 0;
-    const std::string k = kernel(precision, &per);
+    const std::string k = kernel(precision, &per, unit);
     if (k.empty()) return 0.0;
     volatile float sink = 0;
     const auto t0 = std::chrono::steady_clock::now();
@@ -96,6 +102,7 @@ inline double rate(const std::string& precision, std::int64_t iters, int threads
 #ifdef RNN_F32_X86
         if (k.rfind("avx512 ", 0) == 0) v = fma_avx512(iters);
         else if (k.rfind("avx2 ", 0) == 0) v = fma_avx2(iters);
+        else if (k.rfind("amx ", 0) == 0) v = amx::peak_loop(iters);
         else v = dp_avx512bf16(iters);
 #endif
 #pragma omp critical(rnn_peak_sink)

@@ -23,9 +23,10 @@
 // pairs, broadcast one pair, the pair dot-product accumulate, store/add float32) and
 // instantiated twice: with AVX512-BF16 intrinsics (compiled under a target attribute, not
 // -march, so the module builds for any x86-64 CPU) and with a portable emulation of the
-// same instruction. Which one runs is decided at run time: the AVX512-BF16 kernel where
-// the CPU has the instruction (__builtin_cpu_supports("avx512bf16")), else the portable
-// one; set_kernel() can force the portable kernel (tests compare the two).
+// same instruction. Which one runs is decided at run time (bf16.hpp, beside the AMX kernel
+// of gemm_amx.hpp): the AVX512-BF16 kernel where the CPU has the instruction
+// (__builtin_cpu_supports("avx512bf16")), else the portable one; set_kernel() can force the
+// portable kernel (tests compare the two).
 //
 // The emulation follows the Intel SDM's pseudo-code of VDPBF16PS: per lane,
 //     acc = acc + a[2j+1] * b[2j+1]   (one rounding, to nearest even)
@@ -464,7 +465,7 @@ RNN_BF16_TARGET __attribute__((flatten)) inline void pack_b_avx512(bool tb, int 
 }
 #endif
 
-// ---- which kernel runs ----------------------------------------------------------------
+// ---- the CPU's instruction ---------------------------------------------------------------
 
 // Whether this CPU (and the OS, which must save the AVX-512 state) has VDPBF16PS.
 inline bool cpu_has_avx512bf16() {
@@ -479,100 +480,6 @@ inline bool cpu_has_avx512bf16() {
 // op(A) into MR-row panels, op(B) into NR-column panels (pack_a / pack_b above)
 using PackAFn = void (*)(bool, int, int, const float*, int, std::uint32_t*);
 using PackBFn = void (*)(bool, int, int, const float*, int, std::uint32_t*);
-
-struct Dispatch {
-    MacroFn fn = macro_portable;
-    const char* name = "portable";
-    PackAFn pack_a = rnn::bf16::pack_a;
-    PackBFn pack_b = rnn::bf16::pack_b;
-};
-
-inline Dispatch portable_dispatch() { return {macro_portable, "portable", pack_a, pack_b}; }
-
-inline Dispatch auto_dispatch() {
-#ifdef RNN_BF16_X86
-    if (cpu_has_avx512bf16()) return {macro_avx512, "avx512bf16", pack_a_avx512, pack_b_avx512};
-#endif
-    return portable_dispatch();
-}
-
-inline Dispatch& dispatch() {
-    static Dispatch d = auto_dispatch();
-    return d;
-}
-
-inline const char* kernel_name() { return dispatch().name; }
-
-// "auto" (AVX512-BF16 where the CPU has it, else portable), "portable" or "avx512bf16";
-// false (nothing changed) for a kernel this CPU cannot run or an unknown name. Set it
-// outside parallel regions: every thread reads it.
-inline bool set_kernel(const std::string& name) {
-    if (name == "auto") {
-        dispatch() = auto_dispatch();
-        return true;
-    }
-    if (name == "portable") {
-        dispatch() = portable_dispatch();
-        return true;
-    }
-#ifdef RNN_BF16_X86
-    if (name == "avx512bf16" && cpu_has_avx512bf16()) {
-        dispatch() = {macro_avx512, "avx512bf16", pack_a_avx512, pack_b_avx512};
-        return true;
-    }
-#endif
-    return false;
-}
-
-inline std::size_t packed_a_words(int M, int K) { return round_up((std::size_t)M, MR) * (std::size_t)((K + 1) / 2); }
-inline std::size_t packed_b_words(int K, int N) { return round_up((std::size_t)N, NR) * (std::size_t)((K + 1) / 2); }
-
-// Packed B operands reused across a recurrence (packs.hpp): W_hh is rounded and packed once
-// per pass, not once per step.
-using ReuseScope = rnn::ReuseScope<std::uint32_t>;
-
-inline const std::uint32_t* packed_b(bool tb, int K, int N, const float* B, int ldb) {
-    return thread_packs<std::uint32_t>().get(tb, K, N, B, ldb, NR, packed_b_words(K, N),
-                                             [&](std::uint32_t* out) { dispatch().pack_b(tb, K, N, B, ldb, out); });
-}
-
-// This thread's scratch for op(A) packed.
-inline std::vector<std::uint32_t>& packed_a_scratch() {
-    thread_local std::vector<std::uint32_t> a;
-    return a;
-}
-
-// ---- the GEMM ----------------------------------------------------------------------------
-
-// C (M x N, row stride ldc) = alpha * bf16(op(A)) bf16(op(B)) + beta * C in float32; op as
-// in gemm<T>: ta means A is stored K x M (lda its row stride), tb that B is N x K.
-inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
-                 float beta, float* C, int ldc) {
-    if (M <= 0 || N <= 0) return;
-    if (K <= 0) {  // the product is empty: C = beta * C
-        for (int i = 0; i < M; ++i)
-            for (int j = 0; j < N; ++j) C[(std::size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(std::size_t)i * ldc + j];
-        return;
-    }
-    const Dispatch& d = dispatch();
-    const MacroFn fn = d.fn;
-    const int kp = (K + 1) / 2;
-    const std::uint32_t* Bp = packed_b(tb, K, N, B, ldb);
-    std::vector<std::uint32_t>& a = packed_a_scratch();
-    const std::size_t awords = packed_a_words(M, K);
-    if (a.size() < awords) a.resize(awords);
-    d.pack_a(ta, M, K, A, lda, a.data());
-    const std::size_t pa = (std::size_t)kp * MR, pb = (std::size_t)kp * NR;
-    for (int p0 = 0; p0 < kp; p0 += KC) {
-        const int kc = kp - p0 < KC ? kp - p0 : KC;
-        const float b = p0 == 0 ? beta : 1.0f;
-        for (int i0 = 0; i0 < M; i0 += MC) {
-            const int rows = M - i0 < MC ? M - i0 : MC;
-            fn(kc, rows, N, a.data() + (std::size_t)(i0 / MR) * pa + (std::size_t)p0 * MR, pa,
-               Bp + (std::size_t)p0 * NR, pb, C + (std::size_t)i0 * ldc, ldc, alpha, b);
-        }
-    }
-}
 
 }  // namespace bf16
 }  // namespace rnn

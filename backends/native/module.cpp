@@ -446,9 +446,12 @@ nb::object round_bf16(nb::ndarray<const float, nb::c_contig, nb::device::cpu> x)
 
 std::string set_bf16_kernel(const std::string& name) {
     const std::string before = bf16::kernel_name();
-    if (name != "auto" && name != "portable" && name != "avx512bf16")
-        throw nb::value_error(("unknown bfloat16 kernel " + name + " (auto, portable, avx512bf16)").c_str());
-    if (!bf16::set_kernel(name)) throw nb::value_error("this CPU has no AVX512-BF16 (vdpbf16ps)");
+    if (name != "auto" && name != "portable" && name != "avx512bf16" && name != "amx")
+        throw nb::value_error(("unknown bfloat16 kernel " + name + " (auto, amx, avx512bf16, portable)").c_str());
+    if (!bf16::set_kernel(name)) {
+        if (name == "amx" && !amx::available()) throw nb::value_error(amx::why_not());
+        throw nb::value_error("this CPU has no AVX512-BF16 (vdpbf16ps)");
+    }
     return before;
 }
 
@@ -462,11 +465,13 @@ std::string set_f32_kernel(const std::string& name) {
 
 // GFLOP/s of the core's widest multiply-add (fma_peak.hpp) on `threads` threads, the best of
 // repeated runs over `seconds`; 0 where the CPU has no kernel for the precision.
-nb::dict fma_peak(const std::string& precision, int threads, double seconds) {
+nb::dict fma_peak(const std::string& precision, int threads, double seconds, const std::string& unit) {
     if (precision != "float32" && precision != "bfloat16")
         throw nb::value_error("fma_peak: precision is float32 or bfloat16");
+    if (unit != "auto" && unit != "avx512bf16" && unit != "amx")
+        throw nb::value_error("fma_peak: unit is auto, avx512bf16 or amx");
     nb::dict d;
-    const std::string k = peak::kernel(precision);
+    const std::string k = peak::kernel(precision, nullptr, unit);
     d["kernel"] = k;
     double best = 0.0;
     if (!k.empty()) {
@@ -475,7 +480,7 @@ nb::dict fma_peak(const std::string& precision, int threads, double seconds) {
         const auto t0 = std::chrono::steady_clock::now();
         while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
             const auto s0 = std::chrono::steady_clock::now();
-            best = std::max(best, peak::rate(precision, iters, threads));
+            best = std::max(best, peak::rate(precision, iters, threads, unit));
             const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
             if (took < 0.02) iters *= 2;  // runs of at least 20 ms: the fork and the clock are noise
         }
@@ -512,9 +517,11 @@ NB_MODULE(_native, m) {
     // calls of one kind and shape the thread tuner spends timing a team against one thread
     m.attr("tuner_probe_calls") = 2 * rnn::TeamTuner::kProbe * rnn::TeamTuner::kBurst;
     m.def("tuner_trace", &rnn::tuner_trace, "threads"_a, "team_ns"_a, "solo_ns"_a);
-    // the bfloat16 GEMM: whether the CPU has VDPBF16PS, which kernel runs ("avx512bf16" or
-    // "portable", its emulation), and a switch for tests ("auto", "portable", "avx512bf16")
+    // the bfloat16 GEMM: whether the CPU has VDPBF16PS, whether this process may run AMX tiles
+    // ("" where it may, else why not), which kernel runs ("amx", "avx512bf16" or "portable",
+    // the emulation), and a switch ("auto", "amx", "avx512bf16", "portable")
     m.def("bf16_cpu", &rnn::bf16::cpu_has_avx512bf16);
+    m.def("amx_why_not", [] { return std::string(rnn::amx::why_not()); });
     m.def("bf16_kernel", [] { return std::string(rnn::bf16::kernel_name()); });
     m.def("set_bf16_kernel", &rnn::set_bf16_kernel, "name"_a);
     m.def("round_bf16", &rnn::round_bf16, "x"_a);
@@ -526,7 +533,8 @@ NB_MODULE(_native, m) {
     // the batch sizes whose per-step products take that kernel (the others: the BLAS)
     m.attr("f32_own_rows") = nb::make_tuple(rnn::kOwnMinRows, rnn::kOwnMaxRows);
     m.def("set_f32_kernel", &rnn::set_f32_kernel, "name"_a);
-    m.def("fma_peak", &rnn::fma_peak, "precision"_a, "threads"_a = 1, "seconds"_a = 0.3);
+    // unit (bfloat16): "auto" the best this process can run (AMX, else VDPBF16PS), or one of them
+    m.def("fma_peak", &rnn::fma_peak, "precision"_a, "threads"_a = 1, "seconds"_a = 0.3, "unit"_a = "auto");
     rnn::bind_net<float>(m, "Net32");
     rnn::bind_net<double>(m, "Net64");
 }

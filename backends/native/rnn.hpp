@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "blas.hpp"
-#include "gemm_bf16.hpp"
+#include "bf16.hpp"
 #include "gemm_f32.hpp"
 #include "vmath.hpp"
 
