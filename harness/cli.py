@@ -129,18 +129,25 @@ def _config_path(given: Path) -> Path:
     import os
 
     from harness.reproduce import PROJECT_ROOT
+    from harness.spec.writes import _cut
 
-    if given.exists():
-        return given
     shipped = {p.stem: p for p in sorted((PROJECT_ROOT / "configs").glob("*.yaml"))}
     stem = given.name.removesuffix(".yaml")
+    try:
+        there = given.exists()
+    except (OSError, ValueError) as exc:  # a name too long for the file system, a NUL in it
+        raise HarnessError(f"{_cut(given)}: not a usable path ({getattr(exc, 'strerror', None) or exc}); expected "
+                           f"a config file or a shipped config's name") from None
+    # a folder of a shipped config's name in the working folder does not hide that config
+    if there and not (given.is_dir() and given.parent == Path(".") and stem in shipped):
+        return given
     if given.parent == Path(".") and stem in shipped:
         found = shipped[stem]
         return Path(os.path.relpath(found)) if found.is_relative_to(Path.cwd()) else found
     near = difflib.get_close_matches(stem, shipped, n=3, cutoff=0.6)
     hint = f"did you mean {' or '.join(f'configs/{n}.yaml' for n in near)}?" if near else \
         f"the shipped configs are {', '.join(shipped)}"
-    raise HarnessError(f"{given}: no such config file; {hint} (`harness run NAME` runs the shipped configs/NAME.yaml)")
+    raise HarnessError(f"{_cut(given)}: no such config file; {hint} (`harness run NAME` runs the shipped configs/NAME.yaml)")
 
 
 def _draw_and_report(path: Path) -> None:

@@ -528,7 +528,7 @@ def promise_problems(page: Path, examples: Path) -> list[str]:
                 problems.append(f"{page}:{line}: section {title!r} names {what} {', '.join(map(str, missing))}, "
                                 f"which none of its runs ({', '.join(runs)}) has")
     for i, text in enumerate(lines, 1):  # every figure the page shows is one its runs have
-        for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
+        for link in re.findall(r"!\[[^\[\]]*\]\(([^()]+)\)", text):  # no bracket inside: linear on any line
             _, sep, inside = link.partition("results/examples/")
             figure = Path(examples) / inside if sep else Path(page).parent / link
             if not figure.is_file():

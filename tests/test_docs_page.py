@@ -220,3 +220,16 @@ def test_every_section_s_measured_text_names_only_what_its_runs_ran(tmp_path):
     page.write_text(text.replace("plots/speedup.png)", "plots/speedups.png)", 1), encoding="utf-8")
     assert [p.split(": ", 1)[1] for p in docs.promise_problems(page, EXAMPLES)] == [
         "the figure ../results/examples/quick/plots/speedups.png is not there"]
+
+
+def test_a_page_with_one_long_line_is_checked_in_linear_time(tmp_path):
+    """The figure pattern scans a line once: 200 KB of unclosed figure openings take milliseconds."""
+    import time
+
+    from harness.docs import promise_problems
+
+    page = tmp_path / "page.md"
+    page.write_text("# t\n\n" + "![" * 50_000 + "![x](" * 20_000 + "\n")
+    began = time.perf_counter()
+    promise_problems(page, tmp_path / "none")
+    assert time.perf_counter() - began < 1.0

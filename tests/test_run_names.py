@@ -59,3 +59,14 @@ def test_a_missing_config_names_the_nearest_shipped_ones(tmp_path, monkeypatch):
     assert "configs/quick.yaml?" in _invoke("run", "quik")[1] and "configs/tiny.yaml?" in _invoke("run", "tiney")[1]
     _, text = _invoke("run", "nothing/like/it.yaml")
     assert "the shipped configs are quick, tiny" in text
+
+
+def test_a_folder_of_a_shipped_config_s_name_does_not_hide_it_and_a_long_name_is_one_line(tmp_path, monkeypatch):
+    from harness.cli import _config_path
+
+    root = _project(tmp_path, monkeypatch)
+    Path("quick").mkdir()  # a folder in the working folder, named like the shipped config
+    assert Path(_config_path(Path("quick"))).resolve() == root / "configs" / "quick.yaml"
+    result, text = _invoke("run", "a" * 5000)
+    assert result.exit_code == 2 and text.startswith("error: aaa") and "(5000 characters)" in text, text
+    assert "Traceback" not in result.output and len(text) < 400
