@@ -367,3 +367,16 @@ def test_a_forced_core_type_is_set_beside_what_openblas_picks_on_this_cpu(flags,
     meta["worker_environment"]["numpy|threads=1"]["variables"]["OPENBLAS_CORETYPE"]["value"] = "Sandybridge"
     [line] = [p for p in caveats.lines(meta, []) if p.startswith("OPENBLAS_CORETYPE=Sandybridge")]
     assert "the one it would run" not in line
+
+
+def test_clean_env_names_a_copy_and_a_copy_is_no_baseline(write_config):
+    from harness.config import load_config
+    from harness.spec.errors import HarnessError
+
+    cells = load_config(write_config("name: x\nbackends: [numpy, 'numpy#2']\nclean_env: ['numpy#2']\n")).cells()
+    assert {c.copy: c.clean_env for c in cells} == {1: False, 2: True}  # the copy, and only it
+    cells = load_config(write_config("name: x\nbackends: [numpy, 'numpy#2']\nclean_env: [numpy]\n", "b.yaml")).cells()
+    assert all(c.clean_env for c in cells)  # a backend's name covers its copies
+    with pytest.raises(HarnessError, match=r"baseline: 'numpy#2' is a copy of 'numpy'.*expected 'numpy'") as refused:
+        load_config(write_config("name: x\nbackends: [numpy, 'numpy#2']\nbaseline: 'numpy#2'\n", "c.yaml"))
+    assert "unknown backend" not in str(refused.value)

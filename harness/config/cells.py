@@ -228,7 +228,7 @@ class RunConfig:
                                       point=point["values"], train=point["train"], timing=point["timing"],
                                       baseline=baseline, env=dict(r.env), seed=r.seed,
                                       task_sha256=point.get("task_sha256"), paired=paired,
-                                      clean_env=r.cleans(name), copy=copy))
+                                      clean_env=r.cleans(b), copy=copy))
         # the same measurement asked for twice (a repeated sweep value, a document repeating another) runs
         # once; a group's cells stay together in the order their group first appears
         groups: dict[CellKey, dict[str, Cell]] = {}

@@ -115,6 +115,13 @@ def _check_baseline(raw: RawConfig, name: str, where: str, versions: dict[str, s
     import backends as registry
 
     try:
+        plain, copy = split_copy(name)
+    except HarnessError as exc:
+        raise HarnessError(f"{where}: {exc}") from None
+    if copy > 1:
+        raise HarnessError(f"{where}: {name!r} is a copy of {plain!r}, timed beside it to check the speedup holds 1; "
+                           f"the baseline is a backend itself: expected {plain!r} (baseline_twice: true adds the copy)")
+    try:
         name = registry.validate_name(name, versions)
     except HarnessError as exc:
         raise HarnessError(f"{where}: {exc}") from None

@@ -161,7 +161,9 @@ class RawConfig(_Strict):
         """True when ``backend``'s workers start without the caller's steering variables (``clean_env``)."""
         if isinstance(self.clean_env, bool):
             return self.clean_env
-        return backend in self.clean_env or clean_env_base(backend) in self.clean_env
+        # a copy (numpy#2) by its own name; a backend's name covers its copies, as its base covers its variants
+        base = backend.rpartition("#")[0] if "#" in backend else backend
+        return any(name in self.clean_env for name in (backend, base, clean_env_base(base)))
 
     @field_validator("pair_over")
     @classmethod
