@@ -102,9 +102,21 @@ def _run_and_show(cfg, store, executor, stopped, resume_options: tuple, no_plots
         raise typer.Exit(stopped.exit_code)
     except HarnessError as exc:
         _fail(exc, 1)
-    _print_summary(store)
-    if not no_plots:
-        _draw(store.path) if no_report else _draw_and_report(store.path)
+    try:
+        _print_summary(store)
+        if not no_plots:
+            _draw(store.path) if no_report else _draw_and_report(store.path)
+    except KeyboardInterrupt:  # every cell is saved, the drawing is not: the run says so, and --resume draws it
+        from harness.run.runner import finish_meta
+
+        try:
+            finish_meta(store, interrupted=True)
+        except HarnessError:
+            pass
+        err_console.print(f"interrupted ({stopped.name}) while drawing the plots and report: every cell is saved; "
+                          f"finish with `{resume_command(cfg.path, store.path, *resume_options)}`",
+                          highlight=False, markup=False)
+        raise typer.Exit(stopped.exit_code)
 
 
 def _backend_names(backends_opt: Optional[str]) -> list[str] | None:

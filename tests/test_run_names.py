@@ -70,3 +70,28 @@ def test_a_folder_of_a_shipped_config_s_name_does_not_hide_it_and_a_long_name_is
     result, text = _invoke("run", "a" * 5000)
     assert result.exit_code == 2 and text.startswith("error: aaa") and "(5000 characters)" in text, text
     assert "Traceback" not in result.output and len(text) < 400
+
+
+@pytest.mark.slow  # two runs with workers, plots and a report
+def test_a_run_interrupted_while_drawing_says_so_and_resume_draws_it(fake_backends, tmp_path, monkeypatch):
+    import json
+
+    import harness.cli as cli
+
+    _project(tmp_path, monkeypatch)
+    real = cli._draw_and_report
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_draw_and_report", interrupted)
+    result, text = _invoke("run", "tiny", "--out", tmp_path / "run")
+    assert result.exit_code == 130, result.output
+    assert "while drawing the plots and report: every cell is saved" in text and "--resume" in text
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["interrupted"] is True and meta["finished"] is None
+    monkeypatch.setattr(cli, "_draw_and_report", real)
+    result, _ = _invoke("run", "tiny", "--resume", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["interrupted"] is False and meta["finished"] and (tmp_path / "run" / "report.md").exists()
