@@ -137,6 +137,8 @@ class RunStore:
         path = Path(path)
         taken = HarnessError(f"{path}: a run already exists there; use --resume {path} to finish it or choose another --out")
         if os.path.lexists(path / "run.json"):  # refused before the lock: a refused --out leaves nothing in the run
+            if writes.held_lock(path / ".lock"):
+                raise HarnessError(f"{path}: another run is writing to this folder; wait for it or choose another --out")
             raise taken
         held = FolderLock(path) if lock else None
         if os.path.lexists(path / "run.json"):  # one started meanwhile
