@@ -248,14 +248,13 @@ inline void pack_b(bool tb, int K, int N, const float* B, int ldb, int kq, std::
 // ---- the kernel --------------------------------------------------------------------------
 
 // A C tile's writing (see the top): `acc` the tile's sums stored 16 x 16, the tile at c.
-inline void put(float* c, int ldc, const float* acc, int rows, int cols, float alpha, float beta) {
+RNN_BF16_TARGET inline void put(float* c, int ldc, const float* acc, int rows, int cols, float alpha, float beta) {
+    const __mmask16 m = bf16::first(cols);
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     for (int i = 0; i < rows; ++i) {
         float* ci = c + (std::size_t)i * ldc;
-        const float* a = acc + i * TR;
-        if (beta == 0.0f)
-            for (int j = 0; j < cols; ++j) ci[j] = alpha * a[j];
-        else
-            for (int j = 0; j < cols; ++j) ci[j] = alpha * a[j] + beta * ci[j];
+        const __m512 r = _mm512_mul_ps(va, _mm512_load_ps(acc + i * TR));
+        _mm512_mask_storeu_ps(ci, m, beta == 0.0f ? r : _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, ci), r));
     }
 }
 
