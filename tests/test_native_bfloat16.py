@@ -212,6 +212,29 @@ def test_both_kernels_agree(other):
         mod.set_bf16_kernel("auto")
 
 
+def test_few_rows_go_to_the_pair_kernel_on_an_amx_cpu():
+    """A product of fewer rows than a tile's sixteenth to eighth use is worth (bf16.hpp, kAmxMinRows) runs on
+    VDPBF16PS even where AMX runs the rest: bit for bit the pair kernel's result; four rows are AMX's."""
+    mod = _mod()
+    if "amx" not in _kernels():
+        pytest.skip(_why_not("amx"))
+    rng = np.random.default_rng(6)
+    try:
+        for M, same in ((1, True), (3, True), (4, False), (16, False)):
+            A, _, B, _ = _operands(rng, M, 96, 70, False, False, exact=False)
+            got = {}
+            for k in ("avx512bf16", "amx"):
+                mod.set_bf16_kernel(k)
+                got[k] = np.zeros((M, 96), np.float32)
+                mod.gemm(A, B, got[k], precision="bfloat16")
+            if same:
+                np.testing.assert_array_equal(got["amx"], got["avx512bf16"])
+            else:  # another kernel: another summation order (not bit for bit on these random sums)
+                assert not np.array_equal(got["amx"], got["avx512bf16"]), M
+    finally:
+        mod.set_bf16_kernel("auto")
+
+
 def test_threaded_gemm_is_the_single_threaded_one(kernel):
     mod, rng = _mod(), np.random.default_rng(4)
     A, _, B, _ = _operands(rng, 20, 150, 33, False, False, exact=False)

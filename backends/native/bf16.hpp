@@ -28,7 +28,19 @@
 namespace rnn {
 namespace bf16 {
 
-// The pair kernels' micro-kernel and packings, or (amx) the tile kernel for the whole product.
+// Fewer rows than this go to the pair kernel on an AMX CPU as well: a tile multiplies 16 rows
+// of A, so one or two rows use a sixteenth or an eighth of it. Measured on an Intel Xeon (family
+// 6 model 207), per-step products of a recurrence (W_hh kept packed), one thread: AMX over
+// VDPBF16PS 1.1-1.7x at one row, 1.3-2.0x at two, 1.8-3.4x at four, 2.9-5.1x at eight; but the
+// whole LSTM H 256 batch-1 train step on two threads (each thread four gate blocks of 128
+// columns a step) ran 0.89x with AMX. With the one- to three-row products on the pair kernel
+// (and the projections and weight gradients on AMX) the LSTM's step, against VDPBF16PS alone,
+// is 1.27x at batch 1 and 1.49x at batch 2 on one thread, 1.07x and 1.24x on two (one row or
+// two on AMX: 1.05x and 1.75x on one thread, 0.89x and 1.14x on two).
+constexpr int kAmxMinRows = 4;
+
+// The pair kernels' micro-kernel and packings, or (amx) the tile kernel for the whole product
+// of kAmxMinRows rows or more.
 struct Dispatch {
     MacroFn fn = macro_portable;
     const char* name = "portable";
@@ -115,7 +127,7 @@ inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float
         return;
     }
     const Dispatch& d = dispatch();
-    if (d.amx) {
+    if (d.amx && M >= kAmxMinRows) {
         amx::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
