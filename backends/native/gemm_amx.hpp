@@ -282,6 +282,15 @@ inline void block(int kq, const std::uint32_t* a, std::size_t sa, const std::uin
     const std::uint32_t* a1 = a + sa;
     constexpr long st = TP * 4;  // a tile of A: 16 rows of 64 bytes, side by side
     for (int p = 0; p < kq; p += TP) {
+        // the next step's tiles of A (1 KiB each, from L2) fetched while these multiply: 1.03-1.06x
+        // on the products of measure_native.py --bf16 (past the block's end, a prefetch is harmless)
+        const std::uint32_t* na = a + (std::size_t)(p + TP) * TR;
+        const std::uint32_t* na1 = a1 + (std::size_t)(p + TP) * TR;
+#pragma GCC unroll 16
+        for (int l = 0; l < TR; ++l) {
+            __builtin_prefetch(na + l * TP, 0, 3);
+            if (RT > 1) __builtin_prefetch(na1 + l * TP, 0, 3);
+        }
         RNN_AMX_LOAD(4, a + (std::size_t)p * TR, st);
         RNN_AMX_LOAD(6, b + (std::size_t)p * bf16::NR, sb);
         RNN_AMX_DP(0, 4, 6);
