@@ -14,6 +14,7 @@
 #include <linux/futex.h>
 #include <omp.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -124,6 +125,14 @@ constexpr std::size_t kAlign = 16;  // elements: 64 bytes for float
 constexpr int kFuseDepth = 512;
 constexpr std::size_t kResidentBytes = 1 << 20;  // half of a 2 MiB per-core L2
 
+// Buffers of kHugeBytes or more are aligned to 2 MiB and asked for transparent huge pages
+// (madvise; the kernel's default on many systems gives them only where asked, as NumPy asks
+// for its large arrays): a product's output rows lie ldc floats apart, and a tile or panel
+// written 16-32 rows at a time touches as many 4 KiB pages, past what the TLB holds. The
+// bfloat16 input projection of the LSTM H 512 B 64 T 50 step on AMX spent 13.8 ms where the
+// same product on NumPy's (huge-paged) arrays takes 6.9 ms.
+constexpr std::size_t kHugeBytes = std::size_t(4) << 20, kHugePage = std::size_t(2) << 20;
+
 template <class T>
 struct AlignedAllocator {
     using value_type = T;
@@ -132,8 +141,13 @@ struct AlignedAllocator {
     AlignedAllocator(const AlignedAllocator<U>&) {}
     T* allocate(std::size_t n) {
         std::size_t bytes = ((n * sizeof(T) + 63) / 64) * 64;
-        void* p = std::aligned_alloc(64, bytes ? bytes : 64);
+        const bool huge = bytes >= kHugeBytes;
+        if (huge) bytes = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+        void* p = std::aligned_alloc(huge ? kHugePage : 64, bytes ? bytes : 64);
         if (!p) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+        if (huge) madvise(p, bytes, MADV_HUGEPAGE);  // advice only: nothing changes where it is refused
+#endif
         return static_cast<T*>(p);
     }
     void deallocate(T* p, std::size_t) { std::free(p); }
