@@ -22,24 +22,26 @@ loaded machine) and the barrier waits, and the step's GFLOP/s per CPU-second aga
 core's float32 FMA peak (the engine's own kernel, ``_native.fma_peak``).
 
 ``--bf16`` measures the engine's bfloat16 path against its float32 one instead, on a CPU
-with AVX512-BF16 (VDPBF16PS; elsewhere it stops, since the portable kernel only emulates
-the instruction): GFLOP/s of each product of the LSTM H=512, B=64, T=50 step (input 512,
-softmax 512: ``lstm512-b64``), the engine's float32 GEMM (SciPy's OpenBLAS sgemm; the
-per-step products on the engine's own kernel where it runs them there) against its
-bfloat16 GEMM, column blocks split over the threads as the engine splits its panels, the
-per-step products (recurrent, carry) T times over with W_hh packed once as in a pass;
+with a bfloat16 unit (AMX tiles, TDPBF16PS, where Linux grants them; else AVX512-BF16's
+VDPBF16PS; elsewhere it stops, since the portable kernel only emulates the instruction;
+``--bf16-kernel`` forces one): GFLOP/s of each product of the LSTM H=512, B=64, T=50 step
+(input 512, softmax 512: ``lstm512-b64``), the engine's float32 GEMM (SciPy's OpenBLAS
+sgemm; the per-step products on the engine's own kernel where it runs them there) against
+its bfloat16 GEMM, column blocks split over the threads as the engine splits its panels,
+the per-step products (recurrent, carry) T times over with W_hh packed once as in a pass;
 then that model's sgd_step and forward, native float32 against native bfloat16, in
-alternating rounds. Each GFLOP/s is also a share of that precision's FMA peak at the
-thread count (``_native.fma_peak``: bfloat16's VDPBF16PS, twice float32's rate on a CPU
-whose float32 FMAs are full width). The ratio column is float32 time / bfloat16 time.
-With ``--profile`` it adds each train step's CPU milliseconds per phase (the engine's
-counters, summed over the threads) in float32 and bfloat16: ratios that a loaded machine
-leaves standing.
+alternating rounds. Each GFLOP/s is also a share of that precision's peak at the thread
+count (``_native.fma_peak``: float32's FMA; bfloat16's best unit, AMX's tile multiplier where
+granted, with the VDPBF16PS peak on a line of its own beside it). The ratio column is
+float32 time / bfloat16 time. With ``--profile`` it adds each train step's CPU milliseconds
+per phase (the engine's counters, summed over the threads) in float32 and bfloat16: ratios
+that a loaded machine leaves standing.
 
     python benchmarks/measure_native.py --bf16 --threads 1,16
     python benchmarks/measure_native.py --bf16 --threads 1 --shapes lstm512-b64-t24,gru512-b64-t24   # other steps
     python benchmarks/measure_native.py --bf16 --threads 1 --shapes gru512-b64-t24 --profile   # CPU ms by phase
     python benchmarks/measure_native.py --bf16 --portable --rounds 3   # any CPU: the emulation (no speed claim)
+    python benchmarks/measure_native.py --bf16 --threads 1 --bf16-kernel avx512bf16   # VDPBF16PS on an AMX CPU
 """
 
 from __future__ import annotations
