@@ -319,17 +319,23 @@ def unpack_cmd(
 
 @app.command("docs")
 def docs_cmd(
-    check: Annotated[bool, typer.Option("--check", help="Change nothing; exit 1 when a table, a plot or a report differs from what its run gives today.", metavar="")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Change nothing; exit 1 when a table, a plot or a report differs from what its run gives today, or the config reference from the schema.", metavar="")] = False,
     page: Annotated[Path, typer.Option("--page", help="The page whose marked tables are generated.")] = Path("docs/experiments.md"),
     examples: Annotated[Path, typer.Option("--examples", help="The run folders the tables read.")] = Path("results/examples"),
+    configs: Annotated[Optional[Path], typer.Option("--configs", help="The page whose config reference is generated from the config schema (default: the project's docs/configs.md).")] = None,
 ):
-    """Regenerate the measured tables of docs/experiments.md, and the stale plots and reports of the runs under results/examples/."""
+    """Regenerate the measured tables of docs/experiments.md, the stale plots and reports of the runs under results/examples/, and the config reference of docs/configs.md."""
     from harness import docs
 
+    configs = configs or docs.config_page()
     try:
         changed = docs.check_page(page, examples) if check else docs.write_page(page, examples)
+        reference = docs.check_config_page(configs) if check else docs.write_config_page(configs)
     except HarnessError as exc:
         _fail(exc, 2)
+    if reference:
+        console.print(escape(f"{configs}: config reference {'differs from the schema' if check else 'rewritten'}"),
+                      highlight=False)
     for spec in changed:
         verb = "differs from its runs" if check else "rewritten"
         console.print(escape(f"{page}:{spec.line}: table '{spec.text}' {verb}"), highlight=False)
@@ -338,15 +344,18 @@ def docs_cmd(
     for run, problems in stale.items():
         for problem in problems or [f"{run}: plots and report redrawn"]:
             console.print(escape(problem), highlight=False)
-    if check and (changed or stale):
+    if check and (changed or stale or reference):
         what = [f"{len(changed)} table(s) of {page}"] * bool(changed) + [f"the plots or report of {len(stale)} run(s)"] * bool(stale)
-        err_console.print(f"[bold red]error:[/] {escape(' and '.join(what))} disagree with {escape(str(examples))}; "
-                          f"`harness docs` regenerates them", highlight=False)
+        said = [f"{' and '.join(what)} disagree with {examples}"] * bool(what) + \
+            [f"the config reference of {configs} differs from the schema"] * reference
+        err_console.print(f"[bold red]error:[/] {escape('; '.join(said))}; `harness docs` regenerates them", highlight=False)
         raise typer.Exit(1)
     if not changed:
         console.print(f"{page}: every table agrees with its runs", highlight=False)
     if check:
         console.print(f"{examples}: every run's plots and report are today's", highlight=False)
+    if not reference:
+        console.print(f"{configs}: the config reference is the schema's", highlight=False)
 
 
 @app.command("plot")

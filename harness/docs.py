@@ -39,10 +39,16 @@ rewrites every table; :func:`check_page` lists the tables whose text differs fro
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 import os
 import re
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -571,3 +577,217 @@ def redraw(examples: Path) -> list[Path]:
         raise HarnessError("; ".join(problem for problems in still.values() for problem in problems)
                            + " (after redrawing: `harness plot RUN` shows why)")
     return stale
+
+
+# -- the config reference of docs/configs.md, from the schema's own descriptions --------------------
+CONFIG_PAGE = Path(__file__).resolve().parents[1] / "docs" / "configs.md"
+
+
+def config_page() -> Path:
+    """The project's config page, as a path from the current folder where it lies below it."""
+    try:
+        return CONFIG_PAGE.relative_to(Path.cwd())
+    except ValueError:
+        return CONFIG_PAGE
+REFERENCE_OPEN, REFERENCE_CLOSE = "<!-- config-reference -->", "<!-- /config-reference -->"
+
+
+@dataclass
+class ConfigKey:
+    """One key of a config as the reference shows it."""
+
+    path: str  # model.hidden
+    type: str
+    default: str
+    allowed: str
+    meaning: str
+
+
+def _sections() -> dict[str, type]:
+    """The ``model:`` and ``task:`` mappings, validated by the spec's dataclasses rather than by pydantic."""
+    from harness.spec.model import ModelSpec, TaskSpec
+
+    return {"model": ModelSpec, "task": TaskSpec}
+
+
+def _number(v) -> str:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, int) and v >= 10**6:
+        for base in (2, 10):
+            exp = round(math.log(v + 1, base))
+            if base**exp == v:
+                return f"{base}^{exp}"
+            if base**exp - 1 == v:
+                return f"{base}^{exp} - 1"
+    return f"{v:g}".replace("e-0", "e-") if isinstance(v, float) else str(v)
+
+
+def _yaml(v) -> str:
+    """A value as a config writes it (flow style)."""
+    import yaml
+
+    if v is None:
+        return "unset"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (int, float)):
+        return _number(v)
+    if isinstance(v, str):
+        return v if v and yaml.safe_load(v) == v else json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_yaml(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_yaml(x)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
+_TYPE_WORDS = {int: "integer", float: "number", bool: "boolean", str: "text", type(None): "null", Any: "any",
+               "int": "integer", "float": "number", "bool": "boolean", "str": "text", "None": "null",
+               "Bptt": "text or mapping"}
+
+
+def _type(annotation) -> str:
+    """A field's type in words: ``integer or list of integer``, ``mapping of text to text``."""
+    from pydantic import BaseModel
+
+    if isinstance(annotation, str):  # a dataclass field under postponed annotations: "int | None"
+        return " or ".join(_TYPE_WORDS.get(part.strip(), part.strip()) for part in annotation.split("|"))
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return "text"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(dict.fromkeys(_type(a) for a in args))
+    if origin is list:
+        return f"list of {_type(args[0])}" if args and args[0] is not Any else "list"
+    if origin is dict:
+        return "mapping" if not args or args[1] is Any else f"mapping of {_type(args[0])} to {_type(args[1])}"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "mapping"
+    return _TYPE_WORDS.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _literals(annotation) -> list:
+    """Every value a ``Literal`` inside the annotation allows."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return list(typing.get_args(annotation))
+    return [v for a in typing.get_args(annotation) for v in _literals(a)]
+
+
+def _allowed(values=None, bounds=()) -> str:
+    parts = []
+    if isinstance(values, str):
+        parts.append(values)
+    elif values:
+        parts.append(", ".join(_yaml(v) for v in values))
+    parts += [f"{sign} {_number(limit)}" for sign, limit in bounds]
+    return "; ".join(parts)
+
+
+def _pydantic_keys(model, prefix: str = "") -> list[ConfigKey]:
+    """The keys of a pydantic model of the schema, its nested models' and sections' after it."""
+    import annotated_types as at
+    from pydantic import BaseModel
+    from pydantic_core import PydanticUndefined
+
+    signs = ((at.Ge, "ge", "≥"), (at.Gt, "gt", ">"), (at.Le, "le", "≤"), (at.Lt, "lt", "<"))
+    keys, nested = [], []
+    for name, info in model.model_fields.items():
+        path = prefix + name
+        ann = info.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            nested.append((ann, path + "."))
+        elif name in _sections() and not prefix:
+            nested.append((_sections()[name], path + "."))
+        if info.default_factory is not None:
+            default = info.default_factory()
+            default = "(below)" if isinstance(default, BaseModel) or (name in _sections() and not default) else _yaml(default)
+        else:
+            default = "required" if info.default is PydanticUndefined else _yaml(info.default)
+        bounds = [(sign, getattr(m, attr)) for m in info.metadata for kind, attr, sign in signs if isinstance(m, kind)]
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        keys.append(ConfigKey(path, _type(ann), default, _allowed(extra.get("allowed") or _literals(ann), bounds),
+                              info.description or ""))
+    for inner, inner_prefix in nested:
+        keys += _pydantic_keys(inner, inner_prefix) if hasattr(inner, "model_fields") else _dataclass_keys(inner, inner_prefix)
+    return keys
+
+
+def _dataclass_keys(cls, prefix: str) -> list[ConfigKey]:
+    """The keys of a ``model:`` or ``task:`` mapping, from its dataclass's fields (:func:`harness.spec.model._key`)."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        minimum = meta.get("minimum")
+        keys.append(ConfigKey(prefix + f.name, _type(f.type), _yaml(meta.get("default")),
+                              _allowed(meta.get("allowed"), [("≥", minimum)] if minimum is not None else []),
+                              meta.get("description") or ""))
+    return keys
+
+
+def config_keys() -> list[ConfigKey]:
+    """Every key a config may hold, in the order of the schema; a HarnessError naming each key that has no
+    description (``Field(description=...)`` in harness/config/schema.py, ``_key`` in harness/spec/model.py)."""
+    from harness.config.loader import PROFILES_DESCRIPTION
+    from harness.config.schema import RawConfig
+
+    keys = _pydantic_keys(RawConfig)
+    keys.insert(next(i for i, k in enumerate(keys) if "." in k.path),
+                ConfigKey("profiles", "mapping of text to mapping", "{}", "", PROFILES_DESCRIPTION))
+    missing = [k.path for k in keys if not k.meaning.strip()]
+    if missing:
+        raise HarnessError(f"config keys without a description: {', '.join(missing)}; the config reference "
+                           f"(docs/configs.md) is made from them: add Field(description=...) in harness/config/schema.py "
+                           f"(model. and task. keys: _key(...) in harness/spec/model.py)")
+    return keys
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def config_reference() -> list[str]:
+    """The reference's Markdown: a table per section (the top level, then each mapping of keys)."""
+    keys = config_keys()
+    lines = ["", "<!-- generated by `harness docs` from harness/config/schema.py and harness/spec/model.py -->"]
+    sections = list(dict.fromkeys(k.path.rpartition(".")[0] for k in keys))
+    for section in sections:
+        lines += ["", f"### `{section}:`" if section else "### Top level", "",
+                  "| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+        for k in keys:
+            if k.path.rpartition(".")[0] == section:
+                cells = [f"`{k.path}`", k.type, f"`{k.default}`" if k.default not in ("required", "(below)", "unset")
+                         else k.default, _cell(k.allowed), _cell(k.meaning)]
+                lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def render_config_page(page: Path) -> tuple[str, bool]:
+    """The page with its reference regenerated, and whether that changed it."""
+    try:
+        lines = Path(page).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise HarnessError(f"{page}: {exc.strerror or exc}; expected the config page (--configs)") from None
+    except UnicodeDecodeError as exc:
+        raise HarnessError(f"{page}: not UTF-8 text (byte {exc.start}: {exc.reason}); expected the config page") from None
+    if lines.count(REFERENCE_OPEN) != 1 or lines.count(REFERENCE_CLOSE) != 1 or \
+            lines.index(REFERENCE_OPEN) > lines.index(REFERENCE_CLOSE):
+        raise HarnessError(f"{page}: expected one config reference between '{REFERENCE_OPEN}' and '{REFERENCE_CLOSE}'")
+    start, close = lines.index(REFERENCE_OPEN) + 1, lines.index(REFERENCE_CLOSE)
+    generated = config_reference()
+    text = "\n".join(lines[:start] + generated + lines[close:]) + "\n"
+    return text, lines[start:close] != generated
+
+
+def check_config_page(page: Path = CONFIG_PAGE) -> bool:
+    """True when the page's config reference differs from what the schema gives today."""
+    return render_config_page(page)[1]
+
+
+def write_config_page(page: Path = CONFIG_PAGE) -> bool:
+    """Rewrite the page's config reference from the schema; whether it changed."""
+    writes.check_file(page, "--configs", probe=False)
+    text, changed = render_config_page(page)
+    if changed:
+        writes.write_file(page, text, "--configs")
+    return changed

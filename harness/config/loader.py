@@ -22,6 +22,10 @@ from harness.spec.errors import HarnessError
 from harness.spec.model import short_repr
 
 REPLACED_KEYS = {"sweep", "profiles"}  # a later document's own sweep/profiles replace the first one's
+#: the one key read here, before the schema (it names other settings, not a setting): what the config
+#: reference (docs/configs.md) says of it
+PROFILES_DESCRIPTION = ("name -> config keys merged over every document by harness run CONFIG --profile NAME; "
+                        "a later document without its own inherits the first one's")
 # mappings that are one choice among alternatives ({truncated: K} or {tail: K}), so replaced whole
 REPLACED_LEAVES = {"bptt"}
 

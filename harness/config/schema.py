@@ -36,9 +36,10 @@ class TimingConfig(_Strict, TimingRules):
     """The ``timing:`` settings; the rules that follow from them are :class:`harness.spec.timing.TimingRules`'."""
 
     warmup: int = Field(2, ge=0, le=COUNT_CAP, description="untimed calls after compiling")
-    min_rounds: int = Field(10, ge=3, le=COUNT_CAP)
-    min_time_s: float = Field(1.0, ge=0, le=SECONDS_CAP)
-    max_time_s: float = Field(10.0, gt=0, le=SECONDS_CAP)
+    min_rounds: int = Field(10, ge=3, le=COUNT_CAP, description="timed rounds every cell of a comparison group takes at least")
+    min_time_s: float = Field(1.0, ge=0, le=SECONDS_CAP, description="seconds of timed calls every cell takes at least")
+    max_time_s: float = Field(10.0, gt=0, le=SECONDS_CAP, description="cap on the timed seconds per cell of the group, "
+                              "whatever the precision target (at least min_time_s)")
     timeout_s: float = Field(600.0, gt=0, le=SECONDS_CAP, description="per worker request (init, warm-up, a round, training)")
     round_s: Optional[float] = Field(None, gt=0, le=SECONDS_CAP, description="target length of one round; default min_time_s / min_rounds")
     verify: bool = Field(True, description="check each cell's own step against the reference before timing it")
@@ -49,16 +50,11 @@ class TimingConfig(_Strict, TimingRules):
                                                       "a speedup's interval then covers how far they disagree")
     min_processes: int = Field(2, ge=1, le=16, description="fresh worker processes every timed cell's rounds come from at "
                                                           "least, over its passes (each pass starts ceil(min_processes / "
-                                                          "passes) when processes is fewer), so that every absolute time, "
-                                                          "the baseline's and a lone backend's too, samples what differs "
-                                                          "between processes (memory layout, allocator state, the kernels "
-                                                          "a library picked), as pyperf's do; the spread between them is "
-                                                          "recorded, and a speedup's interval covers it")
+                                                          "passes) when processes is fewer), as pyperf's do; their spread "
+                                                          "is recorded, and a speedup's interval covers it")
     passes: Optional[int] = Field(None, ge=1, le=16, description="visits to each comparison group, spread over the run, "
-                                  "each with fresh worker processes and its share of the rounds; a speedup's interval "
-                                  "then covers how far the passes disagree. Unset: a pass for each of min_processes' "
-                                  "processes, at most two (one where processes is over 1), so that they lie apart "
-                                  "in time at the cost of processes side by side")
+                                  "each with fresh worker processes and its share of the rounds; unset: a pass for each "
+                                  "of min_processes' processes, at most two (one where processes is over 1)")
     max_passes: Optional[int] = Field(None, ge=1, le=16, description="with speedup_precision: further passes while "
                                                                     "the target is unmet (default: passes)")
 
@@ -74,13 +70,17 @@ class TimingConfig(_Strict, TimingRules):
 
 
 class TrainConfig(_Strict):
-    epochs: int = Field(1, ge=1, le=COUNT_CAP)
-    lr: float = Field(0.005, gt=0)
+    epochs: int = Field(1, ge=1, le=COUNT_CAP, description="passes over the training sequences")
+    lr: float = Field(0.005, gt=0, description="SGD learning rate (also what a timed train_step uses)")
     eval_every: int = Field(500, ge=1, le=COUNT_CAP, description="examples between evaluations")
-    target_loss: Optional[float] = None
-    patience: int = Field(2, ge=1, le=COUNT_CAP)
-    time_budget_s: Optional[float] = Field(None, gt=0, le=SECONDS_CAP)
-    halve_lr_on_rise: bool = False
+    target_loss: Optional[float] = Field(None, description="training stops once the evaluation loss is at or below it "
+                                         "for patience evaluations in a row; time_to_target_s is the steps' time then "
+                                         "(null when never reached)")
+    patience: int = Field(2, ge=1, le=COUNT_CAP, description="evaluations in a row at or below target_loss that stop training")
+    time_budget_s: Optional[float] = Field(None, gt=0, le=SECONDS_CAP, description="training seconds after which a run "
+                                           "stops (evaluation time excluded)")
+    halve_lr_on_rise: bool = Field(False, description="halve lr when an evaluation loss rises over the one before "
+                                   "(the WildML tutorial's schedule)")
     loss_scale: float = Field(DEFAULT_LOSS_SCALE, gt=0, le=2.0 ** 32,
                               description="dtype float16 only: the static loss scale (SPEC.md, \"Reduced precision\")")
 
@@ -110,36 +110,47 @@ def clean_env_base(backend: str) -> str:
 
 
 class RawConfig(_Strict):
-    name: str = Field(..., min_length=1)
-    description: str = ""
-    seed: int = Field(0, ge=0, le=MAX_INT)
-    dtype: StrOrList = "float32"
-    model: dict[str, Any] = Field(default_factory=dict)
-    task: dict[str, Any] = Field(default_factory=lambda: {"kind": "random", "input_size": 32})
-    workloads: list[Literal["forward", "train_step", "train"]] = Field(default_factory=lambda: ["train_step"], min_length=1)
-    batch: IntOrList = 1
-    threads: IntOrList = 1
-    backends: list[str] = Field(..., min_length=1)
-    baseline: Optional[Union[str, dict[str, str]]] = None  # one name, or one per device {cpu: ..., gpu: ...}
-    # an A/A check: the baseline timed a second time as a cell of its own (named baseline#2) in every
-    # group; its speedup over the baseline must hold 1, and how far its interval reaches is this
-    # machine's noise on a ratio
-    baseline_twice: bool = False
-    sweep: dict[str, list[Any]] = Field(default_factory=dict)
-    device: StrOrList = "cpu"
-    timing: TimingConfig = Field(default_factory=TimingConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    env: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_ENV))
-    # package -> version: companions added to the environment of every backend named with a version
-    # (jax@0.4.38); a name's own pins win
-    versions: dict[str, str] = Field(default_factory=dict)
-    # settings whose values are timed in one comparison group, each cell with its ratio to the same
-    # backend at the first listed value (float32, 1 thread) from rounds taken in turn
-    pair_over: list[Literal["dtype", "threads"]] = Field(default_factory=list)
-    # workers without the caller's variables that steer a numerical library (OPENBLAS_CORETYPE, OMP_*,
-    # MALLOC_*, ...; harness.spec.tuning), as pyperf starts its workers: true for every backend, or the
-    # backends named; the config's own env and what the harness sets still apply
-    clean_env: Union[bool, list[str]] = False
+    name: str = Field(..., min_length=1, json_schema_extra={"allowed": "a plain folder name: letters, digits, . _ - +"},
+                      description="the run's name and its folder under results/; set by the first document only")
+    description: str = Field("", description="free text, kept in run.json")
+    seed: int = Field(0, ge=0, le=MAX_INT, description="seed of the shared initial parameters and of the task's data")
+    dtype: StrOrList = Field("float32", json_schema_extra={"allowed": DTYPES},
+                             description="number type; bfloat16 and float16 are mixed precision (docs/mixed-precision.md); "
+                                         "a list sweeps it")
+    model: dict[str, Any] = Field(default_factory=dict, description="the network (keys below)")
+    task: dict[str, Any] = Field(default_factory=lambda: {"kind": "random", "input_size": 32},
+                                 description="where the data comes from (keys below)")
+    workloads: list[Literal["forward", "train_step", "train"]] = Field(
+        default_factory=lambda: ["train_step"], min_length=1,
+        description="what is timed: a forward pass, one SGD step, or a training run (train:)")
+    batch: IntOrList = Field(1, json_schema_extra={"allowed": "positive integers"}, description="batch size, or a list to sweep")
+    threads: IntOrList = Field(1, json_schema_extra={"allowed": f"1 to {THREADS_CAP}"},
+                               description="threads per worker (its cores too), or a list to sweep")
+    backends: list[str] = Field(..., min_length=1, json_schema_extra={"allowed": "name, name:variant, name[:variant]@version, "
+                                                                                  "native@rev:REVISION, name#2"},
+                                description="the backends timed, each against the baseline (harness list shows them)")
+    baseline: Optional[Union[str, dict[str, str]]] = Field(
+        None, description="the backend every speedup is over, or one per device {cpu: numpy, gpu: \"torch:fused\"}; "
+                          "unset (or a device without one): the first backend that runs there")
+    baseline_twice: bool = Field(False, description="an A/A check: the baseline timed a second time in every group, as "
+                                                    "numpy#2, whose speedup must hold 1")
+    sweep: dict[str, list[Any]] = Field(default_factory=dict, description="scalar key path -> list of values, one cell set "
+                                        "per value; \"a,b\": [[a1, b1], ...] zips keys; a later document's replaces it")
+    device: StrOrList = Field("cpu", json_schema_extra={"allowed": ("cpu", "gpu")},
+                              description="where the cells run, or a list; a backend without the device is skipped with the reason")
+    timing: TimingConfig = Field(default_factory=TimingConfig, description="how cells are timed (keys below)")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="the train workload's settings (keys below)")
+    env: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_ENV),
+                                description="extra worker variables, quoted text, recorded in run.json; not HARNESS_*, "
+                                            "thread or device variables, or the loader's (LD_*, DYLD_*)")
+    versions: dict[str, str] = Field(default_factory=dict, description="package -> version: companions added to the "
+                                     "environment of every backend named with a version (jax@0.4.38); a name's own pins win")
+    pair_over: list[Literal["dtype", "threads"]] = Field(
+        default_factory=list, description="settings whose values share one comparison group, each cell with its paired "
+                                          "ratio to the same backend at the first listed value (setting_speedup)")
+    clean_env: Union[bool, list[str]] = Field(
+        False, description="true (or the backends named): workers start without the caller's variables that steer a "
+                           "numerical library (OPENBLAS_*, OMP_*, ...), as pyperf's do; env and the harness's own still apply")
 
     @field_validator("clean_env")
     @classmethod

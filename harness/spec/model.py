@@ -102,6 +102,20 @@ def _pos_float(value: Any, where: str) -> float:
     return float(value)
 
 
+def _key(default: Any, description: str, allowed: Any = None, minimum: int | None = None, factory=None):
+    """A config key of ``model:`` or ``task:``: its default, and what the config reference
+    (``docs/configs.md``, ``harness docs``) says of it."""
+    meta = {"description": description, "allowed": allowed, "minimum": minimum, "default": default}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _minimum(cls, name: str) -> int:
+    """The least value of an integer key of ``cls`` (its ``_key``'s ``minimum``)."""
+    return cls.__dataclass_fields__[name].metadata["minimum"]
+
+
 @dataclass(frozen=True)
 class Bptt:
     """How far gradients flow back in time: ``full``, ``truncated`` K or ``tail`` K (SPEC.md)."""
@@ -145,18 +159,22 @@ def layer_suffix(layer: int, direction: int = 0) -> str:
 class ModelSpec:
     """One recurrent network of SPEC.md: cell, size, head, gradient mode and update options."""
 
-    kind: str = "elman"
-    hidden: int = 100
-    activation: str = "tanh"
-    bias: bool = True
-    head: str = "softmax_xent"
-    output_act: str = "linear"
-    bptt: Bptt = field(default_factory=Bptt)
-    layers: int = 1
-    peephole: bool = False
-    clip: float | None = None
-    reset_after: bool = True  # gru only: r multiplies (h W_hh_n + b_hn), else h before the product
-    bidirectional: bool = False
+    kind: str = _key("elman", "the recurrent cell", MODEL_KINDS)
+    hidden: int = _key(100, "hidden units per layer and direction", minimum=1)
+    activation: str = _key("tanh", "elman's activation (lstm and gru have fixed ones)", ACTIVATIONS)
+    bias: bool = _key(True, "biases in every layer and the head")
+    head: str = _key("softmax_xent", "softmax cross-entropy over tokens, or mean squared error", HEADS)
+    output_act: str = _key("linear", "mse only: the output activation (softmax_xent needs linear)", OUTPUT_ACTS)
+    bptt: Bptt = _key("full", "how far gradients flow back: WildML's per-output truncation, or Theano's "
+                      "truncate_gradient (tail)", ("full", "{truncated: K}", "{tail: K}"), factory=Bptt)
+    layers: int = _key(1, "stacked layers", minimum=1)
+    peephole: bool = _key(False, "lstm only: peephole connections")
+    clip: float | None = _key(None, "clip every gradient element to [-clip, clip] before the update (unset: no clipping)",
+                              "a positive number")
+    # gru only: r multiplies (h W_hh_n + b_hn), else h before the product
+    reset_after: bool = _key(True, "gru only: true is cuDNN's and PyTorch's form, with the recurrent bias b_hn; "
+                                   "false Cho et al.'s, as the WildML tutorial built it")
+    bidirectional: bool = _key(False, "a reverse direction per layer (bptt full only)")
 
     @classmethod
     def from_mapping(cls, mapping: Any, where: str = "model") -> "ModelSpec":
@@ -288,17 +306,19 @@ class ModelSpec:
 class TaskSpec:
     """Where the data comes from (SPEC.md "Tasks"); sizes not used by a kind are ignored."""
 
-    kind: str = "random"
-    seq_len: int = 20
-    n_sequences: int = 256
-    vocab: int | None = None  # lm_markov, lm_text
-    input_size: int | None = None  # random (None = token input of size vocab)
-    output_size: int | None = None  # random
-    path: str | None = None  # lm_text
-    width: int = 32  # sobel: pixels per row (the sequence); frame_diff: frame side
-    height: int = 32  # sobel: rows per image; frame_diff: frame side
-    n_eval: int = 64  # sequences held out for the evaluation loss
-    branching: int = 8  # lm_markov: successors per token
+    kind: str = _key("random", "lm_markov: a random sparse Markov chain with a known loss floor; lm_text: a text "
+                               "file; sobel, frame_diff: images, video; random: random inputs", TASK_KINDS)
+    seq_len: int = _key(20, "time steps per sequence (T)", minimum=1)
+    n_sequences: int = _key(256, "training sequences", minimum=1)
+    vocab: int | None = _key(None, "lm_markov, lm_text (required), random: tokens in the vocabulary", minimum=3)
+    input_size: int | None = _key(None, "random: dense input features (unset: token inputs of size vocab)", minimum=1)
+    output_size: int | None = _key(None, "random: outputs (unset: input_size, or vocab)", minimum=1)
+    path: str | None = _key(None, "lm_text: the text file, relative to the config's folder, read up to 1 GB; sample: "
+                                  "the small text in harness/spec/texts/", "a file path")
+    width: int = _key(32, "sobel: pixels per row (the sequence); frame_diff: frame side", minimum=3)
+    height: int = _key(32, "sobel: rows per image; frame_diff: frame side", minimum=1)
+    n_eval: int = _key(64, "sequences held out for the evaluation loss", minimum=1)
+    branching: int = _key(8, "lm_markov: successors per token", minimum=1)
 
     @classmethod
     def from_mapping(cls, mapping: Any, where: str = "task") -> "TaskSpec":
@@ -313,11 +333,11 @@ class TaskSpec:
             kind=kind,
             seq_len=_pos_int(m.get("seq_len", 20), f"{where}.seq_len"),
             n_sequences=_pos_int(m.get("n_sequences", 256), f"{where}.n_sequences"),
-            vocab=opt_int("vocab", 3),
+            vocab=opt_int("vocab", _minimum(cls, "vocab")),
             input_size=opt_int("input_size"),
             output_size=opt_int("output_size"),
             path=m.get("path"),
-            width=_pos_int(m.get("width", 32), f"{where}.width", 3),
+            width=_pos_int(m.get("width", 32), f"{where}.width", _minimum(cls, "width")),
             height=_pos_int(m.get("height", 32), f"{where}.height"),
             n_eval=_pos_int(m.get("n_eval", 64), f"{where}.n_eval"),
             branching=_pos_int(m.get("branching", 8), f"{where}.branching"),
