@@ -2,8 +2,8 @@
 
 They run in this one process, whatever the project's ``addopts`` say: two xdist processes would time each
 other's load, and pytest-benchmark turns itself off under xdist (``--benchmark-only`` then stops with
-"Can't have both --benchmark-only and --benchmark-disable options"). So the commands of the README's
-pytest-benchmark section work as printed.
+"Can't have both --benchmark-only and --benchmark-disable options"). So the commands of
+docs/pytest-benchmark.md work as printed.
 """
 
 import pytest

@@ -67,7 +67,7 @@ def test_backend(benchmark, cell_id):
     if environment is not None:
         pytest.skip(f"{cell.backend} runs in its own environment ({environment}); time it with `harness run`")
 
-    # the thread count is this process's, from its environment (README: OMP_NUM_THREADS etc.)
+    # the thread count is this process's, from its environment (docs/pytest-benchmark.md: OMP_NUM_THREADS etc.)
     state = CellState(protocol.Init(cell.backend, p.to_mapping(), cell.task.to_mapping(), cell.seed, cell.train.lr))
     try:
         warm = state.warmup(cell.timing.warmup)  # compile / JIT (timed as compile_s), then warm-up calls

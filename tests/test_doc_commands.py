@@ -53,7 +53,7 @@ HOW: dict[str, object] = {
     "harness run configs/quick.yaml": "parse",
     "pip install -e .[all,dev]": "ci",
     "pytest": "ci",
-    # README: reproduce
+    # docs/reproducing.md
     "harness reproduce --dry-run": "run",
     "harness reproduce --budget 25 --out results/examples": "parse",
     "harness docs": "parse",  # rewrites committed files: CI runs `harness docs --check`
@@ -67,20 +67,20 @@ HOW: dict[str, object] = {
     "harness unpack runs.tgz": "parse",
     "for run in $(tar tzf runs.tgz | cut -d/ -f1 | sort -u); do harness report results/examples/$run; done":
         ("external", GPU_VISIT),
-    # README: notebooks
+    # docs/results.md: notebooks
     "pip install -e .[notebooks]": "pip",
     "HARNESS_RUNS=results/examples/quick jupyter lab notebooks/":
         ("external", "starts a JupyterLab server; tests/test_notebooks.py executes both notebooks"),
-    # README: Dask
+    # docs/clusters.md
     "harness run configs/deepbench.yaml --executor dask-local --workers 2": "parse",
     "harness run configs/deepbench.yaml --executor dask --scheduler tcp://head:8786": "parse",
     "python cluster.py": ("external", "a Slurm or PBS login node with dask-jobqueue"),
     "harness run configs/deepbench.yaml --profile full --executor dask --scheduler tcp://10.0.0.5:41234": "parse",
-    # README: the native engine's A/B
+    # docs/backends-and-versions.md: the native engine's A/B
     "pip install -e .": "pip",
     "harness run configs/native_ab.yaml": "parse",
     "harness run configs/native_ab.yaml --backends native@rev:4aee8db,native": "parse",
-    # README and docs/backends.md: plugins
+    # docs/plugins.md and docs/backends.md
     "pip install examples/rnn-harness-plugin-example": ("test", "tests/test_plugins.py::installed_example"),
     "(in examples/rnn-harness-plugin-example) pytest":
         ("test", "tests/test_plugins.py::test_plugin_own_tests_pass_through_the_public_helper"),
@@ -92,7 +92,7 @@ HOW: dict[str, object] = {
     "PYTHONPATH=examples/rnn-harness-plugin-example/src harness check --backends example --quick":
         ("small", ["harness", "check", "--backends", "example", "--quick", "--match", "elman-tanh"], EXAMPLE_ENV),
     "harness run configs/quick.yaml --backends numpy,example": "parse",
-    # README: pytest-benchmark (the project's addopts apply: -n 2 among them)
+    # docs/pytest-benchmark.md (the project's addopts apply: -n 2 among them)
     "pytest benchmarks/ --benchmark-only -k numpy --benchmark-json=out.json":
         ("small", ["pytest", "benchmarks/", "--benchmark-only", "-k", "numpy and V64 and B1 and forward",
                    "--benchmark-json={tmp}/out.json", *TINY_BENCH]),
@@ -263,7 +263,7 @@ def test_a_command_runs_as_printed_or_in_its_smallest_variant(cmd, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     if "--benchmark-json={tmp}/out.json" in argv:
         assert json.loads((tmp_path / "out.json").read_text())["benchmarks"]
-    if "--benchmark-autosave" in argv:  # then the README's next command, against what this one saved
+    if "--benchmark-autosave" in argv:  # then the page's next command, against what this one saved
         compare = [a for a in argv if a != "--benchmark-autosave"] + ["--benchmark-compare"]
         after = _execute(compare, env, tmp_path)
         assert after.returncode == 0 and "Comparing against benchmarks from" in after.stdout + after.stderr, \
