@@ -266,14 +266,14 @@ def reproduce_cmd(
                                    read_run=lambda folder: read_folder(folder)[0])  # the one rule for a run
     except HarnessError as exc:
         _fail(exc, 2)
-    console.print(f"this machine: {escape(machine.describe())}; runs into {out}"
-                  + (f"; budget {budget:g} min" if budget else ""), highlight=False)
-    for d in decisions:
-        console.print(escape(d.line()), highlight=False, soft_wrap=True)
     runs = [d for d in decisions if d.runs]
     skipped = [d for d in decisions if not d.runs]
-    console.print(f"in all: {len(runs)} to run, ~{sum(d.estimate_s or 0 for d in runs) / 60:.1f} min; {len(skipped)} "
-                  f"skipped (~{sum(d.estimate_s or 0 for d in skipped) / 60:.1f} min)", highlight=False)
+    plan = [f"this machine: {machine.describe()}; runs into {out}" + (f"; budget {budget:g} min" if budget else "")]
+    plan += [d.line() for d in decisions]
+    plan.append(f"in all: {len(runs)} to run, ~{sum(d.estimate_s or 0 for d in runs) / 60:.1f} min; {len(skipped)} "
+                f"skipped (~{sum(d.estimate_s or 0 for d in skipped) / 60:.1f} min)")
+    for line in (part for text in plan for part in reproduce.fit(text, console.width)):  # within the terminal
+        console.print(escape(line), highlight=False, soft_wrap=True)
     if dry_run:
         return
     try:

@@ -26,6 +26,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import textwrap
 import time
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -127,6 +128,18 @@ class Decision:
         est = f"~{self.estimate_s / 60:.1f} min" if self.estimate_s is not None else "~? min"
         verdict = "runs here" if self.runs else "skipped"
         return f"{self.config}{' --profile ' + self.profile if self.profile else ''}: {verdict}: {self.why}; {est} ({self.basis})"
+
+
+#: the narrowest terminal the plan is laid out for (a ``COLUMNS`` below it is taken as this)
+MIN_COLUMNS = 80
+
+
+def fit(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` columns (:data:`MIN_COLUMNS` at least), broken between words,
+    the later ones indented, so that no terminal wraps a line of the plan mid-word; a single word wider than
+    that (a long path) stays whole, to be copied."""
+    return textwrap.wrap(text, max(int(width), MIN_COLUMNS), subsequent_indent="    ", break_long_words=False,
+                         break_on_hyphens=False) or [""]
 
 
 # -- what the experiments are ----------------------------------------------------------------

@@ -123,9 +123,38 @@ def test_dry_run_cli_lists_every_experiment(shipped):
 
     result = CliRunner().invoke(app, ["reproduce", "--dry-run", "--budget", "15"])
     assert result.exit_code == 0, result.output
-    lines = [l for l in result.output.splitlines() if l.startswith("configs/")]
+    lines = [l for l in _unwrapped(result.output) if l.startswith("configs/")]
     assert len(lines) == len(shipped)
     assert all(("runs here" in l or "skipped" in l) and " min (" in l for l in lines)
+
+
+def _unwrapped(output: str) -> list[str]:
+    """The plan's lines with their indented continuations joined back."""
+    lines: list[str] = []
+    for line in output.splitlines():
+        if line.startswith("    ") and lines:
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    return lines
+
+
+@pytest.mark.parametrize("columns", [40, 80, 100])
+def test_the_dry_run_fits_the_terminal_and_80_columns_at_least(shipped, monkeypatch, tmp_path, columns):
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    from harness import cli
+
+    monkeypatch.setattr(cli, "console", Console(width=columns))
+    out = tmp_path / "a folder whose name is long enough to need a line of its own in a narrow terminal"
+    result = CliRunner().invoke(cli.app, ["reproduce", "--dry-run", "--budget", "15", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    width = max(columns, 80)
+    assert all(len(l) <= width or " " not in l.strip() for l in result.output.splitlines()), result.output
+    monkeypatch.setattr(cli, "console", Console(width=1000))
+    wide = CliRunner().invoke(cli.app, ["reproduce", "--dry-run", "--budget", "15", "--out", str(out)])
+    assert _unwrapped(result.output) == wide.output.splitlines()  # the same plan, only broken between words
 
 
 CONFIG = """\
