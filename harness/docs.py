@@ -35,6 +35,11 @@ Any other ``key=value`` names a results column and keeps the rows whose value re
 
 A run folder that does not exist yet gives a line that says how to make it. :func:`render_page`
 rewrites every table; :func:`check_page` lists the tables whose text differs from their runs.
+
+The config reference of ``docs/configs.md`` (between ``<!-- config-reference -->`` and
+``<!-- /config-reference -->``) is generated the same way, from the schema's own field descriptions
+(:func:`config_keys`): :func:`write_config_page` rewrites it, :func:`check_config_page` says whether it
+is stale, and a key without a description is an error, not a row.
 """
 
 from __future__ import annotations
