@@ -61,8 +61,21 @@ def run_cmd(
     executor_opt: Annotated[str, typer.Option("--executor", help="local (default: one group at a time here), dask (an existing cluster, --scheduler) or dask-local (a local cluster, --workers).")] = "local",
     scheduler: Annotated[Optional[str], typer.Option("--scheduler", help="Address of the Dask scheduler for --executor dask.")] = None,
     workers: Annotated[Optional[int], typer.Option("--workers", help="Worker processes of the --executor dask-local cluster (default 2), each on its own cores.")] = None,
+    fail_on: Annotated[Optional[str], typer.Option("--fail-on", help="Comma-separated: exit 4 when a cell ends so: mismatch, failed (error, timeout, oom, diverged, mismatch), contended, unsteady. Default: none (failed cells are results).")] = None,
 ):
-    """Run configs: every cell in fresh workers, results and plots in a folder per config."""
+    """Run configs: every cell in fresh workers, results and plots in a folder per config.
+
+    Exit code: 0 when every cell ran (failed cells are results); 2 a bad config; 4 with --fail-on, when
+    a cell ended as it names (the cells are listed)."""
+    from harness.results.standing import FAIL_ON
+
+    try:
+        reasons = _split_csv(fail_on, "--fail-on") or []
+        unknown = [r for r in reasons if r not in FAIL_ON]
+        if unknown:
+            raise HarnessError(f"--fail-on: unknown {unknown[0]!r}; expected some of {', '.join(FAIL_ON)}")
+    except HarnessError as exc:
+        _fail(exc, 2)
     from harness.results.launch import open_runs
     from harness.run.client import kill_all_workers, stop_on_signals
 
@@ -78,12 +91,26 @@ def run_cmd(
                     err_console.print(f"{runs.runs[0][1].path}: {len(runs.ended_workers)} worker(s) of the interrupted "
                                       f"runner were still running (pid {', '.join(map(str, runs.ended_workers))}); "
                                       f"ended them", highlight=False)
+                failing = []
                 for cfg, store in runs:
                     _run_and_show(cfg, store, runs.executor, stopped, (profile, backends_opt), no_plots, no_report)
+                    failing += _failing(store, reasons)
+            if failing:
+                err_console.print(f"[bold red]--fail-on {','.join(reasons)}:[/] {len(failing)} cell(s)", highlight=False)
+                for line in failing:
+                    err_console.print(f"  {escape(line)}", highlight=False)
+                raise typer.Exit(4)
         except KeyboardInterrupt:  # before any cell ran (loading, creating the folder) or while summarising
             kill_all_workers()
             err_console.print(f"interrupted ({stopped.name})", highlight=False)
             raise typer.Exit(stopped.exit_code)
+
+
+def _failing(store, reasons: list[str]) -> list[str]:
+    """The cells of a finished run that ``--fail-on`` fails it on (none without reasons)."""
+    from harness.results.standing import failing
+
+    return failing(store.timings, reasons) if reasons and store.timings else []
 
 
 def _run_and_show(cfg, store, executor, stopped, resume_options: tuple, no_plots: bool, no_report: bool) -> None:
@@ -203,7 +230,6 @@ def _print_summary(store):
     from harness.results.labels import backend_label
     from harness.results.report import precision_note, spread_warnings
     from harness.results import caveats
-    from harness.results.labels import MISSED_NAME
     from harness.results.terminal import MISSED_MARK, print_summary
     import pandas as pd
 
@@ -217,7 +243,7 @@ def _print_summary(store):
     _print_device_ratios(df)
     note = precision_note(df, MISSED_MARK)
     if note:
-        err_console.print(f"[yellow]{MISSED_NAME}:[/] {escape(note)}", highlight=False)
+        err_console.print(f"[yellow]imprecise:[/] {escape(note)}", highlight=False)
     for w in spread_warnings(store.timings):
         err_console.print(f"[yellow]noisy:[/] {escape(w)}", highlight=False)
 
@@ -397,7 +423,11 @@ def compare_cmd(
     threshold: Annotated[float, typer.Option(help="A significant slowdown of B beyond this factor (1.05: 5% slower than A) is a regression.")] = 1.05,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.", metavar="")] = False,
 ):
-    """Per-cell time ratios of two runs with significance; exit 1 on a regression."""
+    """Per cell, B's speedup over its baseline against A's, with its interval; the time ratio as context.
+
+    Exit code: 0 no regression; 1 a regression between trusted cells (or a cell newly failing); 3 no
+    regression, but some cells were contended or unsteady in a run and could not be compared fairly;
+    2 the runs could not be read or have nothing in common."""
     from harness.results.compare import compare_runs, print_comparison
 
     try:
@@ -408,7 +438,7 @@ def compare_cmd(
         typer.echo(result.to_json())
     else:
         print_comparison(result, console)
-    raise typer.Exit(1 if result.regressions else 0)
+    raise typer.Exit(result.exit_code)
 
 
 @app.command("list")

@@ -195,20 +195,23 @@ def test_target_not_met_is_marked_alike_in_the_terminal_report_plots_and_multi_r
 
     import harness
     from harness.results import plot_speedup, plots
-    from harness.results.labels import MISSED_MARK, MISSED_NAME, imprecise
+    from harness.results.labels import MISSED_MARK, imprecise
+    from harness.results.standing import STANDING_COLUMNS
     from harness.results.multi import _missed_count
     from harness.results.report import fmt_speedup
 
     from pathlib import Path
 
     t = harness.load_run(Path(__file__).resolve().parent.parent / "results" / "examples" / "quick").timings
-    row = next(r for r in t.to_dict("records") if imprecise(r))
-    assert f"{MISSED_MARK} target ±" in fmt_speedup(row) and MISSED_NAME.split()[-1] in fmt_speedup(row)
+    row = next(r for r in t.to_dict("records") if r["speedup_standing"] == "imprecise")
+    assert f"{MISSED_MARK} interval ±" in fmt_speedup(row) and "wider than its ±" in fmt_speedup(row)
     assert str(fmt_speedup(row, mark=True)).endswith(MISSED_MARK)
-    met = t.assign(precision_met=[True if m is not None and m == m else m for m in t["precision_met"]])
+    # a table whose precision is rejudged: the standing columns go with it, to be computed again
+    met = t.drop(columns=list(STANDING_COLUMNS)).assign(
+        precision_met=[True if m is not None and m == m else m for m in t["precision_met"]])
     judged = int(t["precision_met"].notna().sum())
-    assert _missed_count(t) == f"{sum(imprecise(r) for r in t.to_dict('records'))} of {judged}"
-    assert _missed_count(met) == f"0 of {judged}"
+    assert _missed_count(t) == f"{sum(imprecise(r) for r in t.to_dict('records'))} of {judged} (±5%)"
+    assert _missed_count(met) == f"0 of {judged} (±5%)"
     drawn = []
     real_save = plot_speedup._save
 
@@ -219,7 +222,8 @@ def test_target_not_met_is_marked_alike_in_the_terminal_report_plots_and_multi_r
     plot_speedup._save = keep
     try:
         plots.plot_speedup(t, tmp_path / "a.png")
-        assert any(s.endswith(f"x {MISSED_MARK}") for s in drawn) and any(MISSED_NAME in s for s in drawn)
+        assert any(s.endswith(f"x {MISSED_MARK}") for s in drawn)
+        assert any(f"{MISSED_MARK} interval wider than ±5%" in s for s in drawn)
         drawn.clear()
         plots.plot_speedup(met, tmp_path / "b.png")
         assert not any(MISSED_MARK in s for s in drawn)

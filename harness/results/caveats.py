@@ -14,10 +14,11 @@ import pandas as pd
 from harness.run import guard
 from harness.spec import tuning
 
-CONTENDED_MARK = "(contended)"
-#: a cell whose worker processes' medians lie further apart than this share of its median ran on an unsteady
-#: machine (pyperf warns at a standard deviation of 10% of the mean: "the result may be unstable")
-UNSTEADY_SPREAD = 0.10
+from harness.results.standing import MARKS, UNSTEADY_SPREAD, Standing  # noqa: E402,F401  (one home for both)
+
+CONTENDED_MARK = MARKS[Standing.CONTENDED]
+#: other processes on this many cores or more, within those a cell left free, are local load worth naming
+LOCAL_LOAD_CORES = 0.5
 #: ... and a run says so when more than this share of its timed cells (two at least) did
 UNSTEADY_SHARE = 0.25
 
@@ -143,11 +144,22 @@ def _unsteady_lines(rows: list[dict]) -> list[str]:
         return []
     r = max(wide, key=spread)
     label = backend_label(pd.DataFrame([r])).iloc[0]
-    return [f"Unsteady machine: the worker processes of {len(wide)} of {len(timed)} timed cells disagree by more "
-            f"than {UNSTEADY_SPREAD:.0%} (the most, {label} {r.get('workload')} batch {r.get('batch')}: "
-            f"{spread(r):.0%}) with no other process loading the cores, so the machine's own speed moved (a host "
-            f"shared with other tenants, a changing clock). The intervals cover what this run saw; a rerun may "
-            f"differ by as much."]
+    quiet = "" if len(timed) == len([r for r in rows if spread(r) is not None]) else \
+        "of the cells the guard did not find contended, "
+    what = f"the worker processes of {len(wide)} of {len(timed)} timed cells" if not quiet else \
+        f"the worker processes of {len(wide)} of {len(timed)}"
+    local = max((_others(w) for w in wide), default=0.0)
+    if local >= LOCAL_LOAD_CORES:  # what the guard saw: load on the cores the cells left free
+        cause = (f"Other processes used up to {local:.2g} cores while they were timed: within the cores the cells "
+                 f"left free, yet sharing their caches, memory bandwidth and perhaps a physical core. Rerun on a "
+                 f"quiet machine.")
+    else:
+        cause = ("Nothing else loaded the cores while they were timed, so the machine's own speed moved (a host "
+                 "shared with other tenants, a changing clock). The intervals cover what this run saw; a rerun may "
+                 "differ by as much.")
+    return [f"Unsteady machine: {quiet}{what} disagree by more than {UNSTEADY_SPREAD:.0%} (the most, {label} "
+            f"{r.get('workload')} batch {r.get('batch')}: {spread(r):.0%}); they are marked "
+            f"{MARKS[Standing.UNSTEADY]}. {cause}"]
 
 
 def _others(row: dict) -> float:

@@ -16,6 +16,7 @@ import pandas as pd
 from harness.spec.errors import HarnessError
 from harness.spec.status import Status
 from harness.results.schema import cell_key
+from harness.results.standing import Standing
 
 
 from harness.results.labels import gemm_peak_text, machine_label  # noqa: E402  (one rule for naming a machine)
@@ -36,6 +37,10 @@ def _runs(paths):
                 raise HarnessError(f"{p}: {same} as {seen[key]}, named twice; expected each run once")
             seen[key] = p
         runs.append((Path(p), run))
+    ids = [run.run_id for _, run in runs]
+    for path, run in runs:  # two runs of one id (started in the same second) told apart by their folders, as load_runs does
+        if ids.count(run.run_id) > 1:
+            run.meta = {**run.meta, "run_id": f"{run.run_id} ({path.name})"}
     return runs
 
 
@@ -79,10 +84,12 @@ def run_pairs(timings: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
     from harness.results.labels import backend_label, group_label
 
     df = timings[timings["workload"] != "train"]
-    df = df[_in_every_run(df, len(run_ids))] if len(df) else df
     if df.empty:
         return pd.DataFrame()
-    df = df.assign(label=backend_label(df))
+    df = df.assign(label=backend_label(df))  # before the cells are matched: a backend is part of what a cell is
+    df = df[_in_every_run(df, len(run_ids))]
+    if df.empty:
+        return pd.DataFrame()
     out = []
     for _, g in df.groupby(cell_key(df.columns), sort=False, dropna=False):
         at = {r["run_id"]: r for _, r in g.drop_duplicates("run_id").iterrows()}
@@ -93,6 +100,9 @@ def run_pairs(timings: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
                    "workload": a["workload"], "status_a": a["status"], "status_b": b["status"],
                    "median_a_s": a.get("median_s"), "median_b_s": b.get("median_s"),
                    "ratio": float("nan"), "ratio_lo": float("nan"), "ratio_hi": float("nan"),
+                   # the worse of the two cells' own standings (contended, unsteady): a ratio of times from a
+                   # disturbed machine is said to be so wherever it is shown
+                   "time_standing": _worse(a, b), "time_standing_why": _worse_why(a, b, run_ids[0], run),
                    # the tighter of the two runs' precision targets, the mark's measure (None: neither set one)
                    "precision": min((float(p) for p in (a.get("speedup_precision"), b.get("speedup_precision"))
                                      if p is not None and p == p), default=None)}
@@ -104,6 +114,40 @@ def run_pairs(timings: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
                     row["ratio"] = float(a["median_s"]) / float(b["median_s"])
             out.append(row)
     return pd.DataFrame(out)
+
+
+def _pair_text(pair) -> str:
+    """One later run's ratio over the first, marked where either cell's time was disturbed."""
+    from harness.results.labels import fmt_ratio
+    from harness.results.report import Hover
+    from harness.results.standing import MARKS, Standing
+
+    text = fmt_ratio(pair["ratio"], pair["ratio_lo"], pair["ratio_hi"])
+    kind = pair.get("time_standing")
+    if text == "-" or not isinstance(kind, str) or not Standing(kind).disturbed:
+        return text
+    return Hover(f"{text} {MARKS[Standing(kind)]}", str(pair.get("time_standing_why") or ""))
+
+
+def _worse(a, b) -> str | None:
+    """The disturbed standing of either of two cells' times (contended before unsteady), else trusted."""
+    from harness.results.standing import Standing, of
+
+    mine = [of(r, "time") for r in (a, b)]
+    for kind in (Standing.CONTENDED, Standing.UNSTEADY):
+        if kind in mine:
+            return kind.value
+    return Standing.TRUSTED.value if any(s is not None for s in mine) else None
+
+
+def _worse_why(a, b, run_a: str, run_b: str) -> str | None:
+    from harness.results.standing import of, why
+
+    for r, run in ((a, run_a), (b, run_b)):
+        s = of(r, "time")
+        if s is not None and s.disturbed:
+            return f"in {run}: {why(r, 'time')}"
+    return None
 
 
 def crossover_sources(timings: pd.DataFrame) -> dict[str, list[str]]:
@@ -124,8 +168,8 @@ def crossover_sources(timings: pd.DataFrame) -> dict[str, list[str]]:
 def _by_run_section(timings: pd.DataFrame, run_ids: list[str]) -> list:
     """The cells the runs have in common, a row each: per run its median and its speedup over that run's own
     baseline, and each later run's time against the first run's (above 1: faster in the later run)."""
-    from harness.results.labels import backend_label, fmt_ratio, group_label
-    from harness.results.report import MISSED_MARK, MISSED_NAME, Heading, Hover, Para, Table, fmt_speedup, fmt_time
+    from harness.results.labels import backend_label, group_label
+    from harness.results.report import Heading, Hover, Para, Table, fmt_median, fmt_speedup, legend_text
 
     df = timings[timings["workload"] != "train"].copy()
     if df.empty:
@@ -143,12 +187,12 @@ def _by_run_section(timings: pd.DataFrame, run_ids: list[str]) -> list:
         row = [f"{first['workload']} · {group_label(first)}", first["label"]]
         for r in run_ids:
             c = at[r]
-            sp = fmt_speedup(c, mark=True)
-            row.append(Hover(f"{fmt_time(c.get('median_s'))} ({sp})", sp.title if isinstance(sp, Hover) else "")
-                       if c["status"] == Status.OK else str(c["status"]))
+            sp, median = fmt_speedup(c, mark=True), fmt_median(c)
+            titles = [t.title for t in (median, sp) if isinstance(t, Hover) and t.title]
+            row.append(Hover(f"{median} ({sp})", "; ".join(titles)) if c["status"] == Status.OK else str(c["status"]))
         for r in run_ids[1:]:
             pair = pairs.get((r, f"{first['workload']} · {group_label(first)}", first["label"]))
-            row.append(fmt_ratio(pair["ratio"], pair["ratio_lo"], pair["ratio_hi"]) if pair is not None else "-")
+            row.append(_pair_text(pair) if pair is not None else "-")
         rows.append(row)
     heads = ["problem", "backend"] + [f"{names[r]}: median (speedup)" for r in run_ids]
     heads += [f"{names[r]} against {names[run_ids[0]]} [95% CI]" for r in run_ids[1:]]
@@ -157,8 +201,8 @@ def _by_run_section(timings: pd.DataFrame, run_ids: list[str]) -> list:
                  f"run's own baseline (95% interval), then each later run's speedup over the first (the first run's "
                  "median over the later one's: above 1x, faster in the later run) with a 95% interval from "
                  "resampling each run's rounds on its own. Medians of different runs were not timed in turn: read "
-                 f"their ratio with the machines and days in mind. {MISSED_MARK} {MISSED_NAME}: the speedup's interval missed its "
-                 "precision target."),
+                 "their ratio with the machines and days in mind. "
+                 + (legend_text(common, ("speedup", "time")) or "Every figure here is trusted.")),
             Table(heads, rows, right=set(range(2, len(heads))))]
 
 
@@ -180,29 +224,53 @@ def _answer(timings: pd.DataFrame, run_ids: list[str], runs) -> list:
         timed = d[d["ratio"].notna()] if len(d) else d
         where = "same machine" if machine[run] == machine[run_ids[0]] else "another machine"
         if timed.empty:
-            rows.append([f"{keys[run]} against {keys[run_ids[0]]}", where, str(len(d)), "-", "-", "-", "-"])
+            rows.append([f"{keys[run]} against {keys[run_ids[0]]}", where, str(len(d)), "-", "-", "-", "-", "-"])
             continue
-        spread = timed["ratio_lo"].notna()
-        faster = int((timed["ratio_lo"] > 1).sum())
-        slower = int((timed["ratio_hi"] < 1).sum())
+        disturbed = timed["time_standing"].isin([Standing.CONTENDED.value, Standing.UNSTEADY.value])
+        steady = timed[~disturbed]
+        spread = steady["ratio_lo"].notna()
+        faster = int((steady["ratio_lo"] > 1).sum())
+        slower = int((steady["ratio_hi"] < 1).sum())
         middle = float(np.exp(np.median(np.log(timed["ratio"].astype(float)))))
         rows.append([f"{keys[run]} against {keys[run_ids[0]]}", where, str(len(timed)), fmt_ratio(middle),
-                     str(faster), str(slower), str(int(spread.sum()) - faster - slower)])
-    return [Heading(2, "Answer"),
+                     str(faster), str(slower), str(int(spread.sum()) - faster - slower), str(int(disturbed.sum()))])
+    said = [f"{keys[run.run_id]}: {_disturbed_text(run.timings)}" for _, run in runs if _disturbed_text(run.timings)]
+    return [Heading(2, "Answer")] + ([Para("Disturbed runs: " + "; ".join(said) + ". A cell contended or unsteady "
+                                           "in either run is counted apart, neither faster nor slower.")]
+                                     if said else []) + [
             Para(f"Each later run against the first ({keys[run_ids[0]]}), over the cells both timed: the median of "
                  "the later run's speedups over the first (the first's median time over the later one's: above 1x, "
                  "faster in the later run), and how many cells' 95% intervals lie wholly above 1x, wholly below, or "
-                 "hold it. Per cell in Cells by run below."),
-            Table(["runs", "where", "cells timed in both", "median speedup", "faster", "slower", "within noise"],
-                  rows, right={2, 3, 4, 5, 6})]
+                 "hold it, of the cells neither run timed on a disturbed machine (contended or unsteady: counted in "
+                 "the last column). Per cell in Cells by run below."),
+            Table(["runs", "where", "cells timed in both", "median speedup", "faster", "slower", "within noise",
+                   "contended or unsteady"], rows, right={2, 3, 4, 5, 6, 7})]
+
+
+def _disturbed_text(timings: pd.DataFrame) -> str:
+    """``3 of 8 timed cells contended, 1 unsteady`` ("" for a run whose every timed cell is trusted)."""
+    from harness.results.standing import counts
+
+    n = counts(timings, "time")
+    total = sum(n.values())
+    parts = [f"{n[k]} {k.value}" for k in (Standing.CONTENDED, Standing.UNSTEADY) if n.get(k)]
+    if not parts:
+        return ""
+    parts[0] = f"{parts[0].split()[0]} of {total} timed cells {parts[0].split(' ', 1)[1]}"
+    return ", ".join(parts)
 
 
 def _missed_count(timings: pd.DataFrame) -> str:
-    """``3 of 16``: a run's speedups that missed their precision target, of those timed with one."""
+    """``3 of 16 (±5%)``: a run's speedups whose interval is wider than their precision target, of those timed
+    with one; ``no precision target`` for a run that set none."""
     from harness.results.labels import imprecise
+    from harness.results.standing import precision_targets, target_text
 
     rows = [r for r in timings.to_dict("records") if r.get("precision_met") is not None and not pd.isna(r["precision_met"])]
-    return f"{sum(imprecise(r) for r in rows)} of {len(rows)}" if rows else "-"
+    targets = precision_targets(timings)
+    if not rows or not targets:
+        return "no precision target"
+    return f"{sum(imprecise(r) for r in rows)} of {len(rows)} ({', '.join(target_text(t) for t in targets)})"
 
 
 def _in_every_run(df: pd.DataFrame, n_runs: int) -> pd.Series:
@@ -217,7 +285,7 @@ def _run_keys(run_ids: list[str]) -> dict[str, str]:
 
 def build_multi_report(paths) -> tuple[str, list, pd.DataFrame]:
     from harness.results.labels import backend_label, group_label
-    from harness.results.report import MISSED_MARK, MISSED_NAME, Heading, Para, Table, fmt_speedup, fmt_time
+    from harness.results.report import Heading, Para, Table, fmt_median, fmt_speedup, legend_text
 
     runs = _runs(paths)
     if len(runs) < 2:
@@ -229,11 +297,12 @@ def build_multi_report(paths) -> tuple[str, list, pd.DataFrame]:
     blocks: list = _answer(timings, run_ids, runs)
     blocks.append(Heading(2, "Runs"))
     blocks.append(Table(["", "run", "config", "machine", "its float32 GEMM at start", "started", "cells",
-                         f"{MISSED_MARK} {MISSED_NAME}", "state"],
+                         "contended or unsteady", "interval wider than its target", "state"],
                         [[keys[run.run_id], f"`{run.run_id}`", f"`{run.meta.get('config_path', '?')}`",
                           machines[machine_label(run.meta)], gemm_peak_text(run.meta).replace("float32 GEMM ", "") or "-",
                           str(run.meta.get("started", "?"))[:19].replace("T", " "), str(len(run.timings)),
-                          _missed_count(run.timings), _state(run.meta)] for _, run in runs]))
+                          _disturbed_text(run.timings) or "none", _missed_count(run.timings), _state(run.meta)]
+                         for _, run in runs]))
     blocks.append(Table(["machine", "what it is (host, CPU, cores, vector flags, GPU)"],
                         [[key, text] for text, key in machines.items()]))
     unfinished = [f"{keys[run.run_id]} ({_state(run.meta)})" for _, run in runs if _state(run.meta) != "finished"]
@@ -248,17 +317,20 @@ def build_multi_report(paths) -> tuple[str, list, pd.DataFrame]:
     if rest.empty:
         return "benchmark report over several runs", blocks, timings
     blocks.append(Heading(2, "Other cells, side by side"))
+    legend = legend_text(rest, ("speedup", "time"))
     blocks.append(Para("The cells not every run has (and training cells): median time per call and speedup over "
-                       "each run's own baseline (95% interval), one row per cell of each run; the machine column says "
-                       "where it was measured."))
-    rest = rest.assign(problem=rest.apply(lambda r: f"{r['workload']} {group_label(r, omit=('device',))}", axis=1))
+                       "each run's own baseline (95% interval), one row per cell of each run; the run column names "
+                       "the run (as in Runs above) and the machine column where it was measured."
+                       + (f" {legend}" if legend else "")))
+    rest = rest.assign(problem=rest.apply(lambda r: f"{r['workload']} {group_label(r, omit=('device',))}", axis=1),
+                       run_key=rest["run_id"].map(keys))
     rows = []
     for problem, g in rest.groupby("problem", sort=False):
-        for _, r in g.sort_values(["device", "machine", "label"], kind="stable").iterrows():
-            rows.append([problem, r["machine"], r["device"], r["label"], r["status"], fmt_time(r.get("median_s")),
+        for _, r in g.sort_values(["device", "run_key", "label"], kind="stable").iterrows():
+            rows.append([problem, r["run_key"], r["machine"], r["device"], r["label"], r["status"], fmt_median(r),
                          fmt_speedup(r, mark=True)])
-    blocks.append(Table(["problem", "machine", "device", "backend", "status", "median", "speedup [95% CI]"], rows,
-                        right={5, 6}, status_col=4))
+    blocks.append(Table(["problem", "run", "machine", "device", "backend", "status", "median", "speedup [95% CI]"],
+                        rows, right={6, 7}, status_col=5))
     return "benchmark report over several runs", blocks, timings
 
 

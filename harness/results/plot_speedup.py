@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.results.labels import (MISSED_MARK, MISSED_NAME, backend_label, group_label, imprecise, setting_label,
-                                    short_of_target, sweep_order)
+from harness.results.labels import MISSED_MARK, MISSED_NAME, backend_label, group_label, setting_label, sweep_order
+from harness.results.standing import MARKS, Standing, imprecise_name, ratio_standing, target_text
+from harness.results.standing import of as standing_of
 from harness.spec.status import Status
 from harness.results.plot_style import _number_axis, _palette, _save
 from harness.results.schema import setting_values
@@ -54,10 +55,28 @@ def facets(df: pd.DataFrame, omit: tuple[str, ...] = ()) -> tuple[pd.DataFrame, 
 
 
 def _wrap(text: str, width: int) -> str:
-    """``text`` in lines of ``width``, the mark's legend (``† target not met``) kept on one line."""
-    legend = f"{MISSED_MARK} {MISSED_NAME}"
-    kept = text.replace(legend, legend.replace(" ", "\u00a0"))  # textwrap breaks at plain spaces only
+    """``text`` in lines of ``width``, each mark kept on one line with the word after it (``† interval``)."""
+    kept = text
+    for sign in MARKS.values():
+        if sign:
+            kept = kept.replace(f"{sign} ", f"{sign}\u00a0")  # textwrap breaks at plain spaces only
     return textwrap.fill(kept, width).replace("\u00a0", " ")
+
+
+def _marks(kinds) -> tuple[list[str], list[bool], str]:
+    """Per point, the text mark of its standing and whether it is drawn hollow (a disturbed machine timed it:
+    contended or unsteady), and the legend of the marks drawn ("" when every point is trusted)."""
+    kinds = [Standing(k) if isinstance(k, str) and k else None for k in kinds]
+    seen = [k for k in Standing if k in kinds and k != Standing.TRUSTED]
+    words = {Standing.CONTENDED: "contended: timed while other processes loaded the cores",
+             Standing.UNSTEADY: "unsteady: its worker processes disagree",
+             Standing.NOT_SIGNIFICANT: "not significant: the interval holds 1x"}
+    parts = []
+    for k in seen:
+        hollow = " hollow," if k.disturbed else ""
+        parts.append(f"{MARKS[k]}{hollow} {words.get(k, '')}" if k != Standing.IMPRECISE else "")
+    return ([MARKS[k] if k else "" for k in kinds], [bool(k and k.disturbed) for k in kinds],
+            "; ".join(p for p in parts if p))
 
 
 def _layout(plt, cells: list, row_keys: list, col_keys: list, panel_w: float, panel_h: float):
@@ -81,23 +100,30 @@ def _layout(plt, cells: list, row_keys: list, col_keys: list, panel_w: float, pa
     return fig, axes, {c: axes[i, j] for c, (i, j) in place.items()}
 
 
-def _draw_points(items: pd.DataFrame, out: Path, xlabel: str, title: str, row_keys: list, col_keys: list):
+def _draw_points(items: pd.DataFrame, out: Path, xlabel: str, title: str, row_keys: list, col_keys: list,
+                 imprecise: str = MISSED_NAME):
     """A figure of speedups drawn as points with their 95% intervals, a panel per facet (:func:`facets`), on one
     log x axis centred on 1x and shared by every panel, the value beside each interval; each backend in its
     colour and its variant's marker, named on its row; the rows without a value marked "not timed: why".
 
     ``items``: ``facet_row``, ``facet_col``, ``row_name``, ``col_name``, ``name`` (a row's text), ``label``
     (its backend, for colour and marker), ``value``, ``lo``, ``hi`` (NaN value: not timed), ``why`` and
-    ``missed`` (the ratio is short of its precision target: its value carries :data:`MISSED_MARK`, and the x
-    axis's label says what the mark means)."""
+    ``standing`` (:class:`harness.results.standing.Standing` of the ratio: its value carries the standing's
+    mark, a point a disturbed machine timed is drawn hollow, and the x axis's label says what each mark
+    drawn means); ``imprecise``: what the imprecise mark means here (``interval wider than ±5%``)."""
     from harness.results.plot_style import _setup, backend_marker
 
     plt, sns = _setup()
     timed = items[items["value"].notna()]
     if timed.empty:
         return None
-    if timed["missed"].astype(bool).any() and xlabel.endswith(")"):  # the mark's legend, where the figure has one
-        xlabel = f"{xlabel[:-1]}; {MISSED_MARK} {MISSED_NAME})"
+    signs, hollow, legend = _marks(items["standing"])
+    items = items.assign(sign=signs, hollow=hollow)
+    if Standing.IMPRECISE.value in set(timed["standing"].dropna()):
+        kept = f"{MISSED_MARK} {imprecise}".replace(" ", "\u00a0")  # one line: the mark with what it means
+        legend = "; ".join(p for p in (kept, legend) if p)
+    if legend and xlabel.endswith(")"):  # the marks' legend, where the figure has one
+        xlabel = f"{xlabel[:-1]}; {legend})"
     # one order of rows in every panel: the fastest overall at the top, so that panels read alike
     rank = timed.groupby("name")["value"].median().sort_values(ascending=False)
     order = {n: i for i, n in enumerate(list(rank.index) + sorted(set(items["name"]) - set(rank.index)))}
@@ -129,13 +155,16 @@ def _draw_points(items: pd.DataFrame, out: Path, xlabel: str, title: str, row_ke
             v, lo, hi = float(r["value"]), r["lo"], r["hi"]
             has = pd.notna(lo) and pd.notna(hi) and float(hi) > float(lo)
             err = [[max(v - float(lo), 0)], [max(float(hi) - v, 0)]] if has else None
+            # a point a disturbed machine timed is hollow, its edge in the backend's colour: told apart in greyscale
+            face = {"markerfacecolor": "white", "markeredgecolor": palette[r["label"]], "markeredgewidth": 1.6} \
+                if r["hollow"] else {"markeredgecolor": "#222222", "markeredgewidth": 0.6}
             ax.errorbar([v], [y], xerr=err, fmt=backend_marker(r["label"]), color=palette[r["label"]], ms=7,
-                        capsize=3, elinewidth=1.6, markeredgecolor="#222222", markeredgewidth=0.6, zorder=3)
+                        capsize=3, elinewidth=1.6, zorder=3, **face)
             # the value beside its interval, on the side away from the 1x line (unless the panel's edge is there)
             left, right = (float(lo), float(hi)) if has else (v, v)
             span = np.log10(xlim[1] / xlim[0])
             at_left = v < 1 and np.log10(left / xlim[0]) / span > 0.2 or np.log10(right / xlim[0]) / span > 0.8
-            ax.annotate(f"{v:.3g}x" + (f" {MISSED_MARK}" if r["missed"] else ""), (left if at_left else right, y), xytext=(-8 if at_left else 8, 0),
+            ax.annotate(f"{v:.3g}x" + (f" {r['sign']}" if r["sign"] else ""), (left if at_left else right, y), xytext=(-8 if at_left else 8, 0),
                         textcoords="offset points", va="center", ha="right" if at_left else "left", fontsize=8)
         ax.set_yticks(range(len(d)), list(d["name"]), fontsize=8)
         ax.set_ylim(-0.6, max(len(d), 1) - 0.4)
@@ -167,11 +196,21 @@ def plot_speedup(timings: pd.DataFrame, out: Path):
     refs = list(dict.fromkeys(over if len(over) else df.loc[ok, "baseline"]))  # a failed baseline's stand-in
     items = df.assign(name=df["label"], value=df["speedup"].where(ok), lo=df["speedup_lo"].where(ok),
                       hi=df["speedup_hi"].where(ok), why=df["status"].astype(str),
-                      missed=[imprecise(r) for r in df.to_dict("records")])
+                      standing=[_kind(r, "speedup") for r in df.to_dict("records")])
     ref = refs[0] if len(refs) == 1 else "each group's baseline"
     xlabel = f"speedup over {ref} (its time / this one's; 95% CI)"
     title = f"{common}: speedup over {ref}" if common else f"speedup over {ref}"
-    return _draw_points(items, out, xlabel, title, row_keys, col_keys)
+    return _draw_points(items, out, xlabel, title, row_keys, col_keys, imprecise_name(df))
+
+
+def _kind(row, column: str) -> str | None:
+    """A row's standing of ``column`` as drawn: the reference's own 1x carries its cell's time standing (a
+    contended baseline is drawn hollow too)."""
+    kind = standing_of(row, column)
+    if kind is None:
+        kind = standing_of(row, "time")
+        kind = kind if kind is not None and kind.disturbed else None
+    return kind.value if kind is not None else None
 
 
 def plot_settings(timings: pd.DataFrame, out: Path):
@@ -198,12 +237,11 @@ def plot_settings(timings: pd.DataFrame, out: Path):
     items = df.assign(name=df["label"] + (" · " + df["setting"] if several else ""), value=df["setting_speedup"],
                       lo=df["setting_speedup_lo"], hi=df["setting_speedup_hi"],
                       why=[s if s != Status.OK else f"no {against} cell" for s in df["status"]],
-                      missed=[short_of_target(r["setting_speedup"], r["setting_speedup_lo"], r["setting_speedup_hi"],
-                                              r.get("speedup_precision")) for r in df.to_dict("records")])
+                      standing=[_kind(r, "setting") for r in df.to_dict("records")])
     setting = " · ".join(dict.fromkeys(df["setting"]))
     xlabel = f"speedup over {against} ({against}'s time / {setting}'s; paired 95% CI)"
     title = f"{setting} against {against}, same backend" + (f": {common}" if common else "")
-    return _draw_points(items, out, xlabel, title, row_keys, col_keys)
+    return _draw_points(items, out, xlabel, title, row_keys, col_keys, imprecise_name(df))
 
 
 def plot_runs(pairs: pd.DataFrame, keys: dict[str, str], out: Path):
@@ -219,8 +257,19 @@ def plot_runs(pairs: pd.DataFrame, keys: dict[str, str], out: Path):
                          name=pairs["label"] + " · " + pairs["problem"], value=pairs["ratio"], lo=pairs["ratio_lo"],
                          hi=pairs["ratio_hi"],
                          why=[b if a == Status.OK else a for a, b in zip(pairs["status_a"], pairs["status_b"])],
-                         missed=[short_of_target(r["ratio"], r["ratio_lo"], r["ratio_hi"], r.get("precision"))
-                                 for r in pairs.to_dict("records")])
+                         standing=[_pair_kind(r) for r in pairs.to_dict("records")])
     rows = sorted(set(items["facet_row"]))
+    targets = sorted({float(p) for p in pairs["precision"].dropna()}) if "precision" in pairs else []
     return _draw_points(items, out, f"speedup over run {keys[first]} (its median / this run's; 95% CI)",
-                        "each later run against the first, per cell both have", rows, [(0,)])
+                        "each later run against the first, per cell both have", rows, [(0,)],
+                        f"interval wider than {target_text(targets[0])}" if len(targets) == 1 else MISSED_NAME)
+
+
+def _pair_kind(pair: dict) -> str | None:
+    """One run's ratio over another's as drawn: disturbed where either cell's time was, else by its interval
+    against the tighter precision target (:func:`harness.results.standing.ratio_standing`)."""
+    time = pair.get("time_standing")
+    if isinstance(time, str) and Standing(time).disturbed:
+        return time
+    kind, _ = ratio_standing(pair.get("ratio"), pair.get("ratio_lo"), pair.get("ratio_hi"), pair.get("precision"))
+    return kind.value if kind is not None else None

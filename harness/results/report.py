@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from harness.results.report_blocks import (Bullets, Heading, Hover, Image, Para,
 from harness.results.report_sections import (_conformance_section, _devices_section, _failures_section,  # noqa: F401
                                              _labels, _machine_section, _run_section, _training_section,
                                              _versions_section, timing_summary)
-from harness.results import caveats
+from harness.results import caveats, standing
 from harness.results.schema import SPEEDUP_BLOCK
 from harness.spec.status import Status
 from harness.spec.writes import check_file, prepare_folder, write_file
@@ -51,22 +52,40 @@ from harness.results.labels import MISSED_MARK, MISSED_NAME, imprecise, missed_t
 
 
 def fmt_speedup(row, mark: bool = False) -> str:
-    """``1.23x [1.10, 1.40]`` or ``-``; a speedup that stopped short of its precision target
-    says so: ``1.23x [1.10, 1.40] † target ±2.0% not met (±14%)``, or with ``mark`` (the report's
-    tables, whose legend explains it) ``1.23x [1.10, 1.40] †`` with the figures on hover."""
+    """``1.23x [1.10, 1.40]`` or ``-``, followed by the mark of its standing (:mod:`harness.results.standing`)
+    where it is not trusted: with ``mark`` (the report's tables, whose legend explains the marks)
+    ``1.23x [1.10, 1.40] †`` with the evidence on hover, else the evidence in words beside it."""
     out = _fmt_ratio(row.get("speedup"), row.get("speedup_lo"), row.get("speedup_hi"))
-    if out != "-" and imprecise(row):
-        return Hover(f"{out} {MISSED_MARK}", missed_text(row)) if mark else f"{out} {missed_text(row)}"
-    return out
+    return _with_standing(out, row, "speedup", mark)
 
 
-def fmt_setting_speedup(row) -> str:
+def fmt_median(row) -> str:
+    """A cell's median time, marked where a disturbed machine timed it (contended, unsteady) with the evidence
+    on hover: the reference's own row, which has no speedup to mark, carries it too."""
+    out = fmt_time(row.get("median_s"))
+    s = standing.of(row, "time")
+    if out == "-" or s is None or not s.disturbed:
+        return out
+    return Hover(f"{out} {standing.MARKS[s]}", standing.why(row, "time"))
+
+
+def _with_standing(out: str, row, column: str, mark: bool) -> str:
+    """A ratio's text with its standing's mark, the evidence on hover (``mark``) or in words."""
+    if out == "-":
+        return out
+    sign, evidence = standing.mark(row, column), standing.why(row, column)
+    if not sign:
+        return out
+    return Hover(f"{out} {sign}", evidence) if mark else f"{out} {sign} {evidence}".rstrip()
+
+
+def fmt_setting_speedup(row, mark: bool = True) -> str:
     """A paired setting's ratio (pair_over): the backend's time at the first setting over its time at
-    this one, ``1.85x [1.80, 1.90]``, or ``-``."""
+    this one, ``1.85x [1.80, 1.90]``, or ``-``, with the mark of its standing as :func:`fmt_speedup`'s."""
     s, lo, hi = row.get("setting_speedup"), row.get("setting_speedup_lo"), row.get("setting_speedup_hi")
     if _num(s) and _num(lo) and _num(hi) and lo == hi:  # the first setting's own row: no ratio to read
         return "1x (itself)"
-    return _fmt_ratio(s, lo, hi)
+    return _with_standing(_fmt_ratio(s, lo, hi), row, "setting", mark)
 
 
 def _fmt_ratio(s, lo, hi) -> str:
@@ -87,14 +106,20 @@ def fmt_processes(row) -> str:
 
 
 def precision_note(timings: pd.DataFrame, mark: str = MISSED_MARK) -> str | None:
-    """One sentence on the speedups that missed their precision target, or None when all met it."""
+    """One sentence on the speedups whose interval is wider than their precision target, or None when none is."""
     if "precision_met" not in timings:
         return None
     n = sum(imprecise(r) for r in timings.to_dict("records"))
     if not n:
         return None
-    return (f"{n} speedup(s) hit max_time_s or max_passes before their 95% interval reached the precision target "
-            f"(marked {mark} {MISSED_NAME}): read them as loose, not as tight figures.")
+    return (f"{n} speedup(s) hit max_time_s or max_passes before their 95% interval narrowed to the precision "
+            f"target (marked {mark} {standing.imprecise_name(timings)}): read them as loose, not as tight figures.")
+
+
+def legend_text(timings: pd.DataFrame, columns=("speedup",)) -> str:
+    """The sentence under a table that names the marks its figures carry ("" when every one is trusted)."""
+    words = standing.legend(timings, columns)
+    return f"Marks: {words}." if words else ""
 
 
 def speedup_note(group: pd.DataFrame) -> str:
@@ -112,44 +137,82 @@ def speedup_note(group: pd.DataFrame) -> str:
 
 
 # -- building the report -------------------------------------------------------------------------
-def group_answer(group: pd.DataFrame) -> tuple[str, str, str | None]:
+@dataclass
+class GroupAnswer:
+    """A comparison group's answer: who is fastest (a name, ``tie: A and B``, or none named), what it gains
+    over the baseline, its lead over the runner-up with that ratio's interval, and the winner's row (None
+    when no winner may be named: a tie, a contended machine, nothing ran)."""
+
+    fastest: str
+    gain: str
+    margin: str
+    winner: object = None
+    tie: bool = False
+
+    def __iter__(self):  # fastest, gain, winner: what a caller unpacks
+        return iter((self.fastest, self.gain, self.winner))
+
+
+def group_answer(group: pd.DataFrame) -> GroupAnswer:
     """A comparison group's answer (its rows carry ``label``): the fastest backend that ran with its median,
-    what it gains (its speedup over the baseline with the 95% interval) and its row (None when none ran
-    or none may be named). Where the reference (the baseline, or the fastest ok stand-in of a failed one) is
-    itself the fastest, the words say so with the runner-up's speedup, ``numpy fastest; next: jax 0.93x
-    [0.9, 0.95]``, not a ``1x [1, 1]``."""
+    what it gains (its speedup over the baseline with the 95% interval) and its lead over the runner-up (the
+    runner-up's time over its own, paired, with its interval: :func:`harness.results.standing.lead`). The
+    fastest is named only where that lead's interval lies above 1x; otherwise the group is a tie, ``tie: jax
+    and numpy``, with the lead beside it. Where the reference (the baseline, or the fastest ok stand-in of a
+    failed one) is itself the fastest, the words say so with the runner-up's speedup, ``numpy fastest; next:
+    jax 0.93x [0.9, 0.95]``, not a ``1x [1, 1]``."""
     ran = group[(group["status"] == Status.OK) & group["median_s"].notna()].sort_values("median_s", kind="stable")
     if ran.empty:
-        return "-", "-", None
+        return GroupAnswer("-", "-", "-")
     best = ran.iloc[0]
     text = f"{best['label']} ({fmt_time(best['median_s'])})"
-    fastest = caveats.fastest(group, best, text)  # never a winner from a contended machine
-    winner = best if fastest == text else None
     lo, hi = best.get("speedup_lo"), best.get("speedup_hi")
-    if not (_num(lo) and _num(hi) and lo == hi):  # not the reference itself
-        return fastest, fmt_speedup(best, mark=True), winner
+    is_reference = _num(lo) and _num(hi) and lo == hi
     if len(ran) == 1:
-        return fastest, f"{best['label']} alone ran", winner
-    runner_up = fmt_speedup(ran.iloc[1], mark=True)
-    words = f"{best['label']} fastest; next: {ran.iloc[1]['label']} {runner_up}"
-    return fastest, Hover(words, runner_up.title) if isinstance(runner_up, Hover) else words, winner
+        gain = fmt_speedup(best, mark=True) if not is_reference else f"{best['label']} alone ran"
+        fastest = caveats.fastest(group, best, text)
+        return GroupAnswer(fastest, gain, "-", best if fastest == text else None)
+    runner = ran.iloc[1]
+    (point, m_lo, m_hi), lead, evidence = standing.lead(best, runner)
+    margin = f"{_fmt_ratio(point, m_lo, m_hi)} over {runner['label']}"
+    sign = standing.MARKS.get(lead, "") if lead is not None else ""
+    if sign:
+        margin = Hover(f"{margin} {sign}", evidence)
+    if is_reference:
+        runner_up = fmt_speedup(runner, mark=True)
+        words = f"{best['label']} fastest; next: {runner['label']} {runner_up}"
+        gain = Hover(words, runner_up.title) if isinstance(runner_up, Hover) else words
+    else:
+        gain = fmt_speedup(best, mark=True)
+    fastest = caveats.fastest(group, best, text)  # never a winner from a contended machine
+    if fastest != text:
+        return GroupAnswer(fastest, gain, margin)
+    if lead == standing.Standing.CONTENDED:
+        return GroupAnswer(f"none named: the runner-up {runner['label']} timed on a contended machine", gain, margin)
+    if not (_num(m_lo) and m_lo > 1):  # the lead's interval holds 1x (or there is none): no winner shown
+        names = " and ".join(sorted([str(best["label"]), str(runner["label"])]))
+        return GroupAnswer(f"tie: {names}", gain, margin, None, tie=True)
+    return GroupAnswer(fastest, gain, margin, best)
 
 
-def _winners(winners: list) -> str:
+def _winners(answers: list) -> str:
     """The Answer's first sentence: who was fastest in how many groups, ``The fastest backend per comparison
-    group: native in 8 of 10 groups, numpy (the baseline) in 2.`` ("" when no group named one)."""
+    group: native in 8 of 10 groups, numpy (the baseline) in 1; a tie in 1.`` ("" when no group named one)."""
     from harness.results.labels import backend_name
 
-    named = [w for w in winners if w is not None]
-    if not named:
+    named = [a.winner for a in answers if a.winner is not None]
+    ties = sum(a.tie for a in answers)
+    if not named and not ties:
         return ""
     counts: dict[str, int] = {}
     for row in named:
         who = row["label"] + (" (the baseline)" if str(row.get("baseline")) == backend_name(row) else "")
         counts[who] = counts.get(who, 0) + 1
     ranked = sorted(counts.items(), key=lambda kv: -kv[1])  # stable: ties in the order the table meets them
-    parts = [f"{who} in {n}" + (f" of {len(winners)} groups" if i == 0 else "") for i, (who, n) in enumerate(ranked)]
-    return f"The fastest backend per comparison group: {', '.join(parts)}."
+    parts = [f"{who} in {n}" + (f" of {len(answers)} groups" if i == 0 else "") for i, (who, n) in enumerate(ranked)]
+    tied = (f"a tie (no lead over the runner-up beyond its 95% interval) in {ties}"
+            + ("" if parts else f" of {len(answers)} groups")) if ties else ""
+    return f"The fastest backend per comparison group: {'; '.join(p for p in (', '.join(parts), tied) if p)}."
 
 
 def winners_line(timings: pd.DataFrame) -> str:
@@ -160,38 +223,46 @@ def winners_line(timings: pd.DataFrame) -> str:
     if timed.empty:
         return ""
     df = timed.assign(label=_labels(timed))
-    return _winners([group_answer(g)[2] for _, g in reading_order(df.groupby(SPEEDUP_BLOCK, sort=False, dropna=False))])
+    return _winners([group_answer(g) for _, g in reading_order(df.groupby(SPEEDUP_BLOCK, sort=False, dropna=False))])
 
 
 def _answer_section(timings: pd.DataFrame, meta: dict | None = None) -> list:
     """The report's first table: per comparison group, in :func:`reading_order`, the fastest backend that ran
-    and what it gains over the baseline (:func:`group_answer`), the cells that did not run, and the speedups
-    that missed their precision target; above it, who was fastest in how many groups."""
+    (or the tie), what it gains over the baseline and its lead over the runner-up (:func:`group_answer`), the
+    cells that did not run, and the speedups whose interval is wider than the precision target; above it,
+    who was fastest in how many groups."""
     from harness.results.labels import group_label, reading_order
 
     timed = timings[timings["workload"] != "train"] if len(timings) else timings
     if timed.empty:
         return []
-    df = timed.assign(label=_labels(timed))
-    rows, winners = [], []
+    df = standing.with_standing(timed).assign(label=_labels(timed))
+    targets = standing.precision_targets(df)
+    rows, answers = [], []
     for _, g in reading_order(df.groupby(SPEEDUP_BLOCK, sort=False, dropna=False)):
         head = g.iloc[0]
-        fastest, speedup, winner = group_answer(g)
-        winners.append(winner)
+        answer = group_answer(g)
+        answers.append(answer)
         missing = g[g["status"] != Status.OK]
         not_run = ", ".join(f"{r['label']}: {r['status']}" for _, r in missing.iterrows()) or "-"
         missed = sum(imprecise(r) for r in g.to_dict("records"))
-        rows.append([f"{head['workload']} · {group_label(head)}", fastest, speedup, str(missed) if missed else "-",
+        rows.append([f"{head['workload']} · {group_label(head)}", answer.fastest, answer.gain, answer.margin,
+                     (str(missed) if missed else "-") if targets else "no precision target",
                      _first_line(not_run, 120)])
-    first = _winners(winners)
+    first = _winners(answers)
+    legend = legend_text(df)
     return [Heading(2, "Answer")] + [Para(line) for line in caveats.lines(meta or {}, timings)] + \
         ([Para(first)] if first else []) + [
-            Para(f"Per comparison group, a sweep's batches in a run of rows: the fastest backend that ran (its median) "
-                 f"and its speedup over the baseline with the 95% interval (where the baseline is itself the fastest, "
-                 f"the runner-up's); {MISSED_MARK} {MISSED_NAME}: the interval missed its precision target. Details in "
-                 "Results below."),
-            Table(["problem", "fastest", "speedup [95% CI]", f"{MISSED_MARK} in group", "did not run"], rows,
-                  right={2, 3})]
+            Para("Per comparison group, a sweep's batches in a run of rows: the fastest backend that ran (its median) "
+                 "and its speedup over the baseline with the 95% interval (where the baseline is itself the fastest, "
+                 "the runner-up's), and its lead over the runner-up (the runner-up's time over its own, from the "
+                 "rounds they took in turn, with the paired 95% interval). A backend is named fastest only where "
+                 "that lead's interval lies above 1x; otherwise the group is a tie. "
+                 + ("" if targets else "The run set no precision target. ")
+                 + (f"{legend} " if legend else "") + "Details in Results below."),
+            Table(["problem", "fastest", "speedup [95% CI]", "lead over the runner-up [95% CI]",
+                   f"{MISSED_MARK} in group" if targets else "precision", "did not run"], rows,
+                  right={2, 3, 4})]
 
 
 def paired_answer(timings: pd.DataFrame) -> list:
@@ -206,7 +277,7 @@ def paired_answer(timings: pd.DataFrame) -> list:
     df = timings[timings["setting_baseline"].notna() & (timings["workload"] != "train")]
     if df.empty or df["setting_speedup"].isna().all():
         return []
-    df = df.assign(label=_labels(df))
+    df = standing.with_standing(df).assign(label=_labels(df))
     base = setting_values(str(df["setting_baseline"].iloc[0]))
     keys = list(base)
     first = setting_label(base, keys)
@@ -220,17 +291,18 @@ def paired_answer(timings: pd.DataFrame) -> list:
             if setting == first:
                 continue
             ok = r["status"] == Status.OK
-            rows.append([problem, label, fmt_time(ref.get("median_s")) if ref is not None and ref["status"] == Status.OK
+            rows.append([problem, label, fmt_median(ref) if ref is not None and ref["status"] == Status.OK
                          else str(ref["status"]) if ref is not None else "-",
-                         fmt_time(r.get("median_s")) if ok else str(r["status"]),
+                         fmt_median(r) if ok else str(r["status"]),
                          fmt_setting_speedup(r) if ok else "-"])
     if not rows:
         return []
     others = " / ".join(dict.fromkeys(s for s in df["setting"] if s != first))
+    legend = legend_text(df, ("setting", "time"))
     return [Heading(2, "Answer"),
             Para(f"The run paired {' and '.join(keys)} (pair_over): what {others} buys each backend against its own "
                  f"{first}, timed in turn in one group. The speedup is {first}'s median over {others}'s (above 1x, "
-                 f"{others} is faster), with its paired 95% interval."),
+                 f"{others} is faster), with its paired 95% interval." + (f" {legend}" if legend else "")),
             Table(["problem", "backend", f"{first} median", f"{others} median", f"speedup over {first} [95% CI]"],
                   rows, right={2, 3, 4})]
 
@@ -242,7 +314,7 @@ def _results_section(timings: pd.DataFrame) -> list:
     if timings.empty:
         out.append(Para("The run holds no cells."))
         return out
-    df = timings.assign(label=_labels(timings))
+    df = standing.with_standing(timings).assign(label=_labels(timings))
     out.append(Para("Median time per call over calibrated rounds; IQR is the interquartile range of the rounds; "
                     "speedup is baseline median / backend median from rounds timed in turn, with a 95% paired-bootstrap "
                     "interval, widened to cover a drift between the rounds' halves and, with several worker processes "
@@ -261,7 +333,7 @@ def _results_section(timings: pd.DataFrame) -> list:
         paired = bool(len(setting)) and g["setting_speedup"].notna().any()
         rows = []
         for _, r in g.iterrows():
-            rows.append([r["label"], r["status"], fmt_time(r.get("median_s")), fmt_time(r.get("iqr_s")),
+            rows.append([r["label"], r["status"], fmt_median(r), fmt_time(r.get("iqr_s")),
                          fmt_speedup(r, mark=True)] + ([fmt_setting_speedup(r)] if paired else [])
                         + [fmt_time(r.get("compile_s")), _f(r.get("n_samples") or None, ".0f"),
                            fmt_processes(r), _f(r.get("gflops"), ".3g")])
@@ -269,6 +341,10 @@ def _results_section(timings: pd.DataFrame) -> list:
         heads += [f"over its {setting.iloc[0]} [95% CI]"] if paired else []
         heads += ["compile", "rounds", "processes", "GFLOP/s"]
         out.append(Table(heads, rows, right=set(range(2, len(heads))), status_col=1))
+    legend = legend_text(df, ("speedup", "setting", "time"))
+    if legend:
+        out.append(Para(legend + " The evidence of each: on hover in report.html, and in timings.parquet "
+                                 "(`harness.load_run(...).timings`: the `*_standing` and `*_standing_why` columns)."))
     note = precision_note(timings, MISSED_MARK)
     if note:
         out.append(Para(note + " Each one's half-width and target: on hover in report.html, and in timings.parquet."))

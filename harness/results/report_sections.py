@@ -184,14 +184,32 @@ def _conformance_section(meta: dict, timings: pd.DataFrame) -> list:
                         "against the NumPy reference with SPEC.md tolerances on this machine."))
         return out
     if isinstance(record, dict) and record and all(isinstance(v, dict) for v in record.values()):
-        keys = list(dict.fromkeys(k for v in record.values() for k in v))
+        keys = [k for k in dict.fromkeys(k for v in record.values() for k in v) if k != "cell_ratios"]
         out.append(Table(["backend"] + keys, [[b] + [_value(v.get(k, "")) for k in keys] for b, v in record.items()]))
+        same = _alike_worst(record)
+        if same:
+            out.append(Para(same))
     elif isinstance(record, list) and record and all(isinstance(v, dict) for v in record):
         keys = list(dict.fromkeys(k for v in record for k in v))
         out.append(Table(keys, [[_value(v.get(k, "")) for k in keys] for v in record], status_col=keys.index("status") if "status" in keys else None))
     else:
         out.append(Pre(json.dumps(record, indent=2, default=str)))
     return out
+
+
+def _alike_worst(record: dict) -> str:
+    """A sentence where every backend's worst ratio is the same figure ("" otherwise): there every backend
+    rounded like the reference at the element closest to its bound, so that figure cannot tell them apart."""
+    worst = [v.get("worst_ratio") for v in record.values() if isinstance(v.get("worst_ratio"), (int, float))]
+    if len(worst) < 2 or len({f"{w:.4g}" for w in worst}) != 1:
+        return ""
+    where = {v.get("worst_quantity") for v in record.values()} - {None}
+    at = f" (at {', '.join(sorted(where))})" if where else ""
+    typical = " The median ratio over each backend's cells is the figure that tells them apart." \
+        if all("median_ratio" in v for v in record.values()) else ""
+    return (f"Every backend's worst ratio is the same, {worst[0]:.4g}{at}: where each came closest to its bound, "
+            f"every backend rounded like the reference, so the worst ratio cannot tell an accurate backend from a "
+            f"barely passing one.{typical}")
 
 
 def _devices_section(timings: pd.DataFrame) -> list:

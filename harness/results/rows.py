@@ -208,7 +208,13 @@ def conformance_entry(meta: dict, backend: str, verify: dict) -> None:
         backend, {"verified_cells": 0, "mismatches": 0, "worst_ratio": 0.0, "bound": verify["bound"]})
     entry["verified_cells"] += 1
     entry["mismatches"] += 0 if verify["ok"] else 1
+    if verify["ratio"] >= entry["worst_ratio"] and verify.get("worst"):  # the quantity that came closest to its bound
+        entry["worst_quantity"] = verify["worst"]
     entry["worst_ratio"] = max(entry["worst_ratio"], verify["ratio"])
+    # every cell's worst ratio, so that a reader sees the typical one beside the worst (the median of them)
+    ratios = entry.setdefault("cell_ratios", [])
+    ratios.append(round(float(verify["ratio"]), 6))
+    entry["median_ratio"] = float(statistics.median(ratios))
 
 
 def record_worker_env(meta: dict, backend: str, cell_id: str, env: dict) -> None:

@@ -391,10 +391,26 @@ class Run:
 
 
 def load_run(path) -> Run:
-    """Load one results folder."""
+    """Load one results folder. Its timings gain what a reader needs beside the stored columns: ``label``,
+    the backend as the config names it (``torch:fused``, ``jax@0.4.38``, ``numpy#2``), and the standing of
+    each figure (:data:`harness.results.standing.STANDING_COLUMNS`: trusted, contended, unsteady, imprecise
+    or not significant, with the evidence)."""
     path = Path(path)
     meta, timings, curves = read_folder(path)
-    return Run(path, meta, timings, curves)
+    return Run(path, meta, reader_columns(timings), curves)
+
+
+def reader_columns(timings: pd.DataFrame) -> pd.DataFrame:
+    """A run's timings with ``label`` and the standing columns (one run's rows: a speedup's reference is
+    looked up among them)."""
+    from harness.results.labels import backend_name
+    from harness.results.standing import with_standing
+
+    df = timings.copy()
+    records = [{"variant": None, **r} for r in df.to_dict("records")]  # an imported run may name no variant
+    df["label"] = pd.Series([backend_name(r) for r in records], index=df.index, dtype=object) \
+        if len(df) else pd.Series(dtype=object)
+    return with_standing(df)
 
 
 def load_runs(paths) -> Run:

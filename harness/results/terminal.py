@@ -9,13 +9,14 @@ import time
 import pandas as pd
 from rich.markup import escape
 
-from harness.results.labels import backend_label, fmt_ratio, fmt_seconds, group_label, imprecise, setting_label
+from harness.results import standing
+from harness.results.labels import backend_label, fmt_ratio, fmt_seconds, group_label, setting_label
 from harness.results.schema import setting_values
 from harness.spec.status import Status
 
 
-#: a speedup whose interval missed its precision target, in the summary (its legend: the "target not met:" line under it)
-from harness.results.labels import MISSED_MARK  # noqa: E402  (one home for the mark and its name)
+#: a speedup whose interval is wider than its precision target, in the summary (its legend: the "marks:" line under it)
+from harness.results.labels import MISSED_MARK  # noqa: E402,F401  (one home for the mark and its name)
 
 
 def group_name(cells) -> str:
@@ -127,7 +128,7 @@ def cell_line(row, label: str) -> str:
     if pd.notna(lo) and lo == hi:  # the reference's own ratio, whose interval has no width
         return text + ", 1x (the reference)"
     ratio = _ratio(row, "speedup")
-    return text + (f", speedup {ratio}" + (f" {MISSED_MARK}" if imprecise(row) else "") if ratio != "-" else "")
+    return text + (f", speedup {standing.marked(ratio, row)}" if ratio != "-" else "")
 
 
 def summary_tables(timings: pd.DataFrame, meta: dict) -> list:
@@ -139,11 +140,10 @@ def summary_tables(timings: pd.DataFrame, meta: dict) -> list:
     run, cut to the window (the report has it whole). Intervals never wrap."""
     from rich import box
     from rich.table import Table
-    from harness.results import caveats
     from harness.results.labels import reading_order
-    from harness.results.report import group_answer, imprecise, speedup_note
+    from harness.results.report import group_answer, speedup_note
 
-    df = timings.assign(label=backend_label(timings))
+    df = standing.with_standing(timings).assign(label=backend_label(timings))
     paired = "setting_baseline" in df and df["setting_speedup"].notna().any()
     first = ""
     if paired:
@@ -154,13 +154,13 @@ def summary_tables(timings: pd.DataFrame, meta: dict) -> list:
         rows, reasons = [], []
         for _, r in g.iterrows():
             ok = r["status"] == Status.OK
-            # marked where it missed its precision target, and where a contended machine timed it
-            sp = escape(caveats.speedup_mark(r, _ratio(r, "speedup") + (f" {MISSED_MARK}" if imprecise(r) else "")))
+            # marked with its standing: contended, unsteady, imprecise, not significant (the legend under the tables)
+            sp = escape(standing.marked(_ratio(r, "speedup"), r))
             row = {"backend": escape(r["label"]),
                    "median": escape(fmt_seconds(r.get("median_s")) if ok and pd.notna(r.get("median_s"))
                                     else str(r["status"]) if not ok else "-"),
-                   f"over {first} [95% CI]": escape(_ratio(r, "setting_speedup")),
-                   "speedup [95% CI]": f"[yellow]{sp}[/]" if imprecise(r) else sp,
+                   f"over {first} [95% CI]": escape(standing.marked(_ratio(r, "setting_speedup"), r, "setting")),
+                   "speedup [95% CI]": f"[yellow]{sp}[/]" if standing.mark(r) else sp,
                    "compile": f"{r['compile_s']:.2f} s" if pd.notna(r.get("compile_s")) else "-", "note": ""}
             if not ok:
                 error = str(r.get("error") or "").strip()
@@ -173,10 +173,14 @@ def summary_tables(timings: pd.DataFrame, meta: dict) -> list:
         head = g.iloc[0]
         lines = [f"[bold]{escape(head['workload'] + ' ' + group_label(head))}[/]"]
         if not paired and head["workload"] != "train":  # the answer under the group's name, then its rows
-            _, gain, winner = group_answer(g)
-            if gain != "-":
-                lines.append(escape(gain if winner is None or "fastest; next" in gain
-                                    else f"fastest: {winner['label']} {gain}"))
+            answer = group_answer(g)
+            gain, winner = answer.gain, answer.winner
+            if answer.tie:
+                lines.append(escape(f"{answer.fastest}; lead {answer.margin}"))
+            elif gain != "-":
+                lead = f"; lead {answer.margin}" if answer.margin != "-" and winner is not None else ""
+                lines.append(escape((gain if winner is None or "fastest; next" in gain
+                                     else f"fastest: {winner['label']} {gain}") + lead))
         if speedup_note(g):
             lines.append(f"[yellow]{escape(speedup_note(g))}[/]")
         groups.append(("\n".join(lines), rows, list(dict.fromkeys(reasons))))
@@ -238,3 +242,6 @@ def print_summary(timings: pd.DataFrame, meta: dict, console) -> None:
         console.print(escape(first), highlight=False)
     for table in summary_tables(timings, meta):
         console.print(table)
+    marks = standing.legend(timings, ("speedup", "setting"))
+    if marks:
+        console.print(f"marks: {escape(marks)}", highlight=False)

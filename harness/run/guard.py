@@ -106,9 +106,16 @@ def summarise(samples: list[Sample]) -> dict | None:
     loads = [s.load for s in samples]
     # a window in which the harness's own CPU seconds went down read a worker's seconds between its
     # parent's reading and its own (it was reaped in between): its busy seconds are no one else's
-    windows = [others(a, b) for a, b in zip(samples, samples[1:]) if b.ours_s >= a.ours_s]
+    kept = [(a, b) for a, b in zip(samples, samples[1:]) if b.ours_s >= a.ours_s and b.t > a.t]
+    windows = [others(a, b) for a, b in kept]
+    # the mean over the same windows as the most (time-weighted), never above the machine's cores: a mean
+    # over the whole stretch would count a reaped worker's seconds as another process's
+    spans = [b.t - a.t for a, b in kept]
+    mean = sum(w * dt for w, dt in zip(windows, spans)) / sum(spans) if spans else others(first, last)
+    cores = total / seconds if total > 0 else None
+    mean = min(mean, max(windows, default=mean), cores if cores else mean)
     return {"seconds": round(seconds, 3), "n_samples": len(samples),
-            "others_cores": round(others(first, last), 3),
+            "others_cores": round(mean, 3),
             "others_cores_max": round(max(windows, default=0.0), 3),
             "steal_share": round((last.steal_s - first.steal_s) / total, 4) if total > 0 else 0.0,
             "load_mean": round(sum(loads) / len(loads), 2), "load_max": round(max(loads), 2)}
