@@ -367,3 +367,11 @@ def test_an_unsteady_run_with_local_load_says_what_the_guard_saw_not_the_host():
     assert "Other processes used up to 1 cores while they were timed" in said and "tenants" not in said
     quiet = [dict(r, contention=seen.replace("used 1 of", "used 0.01 of")) for r in rows]
     assert "tenants" in " ".join(lines({}, quiet))
+
+
+@pytest.mark.parametrize("name", ["explore_results.ipynb", "compare_backends.ipynb"])
+def test_the_shipped_notebooks_plot_load_run_s_label_and_standing_without_a_helper(name):
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / name).read_text(encoding="utf-8"))
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert 't["label"] = backend_label' not in code  # load_run's own label: torch and torch:fused apart
+    assert '"label"' in code and "standing" in code
