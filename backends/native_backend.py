@@ -255,8 +255,9 @@ class NativeBackend(Backend):
     def _mixed_precision(self, dtype: str) -> tuple[bool, str]:
         """bfloat16 where its GEMM runs on VDPBF16PS (or ``bf16_kernel = "portable"`` asks for the emulation)."""
         if dtype != DType.BFLOAT16:
-            return unsupported(f"no {dtype} product path: the engine's low-precision GEMM multiplies bfloat16 pairs "
-                               f"(AVX512-BF16 VDPBF16PS); {dtype} would need a dot-product instruction of its own")
+            return unsupported(f"no {dtype} product path: the engine's low-precision GEMM multiplies bfloat16 "
+                               f"(AMX TDPBF16PS or AVX512-BF16 VDPBF16PS); {dtype} would need a dot-product "
+                               f"instruction of its own")
         if self.bf16_kernel not in _BF16_KERNELS:
             return unsupported(f"bf16_kernel {self.bf16_kernel!r} is not one of {', '.join(_BF16_KERNELS)}")
         try:
