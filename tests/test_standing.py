@@ -246,6 +246,9 @@ def test_a_multi_run_report_over_runs_of_different_backends_and_threads_names_ea
     assert "| run |" in side
     cells = _table_rows(md, "Cells by run")
     assert len(cells) == 2 and all("| ref |" in r for r in cells)  # ref at 1 thread is in both
+    fastest = _table_rows(md, "Fastest per group, each run")  # each run's answer, with its lead where it has one
+    assert any("| A | ref (" in r and re.search(r"\| 1\.\d+x \[[\d.]+, [\d.]+\] over ref:slow \|", r) for r in fastest)
+    assert any("| B | ref (" in r and r.endswith("| ref alone ran | - |") for r in fastest)
 
 
 # -- winners and ties -------------------------------------------------------------------------------

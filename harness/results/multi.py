@@ -206,6 +206,36 @@ def _by_run_section(timings: pd.DataFrame, run_ids: list[str]) -> list:
             Table(heads, rows, right=set(range(2, len(heads))))]
 
 
+def _fastest_section(timings: pd.DataFrame, run_ids: list[str]) -> list:
+    """Per comparison group of each run, its answer as the run's own report gives it: the fastest backend (or
+    the tie), its speedup over that run's baseline and its lead over the runner-up, paired within the run."""
+    from harness.results.labels import backend_label, group_label, reading_order
+    from harness.results.report import Heading, Para, Table, group_answer
+    from harness.results.schema import SPEEDUP_BLOCK
+
+    df = timings[timings["workload"] != "train"]
+    if df.empty:
+        return []
+    df = df.assign(label=backend_label(df))
+    keys = _run_keys(run_ids)
+    rows = []
+    for run in run_ids:
+        mine = df[df["run_id"] == run]
+        for _, g in reading_order(mine.groupby(SPEEDUP_BLOCK, sort=False, dropna=False)):
+            answer = group_answer(g)
+            head = g.iloc[0]
+            rows.append([f"{head['workload']} · {group_label(head)}", keys[run], answer.fastest, answer.gain,
+                         answer.margin])
+    rows.sort(key=lambda r: r[0])  # a problem's runs side by side
+    return [Heading(2, "Fastest per group, each run"),
+            Para("Each run's answer per comparison group, as its own report gives it: the fastest backend that ran "
+                 "and its speedup over that run's baseline, named only where its lead over the runner-up (the "
+                 "runner-up's time over its own, from rounds taken in turn within the run) has a 95% interval above "
+                 "1x; otherwise a tie."),
+            Table(["problem", "run", "fastest", "speedup [95% CI]", "lead over the runner-up [95% CI]"], rows,
+                  right={3, 4})]
+
+
 def _answer(timings: pd.DataFrame, run_ids: list[str], runs) -> list:
     """The report's first table: each later run against the first, over the cells both timed: how many,
     the median of the later run's speedups over the first, and how many intervals lie wholly above 1x
@@ -310,6 +340,7 @@ def build_multi_report(paths) -> tuple[str, list, pd.DataFrame]:
         blocks.append(Para(f"**Not every run finished:** {', '.join(unfinished)}. Such a run holds only the cells it "
                            "finished before it stopped: a cell it never ran is missing from the comparisons below, "
                            "not measured. `harness run CONFIG --resume RUN` finishes it."))
+    blocks += _fastest_section(timings, run_ids)
     blocks += _by_run_section(timings, run_ids)
     df = timings.copy()
     df["label"] = backend_label(df)
