@@ -73,7 +73,7 @@ def test_report_over_runs_of_two_machines_draws_the_crossover_from_both(tmp_path
     result = CliRunner().invoke(app, ["report", str(EXAMPLES / "lstm_cpu_gpu"), str(gpu), "--out", str(out)])
     assert result.exit_code == 0, result.output
     md = (out / "report.md").read_text()
-    assert "| problem | machine | device | backend |" in md
+    assert "| problem | run | machine | device | backend |" in md  # each side-by-side row names its run
     # the machine as a reader tells hosts apart, by stable facts (CPU, cores, the vector flags, the GPU; not
     # the GEMM peak a run measured), described once under a short key
     described = "gpu-box (Intel(R) Xeon(R) Processor, 16 cores, AVX-512 + AVX512-BF16, NVIDIA H100)"
