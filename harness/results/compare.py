@@ -411,7 +411,8 @@ def print_comparison(result: Comparison, console) -> None:
     say("B/A: B's speedup over its baseline / A's (above 1x: faster in B); time: A's median / B's (context).")
     over_w, time_w, verdict_w = 22, 7, 24
     show_time = width >= 2 + 12 + over_w + time_w + verdict_w + 3  # the context column goes first
-    backend_w = width - 2 - over_w - verdict_w - 2 - ((time_w + 1) if show_time else 0)
+    room = width - 2 - over_w - verdict_w - 2 - ((time_w + 1) if show_time else 0)
+    backend_w = min(room, max([len("backend")] + [len(c.backend or c.cell) for c in result.cells]))
     head = f"  {'backend':<{backend_w}} {'B/A [95% CI]':>{over_w}}" + (f" {'time':>{time_w}}" if show_time else "") \
         + f" {'verdict'}"
     last = None

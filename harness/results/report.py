@@ -245,7 +245,7 @@ def _answer_section(timings: pd.DataFrame, meta: dict | None = None) -> list:
         answers.append(answer)
         missing = g[g["status"] != Status.OK]
         not_run = ", ".join(f"{r['label']}: {r['status']}" for _, r in missing.iterrows()) or "-"
-        missed = sum(imprecise(r) for r in g.to_dict("records"))
+        missed = sum(standing.of(r) == standing.Standing.IMPRECISE for r in g.to_dict("records"))  # as marked
         rows.append([f"{head['workload']} · {group_label(head)}", answer.fastest, answer.gain, answer.margin,
                      (str(missed) if missed else "-") if targets else "no precision target",
                      _first_line(not_run, 120)])
