@@ -16,7 +16,6 @@ from harness.spec import tuning
 
 from harness.results.standing import MARKS, UNSTEADY_SPREAD, Standing  # noqa: E402,F401  (one home for both)
 
-CONTENDED_MARK = MARKS[Standing.CONTENDED]
 #: other processes on this many cores or more, within those a cell left free, are local load worth naming
 LOCAL_LOAD_CORES = 0.5
 #: ... and a run says so when more than this share of its timed cells (two at least) did
@@ -240,8 +239,3 @@ def fastest(group: pd.DataFrame, best, text: str) -> str:
     if contended(best) or any(contended(r) for r in ref.to_dict("records")):
         return f"none named: {text} timed on a contended machine"
     return text
-
-
-def speedup_mark(row, text: str) -> str:
-    """A speedup's text with :data:`CONTENDED_MARK` when its cell was timed on a contended machine."""
-    return f"{text} {CONTENDED_MARK}" if contended(row) and text not in ("", "-") else text

@@ -26,26 +26,6 @@ def imprecise(row) -> bool:
     return met is not None and not pd.isna(met) and not bool(met)
 
 
-def short_of_target(value, lo, hi, target) -> bool:
-    """A ratio whose 95% interval is wider than a precision target (its relative half-width above it): how a
-    ratio the stop rule did not wait for (a paired setting's, one run's against another's) is marked with
-    :data:`MISSED_MARK` like a speedup that missed it. False without a target or an interval."""
-    from harness.run.stats import half_width
-
-    if not all(_finite(v) for v in (value, lo, hi, target)):
-        return False
-    return bool(half_width(float(value), float(lo), float(hi)) > float(target))
-
-
-def missed_text(row) -> str:
-    """What the mark stands for on one row: ``† interval ±3.1%, wider than its ±2% target``."""
-    from harness.results.standing import target_text
-
-    half = row.get("speedup_half_width")
-    reached = f"±{half:.1%}" if half is not None and not pd.isna(half) else "too few rounds"
-    return f"{MISSED_MARK} interval {reached}, wider than its {target_text(row['speedup_precision'])} target"
-
-
 def backend_name(row) -> str:
     """A row's backend as configs name it, ``name[:variant][@versions]``: what its ``baseline`` names."""
     import backends

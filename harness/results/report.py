@@ -48,7 +48,7 @@ def spread_warnings(timings) -> list[str]:
     return warn
 
 
-from harness.results.labels import MISSED_MARK, MISSED_NAME, imprecise, missed_text  # noqa: E402  (one home)
+from harness.results.labels import MISSED_MARK, MISSED_NAME, imprecise  # noqa: E402,F401  (one home)
 
 
 def fmt_speedup(row, mark: bool = False) -> str:

@@ -22,6 +22,8 @@ from enum import Enum
 import numpy as np
 import pandas as pd
 
+from harness.results.labels import MISSED_MARK
+
 #: a cell whose worker processes' medians lie further apart than this share of its median ran on an unsteady
 #: machine (pyperf warns at a standard deviation of 10% of the mean: "the result may be unstable")
 UNSTEADY_SPREAD = 0.10
@@ -47,7 +49,7 @@ class Standing(str, Enum):
 
 #: the mark each standing puts beside a figure, in text (so it survives greyscale and plain terminals)
 MARKS = {Standing.TRUSTED: "", Standing.CONTENDED: "(contended)", Standing.UNSTEADY: "(unsteady)",
-         Standing.IMPRECISE: "†", Standing.NOT_SIGNIFICANT: "(n.s.)"}
+         Standing.IMPRECISE: MISSED_MARK, Standing.NOT_SIGNIFICANT: "(n.s.)"}
 
 #: the columns :func:`with_standing` adds: each timed cell's time, its speedup over the baseline and its
 #: speedup over the paired setting's first value, each with the evidence in words
