@@ -65,8 +65,8 @@ def run_cmd(
 ):
     """Run configs: every cell in fresh workers, results and plots in a folder per config.
 
-    Exit code: 0 when every cell ran (failed cells are results); 2 a bad config; 4 with --fail-on, when
-    a cell ended as it names (the cells are listed)."""
+    Exit code: 0 when every cell ran (failed cells are results); 2 a bad config;
+    4 with --fail-on, when a cell ended as it names (the cells are listed)."""
     from harness.results.standing import FAIL_ON
 
     try:
