@@ -152,7 +152,7 @@ def test_every_row_of_a_contended_cell_carries_the_mark_in_both_reports_and_the_
     assert len(cells) == 4 and all("(contended)" in c for c in cells)
     texts, faces = drawn["speedup.png"][0]
     assert any(t.endswith("x (contended)") for t in texts)  # each point's value carries the mark
-    assert any("(contended) hollow" in t for t in texts)  # and the axis says what it means
+    assert any("(contended), hollow: timed while" in " ".join(t.split()) for t in texts)  # the axis says what it means
     assert len(faces) == 4 and all(f == "white" for f in faces)  # every point drawn hollow: seen in greyscale
 
 

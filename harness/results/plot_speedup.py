@@ -68,13 +68,13 @@ def _marks(kinds) -> tuple[list[str], list[bool], str]:
     contended or unsteady), and the legend of the marks drawn ("" when every point is trusted)."""
     kinds = [Standing(k) if isinstance(k, str) and k else None for k in kinds]
     seen = [k for k in Standing if k in kinds and k != Standing.TRUSTED]
-    words = {Standing.CONTENDED: "contended: timed while other processes loaded the cores",
-             Standing.UNSTEADY: "unsteady: its worker processes disagree",
-             Standing.NOT_SIGNIFICANT: "not significant: the interval holds 1x"}
+    words = {Standing.CONTENDED: "timed while other processes loaded the cores",
+             Standing.UNSTEADY: "its worker processes disagree",
+             Standing.NOT_SIGNIFICANT: "not significant, the interval holds 1x"}
     parts = []
     for k in seen:
-        hollow = " hollow," if k.disturbed else ""
-        parts.append(f"{MARKS[k]}{hollow} {words.get(k, '')}" if k != Standing.IMPRECISE else "")
+        hollow = ", hollow" if k.disturbed else ""
+        parts.append(f"{MARKS[k]}{hollow}: {words.get(k, '')}" if k != Standing.IMPRECISE else "")
     return ([MARKS[k] if k else "" for k in kinds], [bool(k and k.disturbed) for k in kinds],
             "; ".join(p for p in parts if p))
 
