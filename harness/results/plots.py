@@ -92,7 +92,8 @@ STAMP_KEY = "harness-plot"
 #: the code that decides what a plot shows: a change here redraws every committed run's plots
 PLOT_CODE = ("harness/results/plots.py", "harness/results/plot_style.py", "harness/results/plot_speedup.py",
              "harness/results/plot_training.py", "harness/results/plot_sweeps.py", "harness/results/plot_roofline.py",
-             "harness/results/labels.py", "harness/results/schema.py")
+             "harness/results/labels.py", "harness/results/schema.py",
+             "harness/results/standing.py")  # the marks every speedup figure carries
 #: the tables a plot is drawn from
 PLOT_INPUTS = ("timings.parquet", "curves.parquet")
 

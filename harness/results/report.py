@@ -572,7 +572,8 @@ def write_report(run_dir) -> list[Path]:
 #: the marker of what a report was written from, its last line
 REPORT_STAMP = "harness-report"
 #: the modules that decide what a report says: a change in one rewrites every committed report
-REPORT_CODE = ("report.py", "report_blocks.py", "report_sections.py", "caveats.py")  # caveats: the Answer opens with it
+# caveats: the Answer opens with it; standing: the mark of every figure
+REPORT_CODE = ("report.py", "report_blocks.py", "report_sections.py", "caveats.py", "standing.py")
 
 
 def report_digest(run_dir) -> str:
