@@ -163,8 +163,10 @@ def _draw_points(items: pd.DataFrame, out: Path, xlabel: str, title: str, row_ke
             # the value beside its interval, on the side away from the 1x line (unless the panel's edge is there)
             left, right = (float(lo), float(hi)) if has else (v, v)
             span = np.log10(xlim[1] / xlim[0])
-            at_left = v < 1 and np.log10(left / xlim[0]) / span > 0.2 or np.log10(right / xlim[0]) / span > 0.8
-            ax.annotate(f"{v:.3g}x" + (f" {r['sign']}" if r["sign"] else ""), (left if at_left else right, y), xytext=(-8 if at_left else 8, 0),
+            text = f"{v:.3g}x" + (f" {r['sign']}" if r["sign"] else "")
+            room = 0.08 + 0.016 * len(text)  # the share of the panel the text takes: a mark needs more of it
+            at_left = v < 1 and np.log10(left / xlim[0]) / span > room or np.log10(right / xlim[0]) / span > 1 - room
+            ax.annotate(text, (left if at_left else right, y), xytext=(-8 if at_left else 8, 0),
                         textcoords="offset points", va="center", ha="right" if at_left else "left", fontsize=8)
         ax.set_yticks(range(len(d)), list(d["name"]), fontsize=8)
         ax.set_ylim(-0.6, max(len(d), 1) - 0.4)
