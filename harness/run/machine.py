@@ -42,6 +42,24 @@ def _cpu_flags() -> list[str]:
     return []
 
 
+def cpu_identity() -> dict:
+    """``vendor``, ``family``, ``model`` and every ``flags`` entry of the first CPU in /proc/cpuinfo (empty
+    values where it cannot be read): what decides the kernel an OpenBLAS build picks."""
+    out = {"vendor": "", "family": "", "model": "", "flags": []}
+    names = {"vendor_id": "vendor", "cpu family": "family", "model": "model"}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key in names and not out[names[key]]:
+                out[names[key]] = value
+            elif key == "flags":
+                out["flags"] = sorted(set(value.split()))
+                break
+    except OSError:
+        pass
+    return out
+
+
 def numpy_blas() -> dict:
     """The BLAS NumPy is linked against (name, version), as far as NumPy tells."""
     import numpy as np

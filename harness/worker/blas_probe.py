@@ -6,6 +6,10 @@ reports it, so a run records the kernel that actually ran, not the one the CPU w
 It asks threadpoolctl where that is installed and reads the loaded libraries itself otherwise
 (an isolated environment on numpy 1.23 need not hold threadpoolctl).
 
+``python -m harness.worker.blas_probe --kernels`` prints, as one JSON line, the kernels of the BLAS
+libraries a worker of this environment loads (NumPy's, SciPy's where installed): harness/run/envs.py runs it
+with and without ``OPENBLAS_CORETYPE`` to find a build older than the CPU and the core type it knows.
+
 ``python -m harness.worker.blas_probe --backend theano --ldflags "openblas=-L... -l..."`` compiles
 the sgd_step at the WildML shape once per ``blas__ldflags`` value given, times the
 variants in alternating steps and prints one JSON line with the medians. harness/run/envs.py
@@ -81,6 +85,29 @@ def _loaded_openblas() -> list:
     return out
 
 
+def environment_kernels() -> list:
+    """:func:`kernels` once NumPy and every OpenBLAS this environment's wheels bring (``numpy.libs``,
+    ``scipy.libs``, ``scipy_openblas32``) are loaded: the builds a worker of the environment may run,
+    whatever its backend imports. Nothing where NumPy is not installed."""
+    import sysconfig
+    from pathlib import Path
+
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        return []
+    found = []
+    for folder in dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib")):
+        found += sorted(Path(folder).glob("*.libs/*.so*")) + sorted(Path(folder).glob("scipy_openblas*/lib/*.so"))
+    for path in found:
+        if "openblas" in path.name and _BLAS_FILE.search(path.name):
+            try:
+                ctypes.CDLL(str(path))
+            except OSError:  # a library that does not load here is not one a worker runs
+                pass
+    return kernels()
+
+
 def probe(full_name: str, ldflags: dict[str, str], n_steps: int = 40) -> dict:
     """Median sgd_step time (ms) per ``blas__ldflags`` value at vocab 8000, hidden 100, T 20, batch 1, float32."""
     import numpy as np
@@ -114,10 +141,18 @@ def main(argv=None) -> int:
     """Entry point: print the probe's result as one JSON line."""
     lifeline.die_with_parent()  # a probe outlives no harness that is building its environment
     ap = argparse.ArgumentParser(prog="python -m harness.worker.blas_probe")
-    ap.add_argument("--backend", required=True)
-    ap.add_argument("--ldflags", action="append", required=True, help="NAME=FLAGS, repeated")
+    ap.add_argument("--kernels", action="store_true", help="print the loaded BLAS libraries' kernels and exit")
+    ap.add_argument("--backend")
+    ap.add_argument("--ldflags", action="append", help="NAME=FLAGS, repeated")
     ap.add_argument("--steps", type=int, default=40)
     args = ap.parse_args(argv)
+    if args.kernels:
+        print(json.dumps(environment_kernels()), flush=True)
+        return 0
+    if not (args.backend and args.ldflags):
+        ap.error("--backend and --ldflags are required without --kernels")
+    if os.environ.get("HARNESS_CPUS"):  # the cores a worker of its thread count is confined to, as the worker does
+        os.sched_setaffinity(0, {int(c) for c in os.environ["HARNESS_CPUS"].split(",")})
     ldflags = dict(item.split("=", 1) for item in args.ldflags)
     print(json.dumps(probe(args.backend, ldflags, args.steps)), flush=True)
     return 0
