@@ -36,6 +36,7 @@ class Cell:
     # (the setting the ratios are against), e.g. (("dtype", "float32"),)
     paired: tuple = ()
     clean_env: bool = False  # its worker inherits none of the caller's steering variables (config clean_env)
+    fix_blas_kernel: bool = True  # an OpenBLAS older than the CPU gets the core type it knows (config fix_blas_kernel)
     copy: int = 1  # a second copy of a backend (``numpy#2``: an A/A check) is a cell of its own
 
     @property
@@ -228,7 +229,7 @@ class RunConfig:
                                       point=point["values"], train=point["train"], timing=point["timing"],
                                       baseline=baseline, env=dict(r.env), seed=r.seed,
                                       task_sha256=point.get("task_sha256"), paired=paired,
-                                      clean_env=r.cleans(b), copy=copy))
+                                      clean_env=r.cleans(b), fix_blas_kernel=r.fix_blas_kernel, copy=copy))
         # the same measurement asked for twice (a repeated sweep value, a document repeating another) runs
         # once; a group's cells stay together in the order their group first appears
         groups: dict[CellKey, dict[str, Cell]] = {}

@@ -42,7 +42,9 @@ def _merge(base: dict, over: dict, top: bool = True) -> dict:
 def config_fingerprint(config) -> str:
     """A digest of everything a config asks for (each document, as validated): ``--resume`` compares it
     with the one the run was started with."""
-    dumps = [raw.model_dump(mode="json") for raw, _ in config.parts]
+    # a key added after runs were committed counts where it is not its default, so their fingerprints hold
+    dumps = [raw.model_dump(mode="json", exclude={"fix_blas_kernel"} if raw.fix_blas_kernel else None)
+             for raw, _ in config.parts]
     files = getattr(config, "task_files", None)
     payload = {"documents": dumps, "task_files": files} if files else dumps  # a changed text file is another run
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -151,6 +151,11 @@ class RawConfig(_Strict):
     clean_env: Union[bool, list[str]] = Field(
         False, description="true (or the backends named): workers start without the caller's variables that steer a "
                            "numerical library (OPENBLAS_*, OMP_*, ...), as pyperf's do; env and the harness's own still apply")
+    fix_blas_kernel: bool = Field(
+        True, description="where an isolated environment's OpenBLAS is older than this CPU and falls back to a generic "
+                          "kernel (Prescott on a CPU with AVX-512), its workers get the best core type it knows "
+                          "(OPENBLAS_CORETYPE: SkylakeX, Haswell, Zen; recorded with origin harness, said in the "
+                          "Answer); false: each library's own pick, and the Answer names the generic kernel")
 
     @field_validator("clean_env")
     @classmethod

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from harness.config import memory_limit_mb
 from harness.run import envs
+# a worker's settings and process environment live with the environments they are built for
+from harness.run.envs import CALLER, CONFIG, HARNESS, process_environ, worker_cpus, worker_settings  # noqa: F401
 from harness.worker import lifeline, protocol
-from harness.spec import tuning
 from harness.spec.status import Status
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -94,78 +95,12 @@ class WorkerFailure(Exception):
         self.status = status
 
 
-def worker_cpus(threads: int) -> list[int]:
-    """The cores a worker with ``threads`` threads is confined to: the first ``threads`` of
-    the runner's own, or none (no confinement) when more threads than cores are asked for."""
-    try:
-        mine = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return []
-    return mine[:threads] if threads <= len(mine) else []
-
-
-def worker_settings(cell_backend, device: str, dtype: str, threads: int, extra: dict[str, str]) -> tuple[str | None, dict]:
-    """The isolated environment name and the variables the runner and the backend set for one worker
-    (the cell's ``env``, the thread count, the cores, the device, the backend's own flags); ``cell_backend``:
-    a :class:`backends.BackendRef` or a name."""
-    import backends
-    from harness.spec.environments import acting_for, thread_variables
-
-    ref = backends.ref(cell_backend)
-    cls = ref.backend_class()
-    variant = ref.variant
-    environment = backends.environment_of(ref)  # a pinned name's own, or the class's
-    env = dict(extra)
-    env.update(thread_variables(threads))  # the one way the worker learns its thread count
-    cpus = worker_cpus(threads)
-    if cpus:
-        env["HARNESS_CPUS"] = ",".join(map(str, cpus))
-    if device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU cell must not quietly use a GPU
-    with acting_for(environment):  # the caches and flags it names are that environment's
-        env.update(cls.environment_variables(cls.variant_of(variant), threads, device, dtype))
-    env["PYTHONUNBUFFERED"] = "1"
-    return environment, env
-
-
 def worker_environment(cell_backend: str, device: str, dtype: str, threads: int, extra: dict[str, str],
-                       clean: bool = False) -> tuple[str | None, dict]:
+                       clean: bool = False, fix_kernel: bool = True) -> tuple[str | None, dict]:
     """The isolated environment name and the full process environment for one worker (``clean``: without
     the caller's variables that steer a numerical library, :func:`process_environ`)."""
-    environment, settings = worker_settings(cell_backend, device, dtype, threads, extra)
+    environment, settings = worker_settings(cell_backend, device, dtype, threads, extra, fix_kernel, clean)
     return environment, process_environ(environment, settings, extra, clean)[0]
-
-
-#: where a worker's variable came from: the caller's environment, the config's ``env``, the harness
-CALLER, CONFIG, HARNESS = "caller", "config", "harness"
-
-
-def process_environ(environment: str | None, settings: dict, config_env: dict,
-                    clean: bool = False) -> tuple[dict, dict]:
-    """A worker's whole process environment and the record of its variables that steer a numerical library.
-
-    The worker inherits the caller's environment, then gets ``settings`` (:func:`worker_settings`: the
-    config's ``env`` and what the harness sets). With ``clean`` it inherits none of the caller's
-    steering variables (``OPENBLAS_CORETYPE``, ``OMP_*``, ``MALLOC_*``, ...: :mod:`harness.spec.tuning`),
-    as pyperf starts its workers: each library then picks what the CPU offers. The record maps each
-    steering variable the worker got to ``{"value", "origin"}`` (origin :data:`CALLER`, :data:`CONFIG` or
-    :data:`HARNESS`) and each one a clean environment left out to ``{"value", "origin": "caller",
-    "removed": true}``."""
-    base = envs.worker_environ(environment)
-    removed = {k: v for k, v in tuning.steering(base).items() if k not in settings} if clean else {}
-    env = {**{k: v for k, v in base.items() if k not in removed}, **settings}
-    record = {}
-    for k, v in tuning.steering(env).items():
-        if k not in settings:
-            origin = CALLER
-        elif config_env.get(k) == v:
-            origin = CONFIG
-        else:
-            origin = HARNESS
-        record[k] = {"value": v, "origin": origin}
-    for k, v in removed.items():
-        record[k] = {"value": v, "origin": CALLER, "removed": True}
-    return env, dict(sorted(record.items()))
 
 
 def _oom_kills() -> int | None:

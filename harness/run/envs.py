@@ -11,6 +11,11 @@ and its :class:`Recipe`), and pin sets named by a backend name that pins version
 (``jax@0.4.38`` runs in the environment ``jax@0.4.38``, whose recipe follows from its name:
 :func:`harness.spec.environments.pinned_recipe`).
 
+An environment's OpenBLAS builds may be older than the CPU they run on and fall back to a generic
+kernel there (Prescott on a CPU with AVX-512): :func:`check_kernels` finds the kernel each build picks on
+this CPU and the best core type every such build knows (``OPENBLAS_CORETYPE``), once per CPU, and the
+runner sets it for the environment's workers (:func:`core_type`, config ``fix_blas_kernel``).
+
 Creation uses ``uv`` when it is on ``PATH`` (much faster), otherwise ``python -m venv``
 and pip. It is serialised by a file lock, and an environment counts as existing only
 once its marker file is written, so an interrupted creation is simply redone.
@@ -27,8 +32,9 @@ import sys
 import time
 from pathlib import Path
 
+from harness.run import machine
 from harness.worker import lifeline, measure
-from harness.spec import environments, writes
+from harness.spec import environments, tuning, writes
 # the folders and the recipe type live in the spec layer, where backends read them
 from harness.spec.environments import MARKER, THREAD_VARS, Recipe, current_env, env_dir, env_python, home  # noqa: F401
 from harness.spec.environments import damaged_reason, marker as _marker
@@ -233,14 +239,118 @@ def _site_dirs(target: Path) -> list[Path]:
     return sorted(target.glob("lib/python*/site-packages"))
 
 
+# -- the kernel each OpenBLAS build picks on this CPU ----------------------------------------------------------
+
+#: in an environment's folder: per CPU, the kernels its BLAS libraries pick and the core type its workers get
+KERNELS_FILE = "kernels.json"
+
+
+def _cpu_key(cpu: dict) -> str:
+    """What a kernel record is kept under: the CPU's vendor, family, model and a digest of its flags."""
+    import hashlib
+
+    flags = hashlib.sha1(" ".join(cpu["flags"]).encode()).hexdigest()[:12]
+    return f"{cpu['vendor']} family {cpu['family']} model {cpu['model']} flags {flags}"
+
+
+def _kernels(py: Path, env: dict) -> list:
+    """The BLAS entries a process of that Python reports with this environment (blas_probe --kernels)."""
+    out = _run([str(py), "-m", "harness.worker.blas_probe", "--kernels"], "finding the BLAS kernels", env=env)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def check_kernels(name: str, py: Path | None = None) -> dict:
+    """Find, on this CPU, the kernel each BLAS library of environment ``name`` picks by itself (``alone``)
+    and, where an OpenBLAS build falls back to a generic one on a CPU with AVX2 or AVX-512, the best core
+    type every such build takes (``core_type``, :func:`harness.spec.tuning.choose_core_type`, with the
+    kernels it gives in ``with_core_type``): a build that does not know a name keeps its own pick, so each
+    candidate is tried. Kept in the environment's :data:`KERNELS_FILE` under this CPU; HarnessError when
+    the environment's Python cannot answer."""
+    py = py or env_python(name)
+    if py is None:
+        raise HarnessError(f"environment {name!r} does not exist")
+    cpu = machine.cpu_identity()
+    base = {k: v for k, v in worker_environ(name).items() if k != tuning.CORETYPE}  # each build's own pick
+    try:
+        alone = _kernels(py, base)
+        tried: dict[str, list] = {}
+        core = None
+        if tuning.generic_libraries(alone) and tuning.wants_better(cpu["flags"]):
+            for candidate in tuning.core_types(cpu["flags"], cpu["vendor"]):
+                tried[candidate] = _kernels(py, {**base, tuning.CORETYPE: candidate})
+                core = tuning.choose_core_type(cpu["flags"], cpu["vendor"], alone, tried)
+                if core is not None:
+                    break
+    except (_StageError, OSError, ValueError) as exc:
+        raise HarnessError(f"environment {name!r}: cannot tell its BLAS kernels: {exc}") from None
+    record = {"cpu": f"{cpu['vendor']} family {cpu['family']} model {cpu['model']}", "alone": alone,
+              "core_type": core, "with_core_type": tried.get(core) if core else None,
+              "tried": sorted(tried)}
+    path = env_dir(name) / KERNELS_FILE
+    kept = _read_kernels(path)
+    kept[_cpu_key(cpu)] = record
+    writes.write_file(path, json.dumps(kept, indent=2), below=env_dir(name))
+    return record
+
+
+def _read_kernels(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def kernel_record(name: str, compute: bool = True) -> dict | None:
+    """:func:`check_kernels`' record of environment ``name`` for this CPU; found first where the
+    environment exists and has none for it yet (``compute``). None where there is none."""
+    record = _read_kernels(env_dir(name) / KERNELS_FILE).get(_cpu_key(machine.cpu_identity()))
+    if record is None and compute and env_python(name) is not None:
+        record = check_kernels(name)
+    return record
+
+
+def core_type(name: str) -> str | None:
+    """The ``OPENBLAS_CORETYPE`` the workers of environment ``name`` get on this CPU (None: its builds know
+    it, or none can be helped)."""
+    return (kernel_record(name) or {}).get("core_type")
+
+
+def kernels_text(record: dict | None) -> str:
+    """One line of what each library picks on this CPU: ``numpy's OpenBLAS 0.3.20 Prescott (SkylakeX by
+    OPENBLAS_CORETYPE)``."""
+    if record is None:
+        return "not checked on this CPU"
+    after = {lib.get("filepath"): lib.get("architecture") for lib in record.get("with_core_type") or []}
+    parts = []
+    for lib in record.get("alone") or []:
+        if lib.get("user_api") not in (None, "blas"):
+            continue
+        path = str(lib.get("filepath") or "")
+        owner = Path(path).parent.name.removesuffix(".libs") if path else ""
+        what = tuning.library_text(lib) if tuning.is_openblas(lib) else str(lib.get("internal_api") or "?")
+        text = f"{owner}'s {what} {lib.get('architecture') or 'kernel unreported'}" if owner else \
+            f"{what} {lib.get('architecture') or 'kernel unreported'}"
+        if tuning.is_generic(lib.get("architecture")):
+            moved = after.get(lib.get("filepath"))
+            text += (f" ({moved} by {tuning.CORETYPE})" if moved and record.get("core_type")
+                     else " (generic; no core type it knows fits this CPU)" if record.get("tried") else " (generic)")
+        parts.append(text)
+    return "; ".join(parts) or "no BLAS loaded"
+
+
 def _probe_blas(name: str, recipe: Recipe, target: Path, py: Path, say, rounds: int = 2) -> dict:
     """Build the OpenBLAS shim, time the probe backend with and without it, keep the faster.
 
     The answer depends on the thread count (a 2-thread OpenBLAS suffers most when the
     other core is busy), so it is measured, and recorded, at 1 thread and at all cores,
     in alternating processes: two BLAS thread pools in one process disturb each other.
+    Each process runs with what a worker of the probe backend gets at that thread count (the
+    config's default ``env``, the cores, the core type :func:`core_type` chose): it measures
+    what the workers will run.
     """
     from backends import blas
+    from harness.config.schema import DEFAULT_ENV
 
     info = blas.build_shim(target / "blas", _site_dirs(target))
     choice = {"library": info["library"], "openblas_ldflags": info["ldflags"], "reason": info["reason"],
@@ -253,8 +363,10 @@ def _probe_blas(name: str, recipe: Recipe, target: Path, py: Path, say, rounds: 
     for threads in sorted({1, os.cpu_count() or 1}):
         say(f"timing {recipe.blas_probe} at {threads} thread(s) with numpy's BLAS and with "
             f"{Path(info['library']).name}, {rounds} alternating rounds")
-        env = worker_environ(name)
-        env.update(OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+        _, settings = worker_settings(recipe.blas_probe, "cpu", "float32", threads, dict(DEFAULT_ENV), ensure=False)
+        env = process_environ(name, settings, DEFAULT_ENV)[0]
+        if env.get(tuning.CORETYPE):
+            choice["variables"] = {tuning.CORETYPE: env[tuning.CORETYPE]}
         samples: dict[str, list[float]] = {"numpy": [], "openblas": []}
         for r in range(rounds):
             for key in measure.round_order(["numpy", "openblas"], r):
@@ -303,10 +415,11 @@ def create_env(name: str, force: bool = False, progress=None) -> Path:
                 say(f"checking the installation ({recipe.check})")
                 _run([str(py), "-c", recipe.check], "import check", env=worker_environ(name))
             versions = _installed_versions(py, recipe)
+            say(f"BLAS kernels on this CPU: {kernels_text(check_kernels(name, py))}")
             if recipe.blas_probe:
                 blas_choice = _probe_blas(name, recipe, target, py, say)
                 writes.write_file(target / blas.CHOICE_FILE, json.dumps(blas_choice, indent=2), below=target)
-        except (_StageError, OSError) as exc:
+        except (_StageError, OSError, HarnessError) as exc:
             shutil.rmtree(target, ignore_errors=True)
             _FAILED[target] = f"could not create environment {name!r}: {exc}"
             raise HarnessError(_FAILED[target]) from None
@@ -356,6 +469,15 @@ def list_envs() -> list[dict]:
             choice = blas.read_choice(env_dir(name))
             if choice is not None:
                 packages += f"; BLAS: {blas.describe(choice)}"
+            try:
+                record = kernel_record(name)
+                packages += f"; kernels on this CPU: {kernels_text(record)}"
+                core = (record or {}).get("core_type")
+                if choice is not None and core and (choice.get("variables") or {}).get(tuning.CORETYPE) != core:
+                    packages += (f"; its BLAS choice was measured without {tuning.CORETYPE}={core}: `harness env "
+                                 f"create --force {name}` measures it as the workers run")
+            except HarnessError as exc:
+                packages += f"; kernels on this CPU: {exc}"
         elif find_recipe(name) is not None:
             packages = ", ".join(find_recipe(name).packages)
         else:
@@ -391,3 +513,91 @@ def worker_environ(name: str | None) -> dict[str, str]:
     # children must find the same environments and caches as this process
     env["HARNESS_HOME"] = str(home())
     return env
+
+
+# -- a worker's settings and its whole process environment --------------------------------------------------
+
+
+def worker_cpus(threads: int) -> list[int]:
+    """The cores a worker with ``threads`` threads is confined to: the first ``threads`` of
+    the runner's own, or none (no confinement) when more threads than cores are asked for."""
+    try:
+        mine = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return []
+    return mine[:threads] if threads <= len(mine) else []
+
+
+def worker_settings(cell_backend, device: str, dtype: str, threads: int, extra: dict[str, str],
+                    fix_kernel: bool = True, clean: bool = False, ensure: bool = True) -> tuple[str | None, dict]:
+    """The isolated environment name and the variables the runner and the backend set for one worker
+    (the cell's ``env``, the thread count, the cores, the device, the backend's own flags, and the OpenBLAS
+    core type of an environment whose OpenBLAS is older than the CPU); ``cell_backend``: a
+    :class:`backends.BackendRef` or a name.
+
+    An isolated environment is built first (``ensure``): its settings read what building it chose (the
+    BLAS its graphs link, the core type). ``fix_kernel`` (config ``fix_blas_kernel``) sets that core type
+    unless the cell's ``env`` names one, or the caller's environment does and ``clean`` does not drop it."""
+    import backends
+    from harness.spec.environments import acting_for, thread_variables
+
+    ref = backends.ref(cell_backend)
+    cls = ref.backend_class()
+    variant = ref.variant
+    environment = backends.environment_of(ref)  # a pinned name's own, or the class's
+    if environment is not None and ensure:
+        ensure_env(environment)
+    env = dict(extra)
+    env.update(thread_variables(threads))  # the one way the worker learns its thread count
+    cpus = worker_cpus(threads)
+    if cpus:
+        env["HARNESS_CPUS"] = ",".join(map(str, cpus))
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU cell must not quietly use a GPU
+    with acting_for(environment):  # the caches and flags it names are that environment's
+        env.update(cls.environment_variables(cls.variant_of(variant), threads, device, dtype))
+    if (environment is not None and fix_kernel and tuning.CORETYPE not in env
+            and (clean or not os.environ.get(tuning.CORETYPE))):
+        core = core_type(environment)
+        if core is not None:
+            env[tuning.CORETYPE] = core
+    env["PYTHONUNBUFFERED"] = "1"
+    return environment, env
+
+
+#: where a worker's variable came from: the caller's environment, the config's ``env``, the harness
+CALLER, CONFIG, HARNESS = "caller", "config", "harness"
+
+
+def process_environ(environment: str | None, settings: dict, config_env: dict,
+                    clean: bool = False) -> tuple[dict, dict]:
+    """A worker's whole process environment and the record of its variables that steer a numerical library.
+
+    The worker inherits the caller's environment, then gets ``settings`` (:func:`worker_settings`: the
+    config's ``env`` and what the harness sets). With ``clean`` it inherits none of the caller's
+    steering variables (``OPENBLAS_CORETYPE``, ``OMP_*``, ``MALLOC_*``, ...: :mod:`harness.spec.tuning`),
+    as pyperf starts its workers: each library then picks what the CPU offers. The record maps each
+    steering variable the worker got to ``{"value", "origin"}`` (origin :data:`CALLER`, :data:`CONFIG` or
+    :data:`HARNESS`) and each one a clean environment left out to ``{"value", "origin": "caller",
+    "removed": true}``. The core type the harness set for an OpenBLAS older than the CPU also names, as
+    ``fixes``, the builds that fall back to a generic kernel without it (their BLAS entries)."""
+    base = worker_environ(environment)
+    removed = {k: v for k, v in tuning.steering(base).items() if k not in settings} if clean else {}
+    env = {**{k: v for k, v in base.items() if k not in removed}, **settings}
+    record = {}
+    for k, v in tuning.steering(env).items():
+        if k not in settings:
+            origin = CALLER
+        elif config_env.get(k) == v:
+            origin = CONFIG
+        else:
+            origin = HARNESS
+        record[k] = {"value": v, "origin": origin}
+        if k == tuning.CORETYPE and origin == HARNESS and environment is not None:
+            kernels = kernel_record(environment, compute=False) or {}
+            if kernels.get("core_type") == v:
+                record[k]["fixes"] = [{f: lib.get(f) for f in ("internal_api", "version", "architecture", "filepath")}
+                                      for lib in tuning.generic_libraries(kernels.get("alone"))]
+    for k, v in removed.items():
+        record[k] = {"value": v, "origin": CALLER, "removed": True}
+    return env, dict(sorted(record.items()))

@@ -340,12 +340,17 @@ class GroupRun:
     @staticmethod
     def _start(cell: Cell, describe, record=None, verify: bool = True,
                memo: str = "") -> tuple[WorkerProcess | None, Outcome]:
+        import backends
+
         outcome = Outcome(cell)
         p = cell.problem
         try:
-            environment, settings = worker_settings(cell.ref, p.device, p.dtype, cell.threads, cell.env)
+            environment = backends.environment_of(cell.ref)
             if environment and envs.env_python(environment) is None:
                 describe(f"creating isolated environment {environment!r} (first use)")
+            # built before its settings are read: the first cell gets the BLAS and core type it chose, as every later one
+            environment, settings = worker_settings(cell.ref, p.device, p.dtype, cell.threads, cell.env,
+                                                    cell.fix_blas_kernel, cell.clean_env)
             env, outcome.steering = process_environ(environment, settings, cell.env, cell.clean_env)
             worker = WorkerProcess(environment, env, cell.ref.full, recorded=settings, record=record)
         except HarnessError as exc:
