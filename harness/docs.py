@@ -60,7 +60,7 @@ import pandas as pd
 from harness.spec import writes
 from harness.spec.dtype import DType
 from harness.spec.errors import HarnessError
-from harness.results.labels import MISSED_MARK, imprecise
+from harness.results import standing
 from harness.results.schema import SPEEDUP_BLOCK, setting_values
 from harness.spec.status import Status
 
@@ -114,9 +114,7 @@ def _speedup(r) -> str:
     s = f"{r['speedup']:.2f}x"
     if _ok(r.get("speedup_lo")) and _ok(r.get("speedup_hi")):
         s += f" [{r['speedup_lo']:.2f}, {r['speedup_hi']:.2f}]"
-    if imprecise(r):
-        s += f" {MISSED_MARK}"
-    return s
+    return standing.marked(s, r)
 
 
 def _is_baseline(r) -> bool:

@@ -104,7 +104,7 @@ HOW: dict[str, object] = {
     # docs/experiments.md
     "harness run configs/<config>.yaml": "parse",
     "harness run configs/lstm_gpu.yaml --profile full": "parse",
-    "python benchmarks/measure_cuda.py --out results/examples/lstm_gpu/kernels":
+    "python benchmarks/measure_cuda.py --out results/kernels-lstm-gpu":
         ("small", ["python", "benchmarks/measure_cuda.py", "--help"]),
 }
 
