@@ -220,3 +220,10 @@ def test_env_list_shows_the_kernel_each_library_picks_here(home):
     text = rows[PINNED]["packages"]
     assert "kernels on this CPU: numpy's OpenBLAS 0.3.20 Prescott (SkylakeX by OPENBLAS_CORETYPE); " \
            "scipy's OpenBLAS 0.3.18 Prescott (SkylakeX by OPENBLAS_CORETYPE)" in text
+
+
+def test_a_library_in_a_lib_folder_is_named_by_its_package():
+    record = {"alone": [_lib("/env/scipy_openblas32/lib/libscipy_openblas.so", "0.3.34", "SkylakeX")],
+              "core_type": None, "tried": []}
+    assert envs.kernels_text(record) == "scipy_openblas32's OpenBLAS 0.3.34 SkylakeX"
+    assert envs.kernels_text(None) == "not checked on this CPU"

@@ -327,7 +327,8 @@ def kernels_text(record: dict | None) -> str:
         if lib.get("user_api") not in (None, "blas"):
             continue
         path = str(lib.get("filepath") or "")
-        owner = Path(path).parent.name.removesuffix(".libs") if path else ""
+        folder = Path(path).parent
+        owner = (folder.parent.name if folder.name == "lib" else folder.name).removesuffix(".libs") if path else ""
         what = tuning.library_text(lib) if tuning.is_openblas(lib) else str(lib.get("internal_api") or "?")
         text = f"{owner}'s {what} {lib.get('architecture') or 'kernel unreported'}" if owner else \
             f"{what} {lib.get('architecture') or 'kernel unreported'}"
