@@ -227,3 +227,14 @@ def test_a_library_in_a_lib_folder_is_named_by_its_package():
               "core_type": None, "tried": []}
     assert envs.kernels_text(record) == "scipy_openblas32's OpenBLAS 0.3.34 SkylakeX"
     assert envs.kernels_text(None) == "not checked on this CPU"
+
+
+def test_the_answer_opens_with_it_through_the_caveats():
+    """The run's Answer says the fix (once), not a forced variable beside a kernel picked 'on its own'."""
+    from harness.results import caveats
+
+    fixes = [_lib(NUMPY_LIB, "0.3.20", "Prescott")]
+    variables = {tuning.CORETYPE: {"value": "SkylakeX", "origin": "harness", "fixes": fixes}}
+    said = caveats.lines(_meta(variables, [_lib(NUMPY_LIB, "0.3.20", "SkylakeX")]), [])
+    assert f"{PINNED}'s OpenBLAS 0.3.20 does not know this CPU: its workers run SkylakeX by OPENBLAS_CORETYPE." in said
+    assert not any("forced" in line for line in said)

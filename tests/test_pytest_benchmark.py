@@ -192,8 +192,10 @@ def test_a_harness_run_exports_and_compares_with_its_import(tmp_path, fake_backe
     merged = a.merge(b, on="cell_id")
     assert np.allclose(merged["median_s_x"], merged["median_s_y"])
     result = _invoke("compare", run_dir, again, "--json")
-    assert result.exit_code == 0, result.output
-    assert all(abs(c["ratio"] - 1) < 1e-9 for c in json.loads(result.output)["cells"])
+    # 3: a cell the busy test machine made unsteady or contended in the run cannot be judged fairly
+    assert result.exit_code in (0, 3), result.output
+    out = json.loads(result.output)
+    assert out["regressions"] == [] and all(abs(c["ratio"] - 1) < 1e-9 for c in out["cells"])
 
 
 def test_bad_inputs_are_clear_errors(tmp_path):

@@ -101,7 +101,8 @@ def lines(meta: dict, timings) -> list[str]:
     a contended machine with its evidence, and each variable that forced a kernel or a cache size with
     the kernel its workers ran."""
     rows = _rows(timings)
-    return _contention_lines(meta, rows) + _unsteady_lines(rows) + _forcing_lines(meta) + _clean_lines(meta)
+    return (_contention_lines(meta, rows) + _unsteady_lines(rows) + tuning.fallback_lines(meta) + _forcing_lines(meta)
+            + _clean_lines(meta))
 
 
 def _contention_lines(meta: dict, rows: list[dict]) -> list[str]:
@@ -178,7 +179,7 @@ def _forcing_lines(meta: dict) -> list[str]:
         backend = _record_backend(key)
         for name, v in (entry.get("variables") or {}).items():
             what = tuning.forces(name, v.get("value", ""))
-            if what is not None and not v.get("removed"):
+            if what is not None and not v.get("removed") and not v.get("fixes"):  # a fix: tuning.fallback_lines says it
                 reached.setdefault((name, v["value"], v["origin"], what), []).append(backend)
                 kernels.setdefault(backend, set()).update(
                     kernel_text([b]) for b in entry.get("blas") or [] if b.get("user_api") in (None, "blas"))
