@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.results import plots
 from harness.results.report import check_report, write_report
+from harness.spec.errors import HarnessError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "results" / "examples" / "lstm_gpu"  # small: six groups, three plots
@@ -181,3 +182,18 @@ def test_a_gpu_roofline_reads_in_tflops_and_tbs_with_a_share_axis_that_stops_at_
     assert not any("e+" in x for x in texts)
     share = next(other for other in drawn["fig"].axes if other is not ax and other.bbox.bounds == ax.bbox.bounds)
     assert max(share.get_yticks()) <= 100
+
+
+def test_a_drawing_no_longer_drawn_is_removed_by_the_write_rule_and_a_link_in_its_place_is_refused(run, tmp_path):
+    """A stray drawing of an earlier code is removed at the next drawing; a link of a drawing's name (into
+    another folder) is not followed: refused, naming it, and what it points at is left alone."""
+    folder = run / "plots"
+    (folder / "crossover.png").write_bytes(b"an earlier drawing")
+    plots.make_plots(run)
+    assert not (folder / "crossover.png").exists()
+    outside = tmp_path / "elsewhere.png"
+    outside.write_bytes(b"someone's picture")
+    (folder / "crossover.png").symlink_to(outside)
+    with pytest.raises(HarnessError, match="crossover.png"):
+        plots.make_plots(run)
+    assert outside.read_bytes() == b"someone's picture"

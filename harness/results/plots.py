@@ -20,7 +20,7 @@ from harness.results.plot_style import _hue, _palette, _shade, backend_colour, b
 from harness.results.plot_sweeps import (crossover_batch, plot_crossover, plot_scaling, plot_threads,  # noqa: F401
                                          plot_threads_batch)
 from harness.results.plot_training import plot_loss_vs_time, plot_train_tradeoff  # noqa: F401
-from harness.spec.writes import prepare_folder, write_file
+from harness.spec.writes import prepare_folder, remove_file, write_file
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def make_plots(run_dir) -> list[Path]:
         _stamp(folder / name, _file_digest(digest, name))
     for old in _drawn_files(folder):
         if old.name not in files:
-            old.unlink()
+            remove_file(old, run=run_dir)
     write_file(folder / MANIFEST, json.dumps({"digest": digest, "files": files}, indent=1) + "\n", run=run_dir)
     return made
 
