@@ -203,6 +203,57 @@ def test_report_shows_a_stored_conformance_record_and_worker_flags(sweep_run, tm
     assert "| jax | `XLA_FLAGS=--xla_cpu_multi_thread_eigen=false` |" in md  # thread counts are per cell, not listed
 
 
+def test_the_report_answers_first_and_folds_the_environment_after_the_results(sweep_run, tmp_path):
+    run = shutil.copytree(sweep_run, tmp_path / "run")
+    meta = json.loads((run / "run.json").read_text())
+    cache = "/home/someone/checkout/.harness/cache/jax"
+    blas = "/home/someone/checkout/.venv/lib/python3.11/site-packages/scipy.libs/libscipy_openblas-6cdc3b4a.so"
+    meta["versions"] = {"jax": {"jax": "0.4.38", "jax_compilation_cache_dir": cache},
+                        "native": {"blas": f"OpenBLAS ({blas})"}}
+    meta["worker_env"] = {"jax": {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}}
+    (run / "run.json").write_text(json.dumps(meta))
+    write_report(run)
+    md, page = (run / "report.md").read_text(), (run / "report.html").read_text()
+    order = ["Answer", "Results", "Plots", "Failed and unsupported cells", "Training", "Run", "Machine",
+             "Library versions", "Conformance"]
+    # the answer and the figures first, the environment after them (as asv and pytest-benchmark put it)
+    for text in (md, page):
+        heads = [h for h in order if f"## {h}\n" in text or f'<h2 id="{h.lower().replace(" ", "-")}">' in text]
+        assert heads == order
+        at = [text.index(f"## {h}\n") if f"## {h}\n" in text else text.index(f'<h2 id="{h.lower().replace(" ", "-")}">')
+              for h in order]
+        assert at == sorted(at), "sections out of order"
+        before = text[:at[order.index("Machine")]]
+        assert "](plots/" in before or "data:image/png" in before  # the figures come before the machine
+        # the library versions and each backend's own environment are folded; the machine's long table too
+        tail = text[at[order.index("Machine")]:]
+        assert tail.count("<details><summary>") >= 3 and tail.count("</details>") == tail.count("<details><summary>")
+        versions = tail[tail.index("Library versions"):tail.index("Conformance")]
+        assert versions.index("<details><summary>") < versions.index("jax_compilation_cache_dir")
+        assert versions.index("<details><summary>") < versions.index("XLA_FLAGS")
+        # local paths from the environment's or the cache's name on, never the absolute prefix
+        assert "/home/someone" not in text
+        assert "jax_compilation_cache_dir .harness/cache/jax" in text
+        assert ".venv/…/scipy.libs/libscipy_openblas-6cdc3b4a.so" in text
+    # in Markdown the folded table keeps the blank lines GitHub needs to render it inside <details>
+    assert "</summary>\n\n| backend | libraries" in md
+    # a short section stays open: the Run table of this run has fewer than 16 lines
+    run_part = md.split("## Run\n", 1)[1].split("\n## ", 1)[0]
+    assert "<details>" not in run_part and "| run id |" in run_part
+
+
+def test_short_path_keeps_what_identifies_a_path():
+    from harness.results.report_blocks import short_path, short_paths
+
+    assert short_path("/work/main/.harness/envs/theano/lib/python3.11/site-packages/scipy_openblas32/lib/x.so") == \
+        "theano/…/scipy_openblas32/lib/x.so"
+    assert short_path("/work/main/.harness/cache/envs/pytensor@2.30.3/pytensor/blas") == \
+        ".harness/cache/envs/pytensor@2.30.3/pytensor/blas"
+    assert short_path("/usr/bin/g++") == "/usr/bin/g++"  # a system path says what it is as it is
+    assert short_paths("flags -O3 -march=native, cache /a/b/.harness/cache/jax, -L/a/b/.harness/blas -lx") == \
+        "flags -O3 -march=native, cache .harness/cache/jax, -L.harness/blas -lx"
+
+
 def test_report_command(small_run):
     result = CliRunner().invoke(app, ["report", str(small_run)])
     assert result.exit_code == 0, result.output
@@ -244,7 +295,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "results" / "examples"
 def test_a_paired_run_s_answer_answers_the_paired_question_first():
     title, blocks = build_report(EXAMPLES / "mixed_precision", plots=[])
     md = to_markdown(title, blocks, EXAMPLES / "mixed_precision")
-    answer = md.split("## Answer", 1)[1].split("## Run", 1)[0]
+    answer = md.split("## Answer", 1)[1].split("\n## ", 1)[0]
     paired, baseline = answer.split("### Against the baseline")
     assert "speedup over float32 [95% CI]" in paired
     # marked as settings.png marks it: its interval is wider than the run's ±2% target
@@ -302,7 +353,7 @@ def test_a_run_s_commit_is_clean_when_only_outputs_and_untracked_files_differ(tm
 
 def test_the_answer_reads_a_sweep_in_order_and_says_in_words_where_the_baseline_is_fastest():
     title, blocks = build_report(EXAMPLES / "lstm_gpu", plots=[])
-    answer = to_markdown(title, blocks, EXAMPLES / "lstm_gpu").split("## Answer", 1)[1].split("## Run", 1)[0]
+    answer = to_markdown(title, blocks, EXAMPLES / "lstm_gpu").split("## Answer", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in answer.splitlines() if line.startswith("| forward") or line.startswith("| train_step")]
     # run order was B=64 forward, B=64 train_step, then B=1 and 16 of each: the reader gets each workload's sweep
     assert [r.split(" · ")[0].strip("| ") + " " + r.split(" B=")[1].split()[0] for r in rows] == [
@@ -318,7 +369,7 @@ def test_the_answer_reads_a_sweep_in_order_and_says_in_words_where_the_baseline_
 
 def test_where_the_baseline_is_fastest_the_answer_says_so_in_words():
     title, blocks = build_report(EXAMPLES / "numpy_vs_theano", plots=[])
-    answer = to_markdown(title, blocks, EXAMPLES / "numpy_vs_theano").split("## Answer", 1)[1].split("## Run", 1)[0]
+    answer = to_markdown(title, blocks, EXAMPLES / "numpy_vs_theano").split("## Answer", 1)[1].split("\n## ", 1)[0]
     assert "1x [1, 1]" not in answer
     assert "| numpy (1.53 ms) | numpy fastest; next: pytensor:jax 0.945x [0.928, 0.965] † |" in answer
     assert "numpy (the baseline) in 3 of 3 groups." in answer.split("| problem")[0]

@@ -19,7 +19,7 @@ import pandas as pd
 
 from harness.run import stats
 from harness.spec.errors import HarnessError
-from harness.results.report_blocks import (Bullets, Heading, Hover, Image, Para, Pre, Table, _f,  # noqa: F401
+from harness.results.report_blocks import (Bullets, Fold, Heading, Hover, Image, Para, Pre, Table, _f,  # noqa: F401
                                            _first_line, _num, fmt_time)
 from harness.results.report_sections import (_conformance_section, _devices_section, _failures_section,  # noqa: F401
                                              _labels, _machine_section, _run_section, _training_section,
@@ -378,12 +378,13 @@ def build_report(run_dir, plots: list[Path] | None = None, plot_note: str = "") 
         n_caveats = sum(1 for _ in caveats.lines(run.meta, run.timings))
         answer = (answer[:1 + n_caveats] + paired[1:] + [Heading(3, "Against the baseline")]
                   + answer[1 + n_caveats:])
-    blocks = (answer + _run_section(run.meta, run.timings, Path(run_dir))
-              + _machine_section(run.meta) + _versions_section(run.meta)
-              + _conformance_section(run.meta, run.timings) + _results_section(run.timings)
-              + _devices_section(run.timings)
+    # the answer and the figures first; how, where and with what the run ran after them, the long parts
+    # folded (as asv and pytest-benchmark put the environment after the results)
+    blocks = (answer + _results_section(run.timings) + _devices_section(run.timings)
               + _plots_section(plots, plot_note) + _failures_section(run.timings)
-              + _training_section(run.timings, run.curves))
+              + _training_section(run.timings, run.curves)
+              + _run_section(run.meta, run.timings, Path(run_dir)) + _machine_section(run.meta)
+              + _versions_section(run.meta) + _conformance_section(run.meta, run.timings))
     return title, blocks
 
 
@@ -410,26 +411,38 @@ def to_markdown(title: str, blocks: list, base: Path) -> str:
     """Markdown with images linked relative to ``base`` (the run folder)."""
     out = [f"# {title}", ""]
     for b in blocks:
-        if isinstance(b, Heading):
-            out += ["#" * b.level + " " + b.text, ""]
-        elif isinstance(b, Para):
-            out += [b.text, ""]
-        elif isinstance(b, Table):
-            out.append("| " + " | ".join(_md_cell(h) for h in b.headers) + " |")
-            out.append("|" + "|".join("---:" if i in b.right else "---" for i in range(len(b.headers))) + "|")
-            out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in b.rows]
-            out.append("")
-        elif isinstance(b, Bullets):
-            out += [f"- {item}" for item in b.items] + [""]
-        elif isinstance(b, Image):
-            rel = b.path.relative_to(base) if b.path.is_relative_to(base) else b.path
-            out += [f"![{b.path.stem}]({rel.as_posix()})", "", f"*{b.caption}*", ""]
-        elif isinstance(b, Pre):
-            if b.summary:
-                out.append(f"**{b.summary}**")
-                out.append("")
-            out += ["```", b.text.replace("```", "'''"), "```", ""]
+        out += _md_block(b, base)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _md_block(b, base: Path) -> list[str]:
+    """One block's Markdown lines, a blank line after it."""
+    out: list[str] = []
+    if isinstance(b, Heading):
+        out += ["#" * b.level + " " + b.text, ""]
+    elif isinstance(b, Para):
+        out += [b.text, ""]
+    elif isinstance(b, Table):
+        out.append("| " + " | ".join(_md_cell(h) for h in b.headers) + " |")
+        out.append("|" + "|".join("---:" if i in b.right else "---" for i in range(len(b.headers))) + "|")
+        out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in b.rows]
+        out.append("")
+    elif isinstance(b, Bullets):
+        out += [f"- {item}" for item in b.items] + [""]
+    elif isinstance(b, Image):
+        rel = b.path.relative_to(base) if b.path.is_relative_to(base) else b.path
+        out += [f"![{b.path.stem}]({rel.as_posix()})", "", f"*{b.caption}*", ""]
+    elif isinstance(b, Pre):
+        if b.summary:
+            out.append(f"**{b.summary}**")
+            out.append("")
+        out += ["```", b.text.replace("```", "'''"), "```", ""]
+    elif isinstance(b, Fold):  # GitHub renders <details> in Markdown; the blank lines let the Markdown inside render
+        out += [f"<details><summary>{_inline(b.summary)}</summary>", ""]
+        for inner in b.blocks:
+            out += _md_block(inner, base)
+        out += ["</details>", ""]
+    return out
 
 
 def _inline(text: str) -> str:
@@ -512,37 +525,49 @@ def to_html(title: str, blocks: list) -> str:
     if contents:
         out.append(f'<p class="contents">{contents}</p>')
     for b in blocks:
-        if isinstance(b, Heading):
-            anchor = f' id="{_anchor(b.text)}"' if b.level == 2 else ""
-            out.append(f"<h{b.level}{anchor}>{_inline(b.text)}</h{b.level}>")
-        elif isinstance(b, Para):
-            out.append(f"<p>{_inline(b.text)}</p>")
-        elif isinstance(b, Table):
-            out.append("<table>")
-            if any(b.headers):
-                out.append("<tr>" + "".join(f"<th>{_inline(h)}</th>" for h in b.headers) + "</tr>")
-            for row in b.rows:
-                cls = ""
-                if b.status_col is not None:
-                    cls = f' class="st-{re.sub(r"[^a-z]", "", str(row[b.status_col]).lower())}"'
-                cells = "".join(f"<td{_td_class(b, i)}{_title(c)}>{_inline(c)}</td>" for i, c in enumerate(row))
-                out.append(f"<tr{cls}>{cells}</tr>")
-            out.append("</table>")
-        elif isinstance(b, Bullets):
-            out.append("<ul>" + "".join(f"<li>{_inline(item)}</li>" for item in b.items) + "</ul>")
-        elif isinstance(b, Image):
-            raw = b.path.read_bytes()
-            data = base64.b64encode(raw).decode("ascii")
-            width = _css_width(raw)
-            size = f' width="{width}"' if width else ""
-            out.append(f'<figure id="{_anchor("plot " + b.path.stem)}"><img alt="{html.escape(b.path.stem)}"{size} '
-                       f'src="data:image/png;base64,{data}">'
-                       f"<figcaption>{_inline(b.caption)}</figcaption></figure>")
-        elif isinstance(b, Pre):
-            pre = f"<pre>{html.escape(b.text)}</pre>"
-            out.append(f"<details><summary>{_inline(b.summary)}</summary>{pre}</details>" if b.summary else pre)
+        out += _html_block(b)
     out.append("</body></html>")
     return "\n".join(out) + "\n"
+
+
+def _html_block(b) -> list[str]:
+    """One block's HTML."""
+    out: list[str] = []
+    if isinstance(b, Heading):
+        anchor = f' id="{_anchor(b.text)}"' if b.level == 2 else ""
+        out.append(f"<h{b.level}{anchor}>{_inline(b.text)}</h{b.level}>")
+    elif isinstance(b, Para):
+        out.append(f"<p>{_inline(b.text)}</p>")
+    elif isinstance(b, Table):
+        out.append("<table>")
+        if any(b.headers):
+            out.append("<tr>" + "".join(f"<th>{_inline(h)}</th>" for h in b.headers) + "</tr>")
+        for row in b.rows:
+            cls = ""
+            if b.status_col is not None:
+                cls = f' class="st-{re.sub(r"[^a-z]", "", str(row[b.status_col]).lower())}"'
+            cells = "".join(f"<td{_td_class(b, i)}{_title(c)}>{_inline(c)}</td>" for i, c in enumerate(row))
+            out.append(f"<tr{cls}>{cells}</tr>")
+        out.append("</table>")
+    elif isinstance(b, Bullets):
+        out.append("<ul>" + "".join(f"<li>{_inline(item)}</li>" for item in b.items) + "</ul>")
+    elif isinstance(b, Image):
+        raw = b.path.read_bytes()
+        data = base64.b64encode(raw).decode("ascii")
+        width = _css_width(raw)
+        size = f' width="{width}"' if width else ""
+        out.append(f'<figure id="{_anchor("plot " + b.path.stem)}"><img alt="{html.escape(b.path.stem)}"{size} '
+                   f'src="data:image/png;base64,{data}">'
+                   f"<figcaption>{_inline(b.caption)}</figcaption></figure>")
+    elif isinstance(b, Pre):
+        pre = f"<pre>{html.escape(b.text)}</pre>"
+        out.append(f"<details><summary>{_inline(b.summary)}</summary>{pre}</details>" if b.summary else pre)
+    elif isinstance(b, Fold):
+        out.append(f"<details><summary>{_inline(b.summary)}</summary>")
+        for inner in b.blocks:
+            out += _html_block(inner)
+        out.append("</details>")
+    return out
 
 
 def write_report(run_dir) -> list[Path]:

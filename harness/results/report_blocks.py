@@ -3,6 +3,7 @@ plain formatting of their cells, shared by the one-run and the several-run repor
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +57,64 @@ class Image:
 class Pre:
     text: str
     summary: str = ""  # in HTML, a collapsible block with this summary
+
+
+@dataclass
+class Fold:
+    """Blocks shown folded under a one-line summary (``<details>``, in report.html and in report.md, which
+    GitHub renders the same): what a reader looks up rather than reads."""
+
+    summary: str
+    blocks: list
+
+
+#: a block longer than this many lines is folded (:func:`folded`): below the results, it is looked up, not read
+FOLD_LINES = 15
+
+
+def _n_lines(block) -> int:
+    """About how many lines a block takes on the page."""
+    if isinstance(block, Table):
+        return len(block.rows) + 2
+    if isinstance(block, Bullets):
+        return len(block.items)
+    if isinstance(block, Pre):
+        return block.text.count("\n") + 1
+    if isinstance(block, Fold):
+        return 1
+    return 1
+
+
+def folded(blocks: list, summary: str, always: bool = False) -> list:
+    """``blocks`` in a :class:`Fold` under ``summary`` where they run over :data:`FOLD_LINES` lines (or
+    ``always``: library versions, worker environments); as they are where they are short."""
+    if not blocks or not (always or sum(_n_lines(b) for b in blocks) > FOLD_LINES):
+        return blocks
+    return [Fold(summary, blocks)]
+
+
+#: an absolute path: a slash-led run of path characters not inside a word, or a compiler's ``-L``/``-I`` folder
+_PATH = re.compile(r"(?:(?<=-[LI])|(?<![\w.~]))/(?:[\w.@+=-]+/)+[\w.@+=-]+")
+#: the end of an environment's prefix before its packages: ``lib/python3.11/site-packages``
+_PACKAGES = re.compile(r"/lib(?:64)?/python[\d.]*/(?:site|dist)-packages/")
+
+
+def short_path(path: str) -> str:
+    """A local path as what identifies it: inside a Python environment, from that environment's name on
+    with the ``lib/python*/site-packages`` between elided (``.venv/…/scipy.libs/libscipy_openblas.so``,
+    ``theano/…/scipy_openblas32/lib/libscipy_openblas.so``); inside the harness's folder (its cache, its
+    isolated environments), from ``.harness/`` on; any other path as it is."""
+    found = _PACKAGES.search(path)
+    if found:
+        env = path[: found.start()].rstrip("/").rsplit("/", 1)[-1]
+        return f"{env}/…/{path[found.end():]}" if env else path[found.end():]
+    at = path.find("/.harness/")
+    return path[at + 1:] if at >= 0 else path
+
+
+def short_paths(text: str) -> str:
+    """``text`` with every absolute path in it shortened by :func:`short_path`."""
+    return _PATH.sub(lambda m: short_path(m.group(0)), str(text))
 
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.results.report_blocks import Heading, Para, Pre, Table, _f, _first_line, _num, fmt_time
+from harness.results.report_blocks import (Heading, Para, Pre, Table, _f, _first_line, _num, fmt_time, folded,
+                                           short_paths)
 from harness.spec.model import REDUCED_DTYPES
 from harness.worker.cpu_roofs import read_peak_key
 from harness.spec.status import FAILED, Status
@@ -67,7 +68,7 @@ def _run_section(meta: dict, timings: pd.DataFrame, run_dir: Path) -> list:
     timing = timing_summary(timings)
     if timing:
         rows.append(["timing", timing])
-    return [Heading(2, "Run"), Table(["", ""], rows)]
+    return [Heading(2, "Run")] + folded([Table(["", ""], rows)], "How the run ran")
 
 
 def _changed(files) -> str:
@@ -122,8 +123,9 @@ def _machine_section(meta: dict) -> list:
         rows.append([f"GEMM peak, {dtype}, threads {threads}{through}", _f(gflops, ".4g", " GFLOP/s")])
     env = meta.get("env") or {}
     if env:
-        rows.append(["environment of every worker", ", ".join(f"`{k}={v}`" for k, v in sorted(env.items()))])
-    return [Heading(2, "Machine"), Table(["", ""], rows)]
+        every = ", ".join(f"`{k}={v}`" for k, v in sorted(env.items()))
+        rows.append(["environment of every worker", short_paths(every)])
+    return [Heading(2, "Machine")] + folded([Table(["", ""], rows)], f"{m.get('cpu_model', '?')}: the machine in full")
 
 
 def _versions_section(meta: dict) -> list:
@@ -136,8 +138,10 @@ def _versions_section(meta: dict) -> list:
             text = ", ".join(f"{k} {v}" for k, v in libs.items())
         else:
             text = str(libs)
-        rows.append([backend, text])
-    out = [Heading(2, "Library versions"), Table(["backend", "libraries (as its worker imported them)"], rows)]
+        rows.append([backend, short_paths(text)])
+    out = [Heading(2, "Library versions")] + folded(
+        [Table(["backend", "libraries (as its worker imported them)"], rows)],
+        f"The libraries of {len(rows)} backend(s), as each worker imported them", always=True)
     # library flags a backend sets for its workers (XLA_FLAGS, THEANO_FLAGS, ...); thread counts vary per cell
     from harness.run.envs import THREAD_VARS
 
@@ -145,7 +149,7 @@ def _versions_section(meta: dict) -> list:
     own = []
     def shown(env: dict) -> str:
         extra = {k: v for k, v in env.items() if k not in THREAD_VARS and common.get(k) != v and k != "CUDA_VISIBLE_DEVICES"}
-        return ", ".join(f"`{k}={v}`" for k, v in sorted(extra.items()))
+        return short_paths(", ".join(f"`{k}={v}`" for k, v in sorted(extra.items())))
 
     for backend, env in sorted((meta.get("worker_env") or {}).items()):
         # what differs between its cells, per setting, labelled by the thread count it went with
@@ -155,7 +159,8 @@ def _versions_section(meta: dict) -> list:
         if parts:
             own.append([backend, "; ".join(parts)])
     if own:
-        out.append(Table(["backend", "its own worker environment"], own))
+        out += folded([Table(["backend", "its own worker environment"], own)],
+                      f"The worker environment {len(own)} backend(s) set for themselves", always=True)
     return out
 
 
@@ -185,15 +190,18 @@ def _conformance_section(meta: dict, timings: pd.DataFrame) -> list:
         return out
     if isinstance(record, dict) and record and all(isinstance(v, dict) for v in record.values()):
         keys = [k for k in dict.fromkeys(k for v in record.values() for k in v) if k != "cell_ratios"]
-        out.append(Table(["backend"] + keys, [[b] + [_value(v.get(k, "")) for k in keys] for b, v in record.items()]))
+        table = Table(["backend"] + keys, [[b] + [_value(v.get(k, "")) for k in keys] for b, v in record.items()])
+        out += folded([table], f"Conformance of {len(record)} backend(s)")
         same = _alike_worst(record)
         if same:
             out.append(Para(same))
     elif isinstance(record, list) and record and all(isinstance(v, dict) for v in record):
         keys = list(dict.fromkeys(k for v in record for k in v))
-        out.append(Table(keys, [[_value(v.get(k, "")) for k in keys] for v in record], status_col=keys.index("status") if "status" in keys else None))
+        out += folded([Table(keys, [[_value(v.get(k, "")) for k in keys] for v in record],
+                             status_col=keys.index("status") if "status" in keys else None)],
+                      f"Conformance: {len(record)} record(s)")
     else:
-        out.append(Pre(json.dumps(record, indent=2, default=str)))
+        out += folded([Pre(json.dumps(record, indent=2, default=str))], "The conformance record")
     return out
 
 
