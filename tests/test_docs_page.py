@@ -76,7 +76,7 @@ def test_report_over_runs_of_two_machines_draws_the_crossover_from_both(tmp_path
     assert "| problem | run | machine | device | backend |" in md  # each side-by-side row names its run
     # the machine as a reader tells hosts apart, by stable facts (CPU, cores, the vector flags, the GPU; not
     # the GEMM peak a run measured), described once under a short key
-    described = "gpu-box (Intel(R) Xeon(R) Processor, 16 cores, AVX-512 + AVX512-BF16, NVIDIA H100)"
+    described = "gpu-box (Intel(R) Xeon(R) Processor, 16 cores, AVX-512 + AVX512-BF16 + AMX, NVIDIA H100)"
     assert f"| m2 | {described} |" in md and md.count(described) == 2  # its key's row, and the crossover's caption
     assert md.index("## Answer") < md.index("## Runs")
     assert (out / "plots" / "crossover.png").exists()
@@ -235,3 +235,15 @@ def test_a_page_with_one_long_line_is_checked_in_linear_time(tmp_path):
     began = time.perf_counter()
     promise_problems(page, tmp_path / "none")
     assert time.perf_counter() - began < 1.0
+
+
+def test_a_machine_is_named_by_its_vector_units_amx_included():
+    from harness.results.labels import machine_label
+
+    def meta(flags):
+        return {"machine": {"hostname": "vm", "cpu_model": "Xeon", "cores": 2, "cpu_flags": flags, "gpus": []}}
+
+    assert machine_label(meta(["avx2", "avx512f", "avx512_bf16", "amx_tile"])) == \
+        "vm (Xeon, 2 cores, AVX-512 + AVX512-BF16 + AMX, no GPU)"
+    assert machine_label(meta(["avx2", "avx512f", "avx512_bf16"])) == "vm (Xeon, 2 cores, AVX-512 + AVX512-BF16, no GPU)"
+    assert machine_label(meta(["avx2", "fma"])) == "vm (Xeon, 2 cores, AVX2, no GPU)"

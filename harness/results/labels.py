@@ -185,13 +185,13 @@ def fmt_seconds(v) -> str:
 
 def machine_label(meta: dict) -> str:
     """A machine as a reader tells them apart, by what does not change between its runs: host, CPU model,
-    cores, the vector flags that decide the kernels (AVX-512 with or without AVX512-BF16, else AVX2), and the
-    GPU. A measured figure (the GEMM peak at a run's start) is no name: the same VM measures 101 one day and
+    cores, the vector flags that decide the kernels (AVX-512 with or without AVX512-BF16 and AMX, else AVX2),
+    and the GPU. A measured figure (the GEMM peak at a run's start) is no name: the same VM measures 101 one day and
     202 the next (:func:`gemm_peak_text` gives it where a reader wants it)."""
     m = meta.get("machine") or {}
     flags = set(m.get("cpu_flags") or [])
-    vector = ("AVX-512" + (" + AVX512-BF16" if "avx512_bf16" in flags else "") if "avx512f" in flags
-              else "AVX2" if "avx2" in flags else None)
+    wide = "AVX-512" + (" + AVX512-BF16" if "avx512_bf16" in flags else "") + (" + AMX" if "amx_tile" in flags else "")
+    vector = wide if "avx512f" in flags else "AVX2" if "avx2" in flags else None
     gpus = m.get("gpus") or []
     bits = [m.get("cpu_model", "?"), f"{m.get('cores', '?')} cores"]
     bits += [vector] if vector else []
