@@ -108,12 +108,6 @@ inline const std::uint32_t* packed_b(bool tb, int K, int N, const float* B, int 
                                              [&](std::uint32_t* out) { dispatch().pack_b(tb, K, N, B, ldb, out); });
 }
 
-// This thread's scratch for op(A) packed.
-inline std::vector<std::uint32_t>& packed_a_scratch() {
-    thread_local std::vector<std::uint32_t> a;
-    return a;
-}
-
 // ---- the GEMM ----------------------------------------------------------------------------
 
 // C (M x N, row stride ldc) = alpha * bf16(op(A)) bf16(op(B)) + beta * C in float32; op as

@@ -329,12 +329,6 @@ inline void block(int kq, const std::uint32_t* a, std::size_t sa, const std::uin
     }
 }
 
-// This thread's scratch for op(A) packed.
-inline std::vector<std::uint32_t>& packed_a_scratch() {
-    thread_local std::vector<std::uint32_t> a;
-    return a;
-}
-
 // C (M x N, row stride ldc) = alpha * bf16(op(A)) bf16(op(B)) + beta * C in float32 (op as in
 // gemm<T>). Only where available() says so.
 inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
@@ -343,7 +337,7 @@ inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float
     const std::size_t bwords = bf16::round_up((std::size_t)N, bf16::NR) * kq;
     const std::uint32_t* Bp = thread_packs<std::uint32_t>().get(
         tb, K, N, B, ldb, kPanelTag, bwords, [&](std::uint32_t* out) { pack_b(tb, K, N, B, ldb, kq, out); });
-    std::vector<std::uint32_t>& ap = packed_a_scratch();
+    std::vector<std::uint32_t>& ap = bf16::packed_a_scratch();
     if (ap.size() < (std::size_t)mp * kq) ap.resize((std::size_t)mp * kq);
     pack_a(ta, M, K, A, lda, kq, ap.data());
     const std::size_t sa = (std::size_t)kq * TR;  // words per row block of A

@@ -465,6 +465,13 @@ RNN_BF16_TARGET __attribute__((flatten)) inline void pack_b_avx512(bool tb, int 
 }
 #endif
 
+// This thread's scratch for op(A) packed, by whichever kernel runs the product (the pair
+// kernel's panels or gemm_amx.hpp's tiles): one product at a time per thread.
+inline std::vector<std::uint32_t>& packed_a_scratch() {
+    thread_local std::vector<std::uint32_t> a;
+    return a;
+}
+
 // ---- the CPU's instruction ---------------------------------------------------------------
 
 // Whether this CPU (and the OS, which must save the AVX-512 state) has VDPBF16PS.
